@@ -1,0 +1,75 @@
+"""Where things are: one project directory (lock, series, overlay) and its work tree.
+
+Every command works on the project directory it is run in, or on ``-C DIR``, so a
+copy of the project with another series works the same way.  The patched upstream
+tree defaults to ``build/DanceGRPO`` inside the project; ``--workdir`` moves it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+LOCK_NAME = "upstream.lock"
+DEFAULT_WORKDIR = Path("build") / "DanceGRPO"
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    workdir: Path
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / LOCK_NAME
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series_path(self) -> Path:
+        return self.patches_dir / "series"
+
+    @property
+    def overlay_dir(self) -> Path:
+        return self.root / "overlay"
+
+    @property
+    def build_dir(self) -> Path:
+        """Generated things beside the tree (fixtures, caches); gitignored."""
+        return self.root / "build"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+
+def find_project(directory: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None) -> Project:
+    """The project at ``directory`` (default: the current directory).
+
+    ``workdir`` is resolved against the current directory when relative (it is
+    what the user typed); the default one against the project root.
+    """
+    root = Path(directory or os.getcwd()).expanduser().resolve()
+    if not root.is_dir():
+        raise DancegrpoError(f"{root} is not a directory", "pass -C with the dancegrpo-npu project directory")
+    if not (root / LOCK_NAME).is_file():
+        raise DancegrpoError(
+            f"{root} is not a dancegrpo-npu project (it has no {LOCK_NAME})",
+            "run the command in the project directory, or pass -C DIR",
+        )
+    if workdir is None:
+        tree = root / DEFAULT_WORKDIR
+    else:
+        tree = Path(workdir).expanduser()
+        tree = tree if tree.is_absolute() else Path.cwd() / tree
+    return Project(root=root, workdir=Path(os.path.abspath(tree)))
+
+
+def project_from_args(args) -> Project:
+    """The project for parsed CLI arguments (``-C`` and ``--workdir``)."""
+    return find_project(getattr(args, "project_dir", None), getattr(args, "workdir", None))

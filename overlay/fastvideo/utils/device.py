@@ -1,0 +1,213 @@
+"""Where the patched DanceGRPO scripts run: device, process-group backend, autocast.
+
+Added to the upstream tree by dancegrpo-npu (overlay).  Upstream hard-codes CUDA:
+``dist.init_process_group("nccl")``, ``torch.cuda.set_device``, ``torch.autocast("cuda")``,
+``map_location=f"cuda:{device}"``.  The patch series routes each of those through
+this one module, so the same tree runs on an Ascend NPU, on CUDA and on CPU.
+
+Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
+
+``DANCEGRPO_DEVICE``      ``auto`` (default) | ``npu`` | ``cuda`` | ``cpu``.  ``auto`` picks the
+                          NPU when torch_npu imports and sees one, else CUDA when available,
+                          else the CPU.
+``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``fastvideo.utils.strict_mode``) - fail at the
+                          first op on the model path that makes a complex or float64 tensor,
+                          which the NPU cannot run.
+
+============  ========  =============  ===============================================
+device        backend   autocast type  notes
+============  ========  =============  ===============================================
+npu           hccl      npu            torch_npu + transfer_to_npu imported first
+cuda          nccl      cuda           upstream's behaviour, unchanged
+cpu           gloo      cpu            FSDP without CPU offload / sync_module_states
+============  ========  =============  ===============================================
+
+The scripts call :func:`activate` before anything touches CUDA: on Ascend,
+``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
+so that it can redirect them to ``torch.npu``.  This module needs only torch; it
+imports torch_npu only when the NPU is asked for (or ``auto`` probes for it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+DEVICE_ENV = "DANCEGRPO_DEVICE"
+STRICT_ENV = "DANCEGRPO_NPU_STRICT"
+DEVICE_KINDS = ("auto", "npu", "cuda", "cpu")
+DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+_TRUE = ("1", "true", "yes", "on")
+
+
+class DeviceSelectionError(RuntimeError):
+    """The device asked for in DANCEGRPO_DEVICE cannot be used here."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """The resolved choice for this process."""
+
+    kind: str  # "npu" | "cuda" | "cpu"
+    strict: bool
+
+    @property
+    def dist_backend(self) -> str:
+        return DIST_BACKENDS[self.kind]
+
+    @property
+    def autocast_device_type(self) -> str:
+        return self.kind
+
+
+def requested_kind(environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    value = environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
+    if value not in DEVICE_KINDS:
+        raise DeviceSelectionError(
+            f"{DEVICE_ENV}={value!r} is not one of {', '.join(DEVICE_KINDS)}")
+    return value
+
+
+def strict_requested(environ=None) -> bool:
+    environ = os.environ if environ is None else environ
+    return environ.get(STRICT_ENV, "").strip().lower() in _TRUE
+
+
+def _import_torch_npu():
+    """torch_npu, or None when it is not installed (any import failure is reported)."""
+    try:
+        return importlib.import_module("torch_npu")
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch_npu":
+            return None
+        raise
+
+
+def _npu_visible(torch_npu) -> bool:
+    npu = getattr(torch, "npu", None) or getattr(torch_npu, "npu", None)
+    return bool(npu is not None and npu.is_available())
+
+
+def resolve_kind(requested: str) -> str:
+    """The device kind for ``requested`` (see the module docstring for ``auto``)."""
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceSelectionError(
+                f"{DEVICE_ENV}=cuda but torch.cuda.is_available() is False",
+            )
+        return "cuda"
+    torch_npu = _import_torch_npu()
+    if requested == "npu":
+        if torch_npu is None:
+            raise DeviceSelectionError(
+                f"{DEVICE_ENV}=npu but torch_npu is not installed (install the torch_npu "
+                "build that matches this torch)")
+        if not _npu_visible(torch_npu):
+            raise DeviceSelectionError(f"{DEVICE_ENV}=npu but torch_npu sees no NPU")
+        return "npu"
+    if torch_npu is not None and _npu_visible(torch_npu):
+        return "npu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_active: Accelerator | None = None  # one process, one device choice
+
+
+def activate(environ=None) -> Accelerator:
+    """Resolve the device once per process; on the NPU import transfer_to_npu.
+
+    Call it first thing in a script.  With strict mode asked for, strict mode is
+    switched on here for the rest of the process.
+    """
+    global _active
+    if _active is not None:
+        return _active
+    kind = resolve_kind(requested_kind(environ))
+    if kind == "npu":
+        # Redirects torch.cuda.* / "cuda" device strings to the NPU; must come
+        # before anything initialises CUDA (torch >= 2.5: the import suffices).
+        importlib.import_module("torch_npu.contrib.transfer_to_npu")
+    _active = Accelerator(kind=kind, strict=strict_requested(environ))
+    if _active.strict:
+        from fastvideo.utils.strict_mode import enable_strict_mode
+
+        enable_strict_mode()
+    return _active
+
+
+def accelerator() -> Accelerator:
+    return activate()
+
+
+def dist_backend() -> str:
+    """hccl on the NPU, nccl on CUDA (upstream's), gloo on the CPU."""
+    return accelerator().dist_backend
+
+
+def set_local_device(local_rank: int) -> torch.device:
+    """Make ``local_rank``'s device current and return it as a torch.device.
+
+    Upstream passes the bare int from ``torch.cuda.current_device()`` around;
+    transfer_to_npu rewrites ints as CUDA ordinals, so FSDP and friends get a
+    torch.device here.
+    """
+    kind = accelerator().kind
+    if kind == "cpu":
+        return torch.device("cpu")
+    getattr(torch, kind).set_device(local_rank)
+    return torch.device(kind, local_rank)
+
+
+def current_device() -> torch.device:
+    kind = accelerator().kind
+    if kind == "cpu":
+        return torch.device("cpu")
+    return torch.device(kind, getattr(torch, kind).current_device())
+
+
+def autocast(dtype: torch.dtype | None = None, enabled: bool = True):
+    """``torch.autocast`` on this device (``torch.autocast("cuda")`` silently
+    disables itself for CPU tensors, and bf16 activations then meet fp32 weights)."""
+    if dtype is None:
+        return torch.autocast(accelerator().autocast_device_type, enabled=enabled)
+    return torch.autocast(accelerator().autocast_device_type, dtype=dtype, enabled=enabled)
+
+
+def fsdp_cpu_offload_supported() -> bool:
+    """FSDP's CPUOffload needs an accelerator to offload from."""
+    return accelerator().kind != "cpu"
+
+
+def fsdp_sync_module_states_supported() -> bool:
+    """FSDP's sync_module_states broadcasts over the device's collective backend;
+    with gloo on the CPU it is refused, so ranks are synchronised by hand."""
+    return accelerator().kind != "cpu"
+
+
+def full_state_dict_cpu_offload() -> bool:
+    """Whether full (gathered) state dicts may be offloaded to the CPU.
+
+    On the CPU they already are: FSDP's offload path then frees the sharded
+    storage it just gathered and, with two or more ranks, fails with
+    ``storage of size 0``.
+    """
+    return accelerator().kind != "cpu"
+
+
+def broadcast_module_states(module: torch.nn.Module, src: int = 0) -> None:
+    """What FSDP's ``sync_module_states=True`` does: every rank takes rank
+    ``src``'s parameters and buffers (e.g. freshly initialised LoRA weights)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor.data, src=src)
+

@@ -239,9 +239,14 @@ def test_clip_tokenizer_matches_hpsv2s_tokenizer(built):
 
 
 def test_t5_tokenizer_pads_to_512_with_t5_special_ids(built):
-    from transformers import T5TokenizerFast
+    from transformers import T5Tokenizer, T5TokenizerFast
 
     tok = T5TokenizerFast.from_pretrained(str(built.model_dir), subfolder="tokenizer_2")
+    slow = T5Tokenizer.from_pretrained(str(built.model_dir), subfolder="tokenizer_2")  # the saved spiece.model
+    pieces = slow.sp_model.get_piece_size()
+    assert 100 < pieces <= 256 and len(tok) == len(slow) == pieces + 100  # + T5's 100 sentinels
+    for prompt in fx.PROMPTS + ("an unseen word: zyxwvut, 42!",):
+        assert tok(prompt).input_ids == slow(prompt).input_ids, prompt
     ids = tok("a cat on the moon", padding="max_length", max_length=512, truncation=True).input_ids
     assert len(ids) == 512 and tok.pad_token_id == 0 and tok.eos_token_id == 1
     assert ids.count(tok.unk_token_id) == 0 and ids[ids.index(1) + 1 :] == [0] * (511 - ids.index(1))

@@ -114,8 +114,12 @@ def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
 
 
 def params_sha256() -> str:
-    """What the fixtures depend on: our parameters and the versions of the libraries writing them."""
-    from dancegrpo_npu.tiny_models import PARAMS
+    """What the fixtures depend on: our parameters, our builder code, the libraries' versions.
+
+    The builder code is hashed whole, so any edit to it rebuilds (seconds) rather
+    than trusting a directory an older builder wrote.
+    """
+    from dancegrpo_npu import tiny_models
 
     versions = {}
     for name in VERSIONED_PACKAGES:
@@ -126,7 +130,8 @@ def params_sha256() -> str:
                 f"building the fixtures needs the Python package {name}, which is not installed",
                 "run ./scripts/bootstrap.sh, or pip install 'dancegrpo-npu[flux]' and hpsv2 as the README says",
             ) from None
-    data = {"version": FIXTURES_VERSION, "params": PARAMS, "prompts": PROMPTS, "packages": versions}
+    code = hashlib.sha256(Path(__file__).read_bytes() + Path(tiny_models.__file__).read_bytes()).hexdigest()
+    data = {"version": FIXTURES_VERSION, "params": tiny_models.PARAMS, "prompts": PROMPTS, "packages": versions, "code": code}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -117,12 +117,36 @@ def test_half_built_dir_is_rebuilt_identically(built, tmp_path):
     shutil.copytree(built.root, dest)
     (dest / fx.STAMP_NAME).unlink()
     (dest / "hps_ckpt" / "HPS_v2.1_compressed.pt").write_bytes(b"truncated")
-    (dest / "stray-file").write_text("left by a crash")
+    shutil.rmtree(dest / "rl_embeddings")
     fx.build_fixtures(dest)
     assert fx.is_current(dest)
-    assert not (dest / "stray-file").exists()
     assert tree_hashes(dest) == tree_hashes(built.root), "two builds differ: the fixtures are not deterministic"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fixtures.lock", "fixtures"]
+
+
+def test_dir_with_a_broken_stamp_is_replaced_whole(built, tmp_path, monkeypatch):
+    dest = tmp_path / "fixtures"
+    shutil.copytree(built.root, dest)
+    (dest / fx.STAMP_NAME).write_text("{")
+    (dest / "stray-file").write_text("left by an older layout")
+    fake_build = lambda root: shutil.copytree(built.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(fx.STAMP_NAME))
+    monkeypatch.setattr(fx, "_build_into", fake_build)
+    fx.build_fixtures(dest)
+    assert fx.is_current(dest) and not (dest / "stray-file").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_something_else_at_dest_is_never_replaced(tmp_path, monkeypatch, kind):
+    dest = tmp_path / "important"
+    if kind == "directory":
+        dest.mkdir()
+        (dest / "notes.txt").write_text("mine")
+    else:
+        dest.write_text("mine")
+    monkeypatch.setattr(fx, "_build_into", lambda root: pytest.fail("built although dest is not ours"))
+    with pytest.raises(DancegrpoError, match="not a fixtures directory"):
+        fx.build_fixtures(dest)
+    assert (dest / "notes.txt" if kind == "directory" else dest).read_text() == "mine"
 
 
 def test_failed_build_leaves_old_dir_and_no_staging(built, tmp_path, monkeypatch):
@@ -382,3 +406,27 @@ def test_tree_without_the_dataset_module_is_a_clear_error(built, tmp_path):
     with pytest.raises(DancegrpoError, match="latent_flux_rl_datasets.py") as info:
         fx.build_fixtures(built.root, tree=tmp_path)
     assert "fetch" in info.value.hint
+
+
+def test_concurrent_builds_build_once(built, tmp_path, monkeypatch):
+    """Two smoke runs starting together: the lock makes the second reuse the first's build."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_build(root):
+        calls.append(root)
+        time.sleep(0.3)
+        shutil.copytree(built.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(fx.STAMP_NAME))
+
+    monkeypatch.setattr(fx, "_build_into", slow_build)
+    dest = tmp_path / "fixtures"
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(fx.build_fixtures(dest))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
+    assert fx.is_current(dest)

@@ -56,6 +56,9 @@ VERSIONED_PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "sente
 BPE_NAME = "bpe_simple_vocab_16e6.txt.gz"
 BPE_SHA256 = "924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a"
 
+# What a fixtures directory holds at its top level (anything else there is not ours).
+LAYOUT_NAMES = ("flux", "hps_ckpt", "rl_embeddings", "prompts.txt", STAMP_NAME)
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIFFUSERS_OFFLINE": "1"}
 
 
@@ -106,6 +109,7 @@ def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with _build_lock(dest):
             if not is_current(dest, params):  # another process may have built it meanwhile
+                _check_replaceable(dest)
                 _build_and_swap(dest, params)
     fixtures = fixtures_at(dest)
     if tree is not None:
@@ -244,6 +248,20 @@ def check_dataset_with_tree(fixtures: Fixtures, tree: Path) -> None:
 
 
 # ---- building -------------------------------------------------------------------------------
+
+
+def _check_replaceable(dest: Path) -> None:
+    """Refuse to replace anything but an old or broken fixtures directory (never lose a user's files)."""
+    if not (dest.exists() or dest.is_symlink()):
+        return
+    if dest.is_dir() and not dest.is_symlink():
+        names = {p.name for p in dest.iterdir()}
+        if STAMP_NAME in names or names <= set(LAYOUT_NAMES):
+            return
+    raise DancegrpoError(
+        f"{dest} exists and is not a fixtures directory (it has no {STAMP_NAME}); not replacing it",
+        "remove it, or choose another directory for the fixtures",
+    )
 
 
 def _build_and_swap(dest: Path, params: str) -> None:

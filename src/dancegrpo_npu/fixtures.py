@@ -106,11 +106,21 @@ def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
     dest = Path(os.path.abspath(dest))
     params = params_sha256()
     if not is_current(dest, params):
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with _build_lock(dest):
-            if not is_current(dest, params):  # another process may have built it meanwhile
-                _check_replaceable(dest)
-                _build_and_swap(dest, params)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _build_lock(dest):
+                if not is_current(dest, params):  # another process may have built it meanwhile
+                    _check_replaceable(dest)
+                    _build_and_swap(dest, params)
+        except OSError as exc:
+            raise DancegrpoError(
+                f"cannot build the fixtures in {dest}: {exc}", "check that its directory is writable and has space"
+            ) from None
+        except ImportError as exc:
+            raise DancegrpoError(
+                f"building the fixtures failed to import {exc.name or exc}: {exc}",
+                "run ./scripts/bootstrap.sh --deps-only to install the Flux stack",
+            ) from None
     fixtures = fixtures_at(dest)
     if tree is not None:
         check_dataset_with_tree(fixtures, Path(tree))

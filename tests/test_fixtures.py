@@ -119,7 +119,11 @@ def test_half_built_dir_is_rebuilt_identically(built, tmp_path):
     (dest / fx.STAMP_NAME).unlink()
     (dest / "hps_ckpt" / "HPS_v2.1_compressed.pt").write_bytes(b"truncated")
     shutil.rmtree(dest / "rl_embeddings")
+    torch.manual_seed(12345)
+    rng, env = torch.random.get_rng_state(), dict(os.environ)
     fx.build_fixtures(dest)
+    assert torch.equal(torch.random.get_rng_state(), rng), "the build's seeds leaked into the caller"
+    assert dict(os.environ) == env
     assert fx.is_current(dest)
     assert tree_hashes(dest) == tree_hashes(built.root), "two builds differ: the fixtures are not deterministic"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fixtures.lock", "fixtures"]

@@ -28,7 +28,7 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,7 +277,8 @@ def _check_replaceable(dest: Path) -> None:
 def _build_and_swap(dest: Path, params: str) -> None:
     for stale in dest.parent.glob(f".{dest.name}.build-*"):  # left by a build that died; we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.build-", dir=dest.parent))
+    staging = dest.parent / f".{dest.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()  # not mkdtemp: the result keeps the umask's permissions, for shared clusters
     try:
         _build_into(staging)
         files = {
@@ -301,11 +302,21 @@ def _build_into(root: Path) -> None:
     """Everything but the stamp, into the empty directory ``root``."""
     ensure_hpsv2_vocab()
     bpe = clip_bpe_path()
-    for key, value in OFFLINE_ENV.items():
-        os.environ.setdefault(key, value)
+    with _offline():
+        _build_offline_into(root, bpe)
+
+
+def _build_offline_into(root: Path, bpe: Path) -> None:
+    import torch
+
     from dancegrpo_npu import tiny_models
 
-    fixtures = fixtures_at(root)
+    with torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
+        _write_all(fixtures_at(root), bpe, tiny_models)
+
+
+def _write_all(fixtures: Fixtures, bpe: Path, tiny_models) -> None:
+    root = fixtures.root
     scratch = root / ".scratch"
     pipe = tiny_models.build_flux_pipeline(bpe, scratch)
     pipe.save_pretrained(str(fixtures.model_dir))
@@ -316,6 +327,21 @@ def _build_into(root: Path) -> None:
     prompts = fixtures.prompts.read_text().splitlines()
     write_rl_embeddings(fixtures.model_dir, prompts, fixtures.data_json.parent)
     shutil.rmtree(scratch)
+
+
+@contextlib.contextmanager
+def _offline():
+    """Nothing is downloaded: a stray hub lookup fails at once instead of waiting on a network."""
+    saved = {key: os.environ.get(key) for key in OFFLINE_ENV}
+    os.environ.update(OFFLINE_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager

@@ -189,6 +189,18 @@ def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
     assert not (tmp_path / "fixtures").exists()
 
 
+@pytest.mark.parametrize("missing", ["_tkinter", "diffusers"])
+def test_broken_import_during_build_is_a_clear_error(tmp_path, monkeypatch, missing):
+    def build(root):
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+
+    monkeypatch.setattr(fx, "_build_into", build)
+    with pytest.raises(DancegrpoError, match=f"failed to import {missing}") as info:
+        fx.build_fixtures(tmp_path / "fixtures")
+    assert ("python3-tk" if missing == "_tkinter" else "bootstrap") in info.value.hint
+    assert not (tmp_path / "fixtures").exists()
+
+
 def test_unwritable_dest_is_a_clear_error(tmp_path):
     if os.geteuid() == 0:
         blocker = tmp_path / "a-file"  # root ignores permissions: put the dest under a file instead

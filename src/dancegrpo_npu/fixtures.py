@@ -117,10 +117,11 @@ def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
                 f"cannot build the fixtures in {dest}: {exc}", "check that its directory is writable and has space"
             ) from None
         except ImportError as exc:
-            raise DancegrpoError(
-                f"building the fixtures failed to import {exc.name or exc}: {exc}",
-                "run ./scripts/bootstrap.sh --deps-only to install the Flux stack",
-            ) from None
+            if exc.name in ("tkinter", "_tkinter"):  # hpsv2's factory.py has `from turtle import forward`
+                hint = "hpsv2's open_clip imports turtle, which needs Tk: install your Python's Tk (e.g. apt-get install python3-tk)"
+            else:
+                hint = "run ./scripts/bootstrap.sh --deps-only to install the Flux stack"
+            raise DancegrpoError(f"building the fixtures failed to import {exc.name or exc}: {exc}", hint) from None
     fixtures = fixtures_at(dest)
     if tree is not None:
         check_dataset_with_tree(fixtures, Path(tree))

@@ -112,15 +112,12 @@ install_deps() {
     "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} --no-deps "$HPSV2_SPEC"
   } 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   # The hpsv2 wheel lacks the BPE vocabulary its tokenizer opens at import; it is the
-  # same file open_clip ships.
-  "$VENV/bin/python" - <<'EOF'
-import importlib.util, pathlib, shutil
-oc = pathlib.Path(importlib.util.find_spec("open_clip").origin).parent
-hp = pathlib.Path(importlib.util.find_spec("hpsv2").origin).parent / "src" / "open_clip"
-name = "bpe_simple_vocab_16e6.txt.gz"
-if not (hp / name).exists():
-    shutil.copyfile(oc / name, hp / name)
-EOF
+  # same file open_clip ships (copied, checked by sha256).
+  "$VENV/bin/python" -c 'from dancegrpo_npu.fixtures import ensure_hpsv2_vocab as e; e()' ||
+    die "could not complete hpsv2's installation (see above)"
+  # hpsv2's open_clip does `from turtle import forward`, so it needs Tk.
+  "$VENV/bin/python" -c 'import tkinter' 2>/dev/null ||
+    die "this Python has no Tk, which hpsv2 imports; install python3-tk (Debian/Ubuntu), tk (conda) or tkinter (RHEL), then re-run"
   PYTHONWARNINGS=ignore "$VENV/bin/python" -c 'import torch, torchvision, diffusers, hpsv2.src.open_clip' ||
     die "the installed stack does not import (see above); set DANCEGRPO_TORCH to a matching torch/torchvision pair"
   echo "$want" >"$stamp_file"

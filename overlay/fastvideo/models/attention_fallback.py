@@ -63,11 +63,13 @@ def npu_fusion_attention(qkv, key_padding_mask, causal=False, dropout_p=0.0, sof
     _check(qkv, key_padding_mask)
     torch_npu = importlib.import_module("torch_npu")
     q, k, v = qkv.unbind(dim=2)  # [b, s, h, d] = BSND
-    heads, head_dim = qkv.shape[3], qkv.shape[4]
+    batch, seqlen, _, heads, head_dim = qkv.shape
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    # The kernel takes a full [B, 1, S, S] mask (no broadcasting), True = masked out.
+    masked = ~_allowed(key_padding_mask, causal).expand(batch, 1, seqlen, seqlen)
     out = torch_npu.npu_fusion_attention(
         q, k, v, heads, "BSND",
-        atten_mask=~_allowed(key_padding_mask, causal),  # NPU: True = masked out
+        atten_mask=masked.contiguous(),
         scale=scale,
         keep_prob=1.0 - dropout_p,
     )[0]

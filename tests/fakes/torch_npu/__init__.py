@@ -1,0 +1,105 @@
+"""A FAKE ``torch_npu`` for tests.  It is not Huawei's torch_npu and runs nothing on an NPU.
+
+It exists so that the port's NPU-only code paths (device selection, HCCL,
+``transfer_to_npu`` ordering, ``npu_fusion_attention``) can be exercised on machines
+without an Ascend NPU.  Every result obtained with it is a CPU result: it never
+stands for an NPU measurement.
+
+What it imitates, from torch_npu's documentation:
+
+* importing it registers the ``npu`` device type (``rename_privateuse1_backend``) and
+  ``torch.npu`` (``is_available``, ``device_count``, ``set_device``, ``current_device``);
+  ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see;
+* ``npu_fusion_attention(query, key, value, head_num, input_layout, ..., atten_mask,
+  scale, keep_prob)`` for the ``BSND`` and ``BNSD`` layouts, where ``atten_mask`` is
+  boolean, True means "do not attend", and its shape is one the documentation lists
+  ([B,N,S1,S2], [B,1,S1,S2], [1,1,S1,S2], [S1,S2]; no broadcasting); it returns a 7-tuple whose first item is the
+  attention output, computed here in plain torch on whatever device the inputs are on;
+* ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
+  and whether CUDA was initialised (``transfer_state``), so tests can check the order.
+
+Tests that use it are marked ``fake_npu``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+
+import torch
+
+__fake__ = True
+__version__ = "0.0.0+fake"
+
+calls: list[tuple[str, dict]] = []  # what the code under test asked of the fake
+transfer_state: dict | None = None  # set by importing torch_npu.contrib.transfer_to_npu
+
+
+def _device_count() -> int:
+    return int(os.environ.get("FAKE_TORCH_NPU_DEVICES", "8"))
+
+
+class _FakeNpuModule(types.ModuleType):
+    """Stands in for ``torch.npu`` (FAKE)."""
+
+    def __init__(self):
+        super().__init__("torch.npu")
+        self._current = 0
+
+    def is_available(self) -> bool:
+        return _device_count() > 0
+
+    def device_count(self) -> int:
+        return _device_count()
+
+    def set_device(self, device) -> None:
+        index = device.index if isinstance(device, torch.device) else int(device)
+        if not 0 <= index < _device_count():
+            raise RuntimeError(f"fake torch_npu: invalid device {index} ({_device_count()} NPUs)")
+        calls.append(("set_device", {"device": device}))
+        self._current = index
+
+    def current_device(self) -> int:
+        return self._current
+
+
+npu = _FakeNpuModule()
+if torch._C._get_privateuse1_backend_name() == "privateuseone":
+    torch.utils.rename_privateuse1_backend("npu")
+torch.npu = npu
+
+
+def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
+                         atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=2147483647,
+                         next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
+                         actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False):
+    calls.append(("npu_fusion_attention", {
+        "input_layout": input_layout, "head_num": head_num, "scale": scale, "keep_prob": keep_prob,
+        "atten_mask_dtype": None if atten_mask is None else atten_mask.dtype,
+        "atten_mask_shape": None if atten_mask is None else tuple(atten_mask.shape),
+        "query_shape": tuple(query.shape)}))
+    if input_layout == "BSND":
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    elif input_layout == "BNSD":
+        q, k, v = query, key, value
+    else:
+        raise NotImplementedError(f"fake torch_npu: layout {input_layout} is not imitated")
+    if q.shape[1] != head_num:
+        raise RuntimeError(f"fake torch_npu: head_num {head_num} != {q.shape[1]} heads in the input")
+    if keep_prob != 1.0:
+        raise NotImplementedError("fake torch_npu: dropout (keep_prob < 1) is not imitated")
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if atten_mask is not None:
+        if atten_mask.dtype not in (torch.bool, torch.uint8):
+            raise TypeError("fake torch_npu: atten_mask must be bool or uint8")
+        b, n, s1, s2 = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        documented = [(b, n, s1, s2), (b, 1, s1, s2), (1, 1, s1, s2), (s1, s2)]
+        if tuple(atten_mask.shape) not in documented:
+            raise RuntimeError(f"fake torch_npu: atten_mask shape {tuple(atten_mask.shape)} is not one of {documented}")
+        scores = scores.masked_fill(atten_mask.bool(), -math.inf)
+    out = (scores.softmax(dim=-1) @ v.float()).to(query.dtype)
+    if input_layout == "BSND":
+        out = out.transpose(1, 2)
+    empty = torch.empty(0)
+    return (out.contiguous(), empty, empty, empty, 0, 0, 0)

@@ -1,0 +1,1 @@
+"""Part of the FAKE torch_npu used by the tests (see torch_npu/__init__.py)."""

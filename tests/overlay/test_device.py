@@ -1,0 +1,176 @@
+"""overlay/fastvideo/utils/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fastvideo.utils import device  # noqa: E402  (overlay/ is on sys.path, see conftest)
+
+
+@pytest.mark.parametrize("value, kind", [(None, "auto"), ("", "auto"), ("CPU", "cpu"), (" npu ", "npu"), ("cuda", "cuda")])
+def test_requested_kind(value, kind):
+    env = {} if value is None else {device.DEVICE_ENV: value}
+    assert device.requested_kind(env) == kind
+
+
+def test_unknown_device_is_refused_with_the_choices():
+    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, npu, cuda, cpu"):
+        device.requested_kind({device.DEVICE_ENV: "gpu"})
+
+
+@pytest.mark.parametrize("value, strict", [("1", True), ("true", True), ("ON", True), ("0", False), ("", False), (None, False)])
+def test_strict_requested(value, strict):
+    env = {} if value is None else {device.STRICT_ENV: value}
+    assert device.strict_requested(env) is strict
+
+
+def test_backends_and_autocast_types():
+    assert [device.Accelerator(k, False).dist_backend for k in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+    assert device.Accelerator("npu", False).autocast_device_type == "npu"
+
+
+def test_cpu_is_always_possible_and_auto_falls_back_without_torch_npu():
+    assert device.resolve_kind("cpu") == "cpu"
+    if device._import_torch_npu() is not None:
+        pytest.skip("a torch_npu is installed here")
+    assert device.resolve_kind("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_npu_without_torch_npu_says_what_to_install():
+    if device._import_torch_npu() is not None:
+        pytest.skip("a torch_npu is installed here")
+    with pytest.raises(device.DeviceSelectionError, match="torch_npu is not installed"):
+        device.resolve_kind("npu")
+
+
+def test_cuda_without_cuda_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(device.DeviceSelectionError, match="torch.cuda.is_available"):
+        device.resolve_kind("cuda")
+
+
+def test_cpu_run(run_python):
+    out = run_python(
+        """
+        import json, torch
+        from fastvideo.utils import device
+        acc = device.activate()
+        x = torch.randn(4, 4)
+        with device.autocast(torch.bfloat16):
+            y = x @ x
+        print(json.dumps({"kind": acc.kind, "strict": acc.strict, "backend": device.dist_backend(),
+                          "dev": str(device.set_local_device(3)), "cur": str(device.current_device()),
+                          "autocast_dtype": str(y.dtype), "same": device.activate() is acc,
+                          "offload": [device.fsdp_cpu_offload_supported(), device.fsdp_sync_module_states_supported(),
+                                      device.full_state_dict_cpu_offload()]}))
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"kind": "cpu", "strict": False, "backend": "gloo", "dev": "cpu", "cur": "cpu",
+                   "autocast_dtype": "torch.bfloat16", "same": True, "offload": [False, False, False]}
+
+
+def test_strict_env_switches_strict_mode_on_for_the_process(run_python):
+    out = run_python(
+        """
+        import torch
+        from fastvideo.utils import device
+        from fastvideo.utils.strict_mode import StrictModeError
+        assert device.activate().strict
+        torch.arange(3, dtype=torch.float64)  # outside any module: not the model path
+        class Doubles(torch.nn.Module):
+            def forward(self, x):
+                return x.double()
+        try:
+            Doubles()(torch.ones(2))
+        except StrictModeError as e:
+            print("caught:", e)
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu", "DANCEGRPO_NPU_STRICT": "1"},
+    )
+    assert "caught: strict mode: aten._to_copy.default made a torch.float64 tensor in Doubles (Doubles)" in out.stdout
+
+
+def test_bad_device_env_fails_activation(run_python):
+    proc = run_python("from fastvideo.utils import device; device.activate()", env={"DANCEGRPO_DEVICE": "tpu"}, check=False)
+    assert proc.returncode != 0 and "DANCEGRPO_DEVICE='tpu' is not one of" in proc.stderr
+
+
+def test_broadcast_module_states_gives_every_rank_rank0s_weights(run_python, tmp_path):
+    out = run_python(
+        f"""
+        import torch, torch.distributed as dist, torch.multiprocessing as mp
+        from fastvideo.utils import device
+
+        def work(rank):
+            dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=rank, world_size=2)
+            torch.manual_seed(100 + rank)  # as the LoRA trainer seeds: seed + rank
+            m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+            m[1].running_mean.fill_(rank)
+            device.broadcast_module_states(m)
+            flat = torch.cat([t.flatten() for t in list(m.parameters()) + list(m.buffers())])
+            gathered = [torch.zeros_like(flat) for _ in range(2)]
+            dist.all_gather(gathered, flat)
+            torch.manual_seed(100)
+            want = torch.nn.Linear(3, 4)
+            if rank == 0:
+                print("equal", torch.equal(gathered[0], gathered[1]), torch.equal(m[0].weight, want.weight),
+                      float(m[1].running_mean.sum()))
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(work, nprocs=2)
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    assert "equal True True 0.0" in out.stdout
+
+
+@pytest.mark.fake_npu
+def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
+    out = run_python(
+        """
+        import json, torch
+        from fastvideo.utils import device
+        acc = device.activate()
+        import torch_npu
+        assert torch_npu.__fake__
+        print(json.dumps({"kind": acc.kind, "backend": device.dist_backend(), "dev": str(device.set_local_device(1)),
+                          "cur": str(device.current_device()), "autocast": acc.autocast_device_type,
+                          "transfer": torch_npu.transfer_state,
+                          "offload": [device.fsdp_cpu_offload_supported(), device.full_state_dict_cpu_offload()]}))
+        """,
+        fake_npu=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # transfer_to_npu came before CUDA and before anything but the device module itself
+    assert got.pop("transfer") == {"cuda_initialized": False,
+                                   "already_imported": ["fastvideo", "fastvideo.utils", "fastvideo.utils.device"]}
+    assert got == {"kind": "npu", "backend": "hccl", "dev": "npu:1", "cur": "npu:1", "autocast": "npu",
+                   "offload": [True, True]}
+
+
+@pytest.mark.fake_npu
+def test_npu_requested_but_none_visible(run_python):
+    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+                      env={"DANCEGRPO_DEVICE": "npu", "FAKE_TORCH_NPU_DEVICES": "0"})
+    assert proc.returncode != 0 and "DANCEGRPO_DEVICE=npu but torch_npu sees no NPU" in proc.stderr
+
+
+@pytest.mark.fake_npu
+def test_cpu_requested_on_an_npu_host_leaves_torch_npu_alone(run_python):
+    out = run_python(
+        """
+        import sys
+        from fastvideo.utils import device
+        print(device.activate().kind, "torch_npu" in sys.modules)
+        """,
+        fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    assert out.stdout.split() == ["cpu", "False"]

@@ -8,7 +8,9 @@ stands for an NPU measurement.
 What it imitates, from torch_npu's documentation:
 
 * importing it registers the ``npu`` device type (``rename_privateuse1_backend``) and
-  ``torch.npu`` (``is_available``, ``device_count``, ``set_device``, ``current_device``);
+  the ``torch.npu`` device module (``is_available``, ``device_count``, ``set_device``,
+  ``current_device``, ``get_amp_supported_dtype`` - so ``torch.autocast("npu")`` can be
+  constructed; autocast then changes nothing, no kernel here is an NPU kernel);
   ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see;
 * ``npu_fusion_attention(query, key, value, head_num, input_layout, ..., atten_mask,
   scale, keep_prob)`` for the ``BSND`` and ``BNSD`` layouts, where ``atten_mask`` is
@@ -63,11 +65,14 @@ class _FakeNpuModule(types.ModuleType):
     def current_device(self) -> int:
         return self._current
 
+    def get_amp_supported_dtype(self) -> list:
+        return [torch.float16, torch.bfloat16]  # what torch.autocast("npu") asks the device module
+
 
 npu = _FakeNpuModule()
 if torch._C._get_privateuse1_backend_name() == "privateuseone":
     torch.utils.rename_privateuse1_backend("npu")
-torch.npu = npu
+torch._register_device_module("npu", npu)  # sets torch.npu, as torch_npu does
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,

@@ -1,0 +1,71 @@
+"""Patches 0001-0003: what the Flux scripts import, imports without flash_attn,
+liger_kernel/triton, loguru and decord: none of them is imported (where one is installed,
+it stays unimported; where not, the import would fail).  torch may import triton by
+itself, so packages are compared with a baseline of torch, diffusers, transformers and peft."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+CUDA_ONLY = ("flash_attn", "liger_kernel", "triton", "loguru", "decord")
+
+
+@pytest.mark.upstream
+def test_flux_path_imports_without_cuda_only_packages(run_in_tree):
+    baseline = run_in_tree(
+        """
+        import json, sys, torch, diffusers, transformers, peft, accelerate
+        from diffusers import FluxTransformer2DModel
+        print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+        """)
+    before = set(json.loads(baseline.stdout.strip().splitlines()[-1]))
+    out = run_in_tree(
+        """
+        import json, sys, torch
+        import fastvideo.utils.fsdp_util, fastvideo.utils.load, fastvideo.utils.validation
+        import fastvideo.utils.checkpoint, fastvideo.utils.communications_flux, fastvideo.utils.dataset_utils
+        import fastvideo.dataset, fastvideo.dataset.latent_flux_rl_datasets
+        from fastvideo.models.flash_attn_no_pad import flash_attn_no_pad
+        from fastvideo.models.attention_fallback import padded_qkv_attention
+        from fastvideo.utils.load import get_no_split_modules, load_transformer
+        from diffusers import FluxTransformer2DModel
+
+        flux = FluxTransformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                      joint_attention_dim=8, pooled_projection_dim=8, in_channels=8,
+                                      axes_dims_rope=[2, 2, 4])
+        blocks = [c.__name__ for c in get_no_split_modules(flux)]
+        video = sorted(m for m in sys.modules if m.startswith(("fastvideo.models.mochi", "fastvideo.models.hunyuan")))
+        try:
+            load_transformer("mochi", None, "nowhere", torch.float32)
+            mochi = "no error"
+        except ImportError as e:
+            mochi = str(e)
+        qkv = torch.randn(2, 5, 3, 2, 4)
+        mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+        same = torch.equal(flash_attn_no_pad(qkv, mask), padded_qkv_attention(qkv, mask))
+        loaded = sorted({m.split(".")[0] for m in sys.modules})
+        print(json.dumps({"blocks": blocks, "mochi": mochi, "same": same, "loaded": loaded, "video": video}))
+        """
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["blocks"] == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
+    assert got["same"] and got["video"] == []
+    assert (set(got["loaded"]) - before) & set(CUDA_ONLY) == set()
+    assert "fastvideo.models.mochi_hf.modeling_mochi does not import" in got["mochi"]
+    assert "supports the Flux scripts only" in got["mochi"]
+
+
+@pytest.mark.upstream
+def test_caption_list(run_in_tree):
+    out = run_in_tree(
+        """
+        import torch
+        from fastvideo.dataset.latent_flux_rl_datasets import latent_collate_function
+        item = (torch.zeros(4, 2), torch.zeros(2), torch.zeros(3), "a cat")
+        batch = latent_collate_function([item, item])
+        print(type(batch[3]).__name__, batch[3])
+        """
+    )
+    assert out.stdout.strip() == "list ['a cat', 'a cat']"

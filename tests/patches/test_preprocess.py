@@ -1,0 +1,50 @@
+"""Patches 0004/0014 on the preprocessing script: the PATCHED stock
+preprocess_flux_embedding.py, launched like any run, over the fixture pipeline, writes
+the dataset the fixtures hold - same layout, same tensors - and the tree's LatentDataset
+reads it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path):
+    from dancegrpo_npu.fixtures import build_fixtures
+    from dancegrpo_npu.launch import LaunchSpec, launch
+
+    fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures")
+    out = tmp_path / "rl_embeddings"
+    record = launch(patched_tree.project, LaunchSpec(
+        script="preprocess", nproc_per_node=2, device="cpu", strict=True, name="preprocess-test",
+        upstream_defaults=False, env=(("OMP_NUM_THREADS", "1"),),
+        args=("--model_path", str(fixtures.model_dir), "--output_dir", str(out),
+              "--prompt_dir", str(fixtures.prompts), "--dataloader_num_workers", "0")))
+    assert record.returncode == 0, f"see {record.run_dir / 'logs'}"
+
+    ours = json.loads((out / "videos2caption.json").read_text())
+    theirs = json.loads(fixtures.data_json.read_text())
+    assert sorted(ours, key=lambda e: e["caption"]) == sorted(theirs, key=lambda e: e["caption"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in fixtures.data_json.parent.iterdir())
+    for entry in ours:  # the same file names hold the same tensors (bf16, batch of one, same model)
+        for sub, key in (("prompt_embed", "prompt_embed_path"), ("pooled_prompt_embeds", "pooled_prompt_embeds_path"),
+                         ("text_ids", "text_ids")):
+            a = torch.load(out / sub / entry[key], weights_only=True)
+            b = torch.load(fixtures.data_json.parent / sub / entry[key], weights_only=True)
+            assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b), (sub, entry)
+
+    module_path = patched_tree.tree / "fastvideo" / "dataset" / "latent_flux_rl_datasets.py"
+    spec = importlib.util.spec_from_file_location("_patched_latent_flux_rl_datasets", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dataset = module.LatentDataset(str(out / "videos2caption.json"), 1, 0.0)
+    prompt_embeds, pooled, text_ids, captions = module.latent_collate_function([dataset[0], dataset[1]])
+    assert text_ids.shape == (2, 3)  # upstream's format: one (3,) row per prompt
+    assert prompt_embeds.shape[:1] == pooled.shape[:1] == (2,) and isinstance(captions, list)

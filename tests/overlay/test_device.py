@@ -174,3 +174,15 @@ def test_cpu_requested_on_an_npu_host_leaves_torch_npu_alone(run_python):
         fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"},
     )
     assert out.stdout.split() == ["cpu", "False"]
+
+
+@pytest.mark.fake_npu
+def test_a_broken_torch_npu_is_reported_not_ignored(run_python):
+    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+                      env={"FAKE_TORCH_NPU_BROKEN": "1"})
+    assert proc.returncode != 0
+    assert "torch_npu is installed but does not import (ImportError: libascendcl.so" in proc.stderr
+    assert "set DANCEGRPO_DEVICE=cpu|cuda" in proc.stderr
+    out = run_python("from fastvideo.utils import device; print(device.activate().kind)", fake_npu=True,
+                     env={"FAKE_TORCH_NPU_BROKEN": "1", "DANCEGRPO_DEVICE": "cpu"})
+    assert out.stdout.strip() == "cpu"

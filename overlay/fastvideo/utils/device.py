@@ -78,13 +78,18 @@ def strict_requested(environ=None) -> bool:
 
 
 def _import_torch_npu():
-    """torch_npu, or None when it is not installed (any import failure is reported)."""
+    """torch_npu, or None when it is not installed; installed but broken is an error."""
     try:
         return importlib.import_module("torch_npu")
     except ModuleNotFoundError as exc:
         if exc.name == "torch_npu":
             return None
-        raise
+        error = exc
+    except (ImportError, OSError) as exc:  # e.g. CANN's libraries not on the loader path
+        error = exc
+    raise DeviceSelectionError(
+        f"torch_npu is installed but does not import ({type(error).__name__}: {error}); source CANN's "
+        f"set_env.sh first, or set {DEVICE_ENV}=cpu|cuda to run without it") from error
 
 
 def _npu_visible(torch_npu) -> bool:

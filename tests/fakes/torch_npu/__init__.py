@@ -17,6 +17,8 @@ What it imitates, from torch_npu's documentation:
   boolean, True means "do not attend", and its shape is one the documentation lists
   ([B,N,S1,S2], [B,1,S1,S2], [1,1,S1,S2], [S1,S2]; no broadcasting); it returns a 7-tuple whose first item is the
   attention output, computed here in plain torch on whatever device the inputs are on;
+* ``FAKE_TORCH_NPU_BROKEN=1``: the import fails the way a torch_npu without CANN's
+  libraries on the loader path does;
 * ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
   and whether CUDA was initialised (``transfer_state``), so tests can check the order.
 
@@ -33,6 +35,9 @@ import torch
 
 __fake__ = True
 __version__ = "0.0.0+fake"
+
+if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # a torch_npu whose CANN libraries are not found
+    raise ImportError("libascendcl.so: cannot open shared object file: No such file or directory (FAKE)")
 
 calls: list[tuple[str, dict]] = []  # what the code under test asked of the fake
 transfer_state: dict | None = None  # set by importing torch_npu.contrib.transfer_to_npu

@@ -100,7 +100,7 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
         raise DancegrpoError(f"unknown device {spec.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
     for what, value in (("--nproc-per-node", spec.nproc_per_node), ("--nnodes", spec.nnodes)):
         if value < 1:
-            raise DancegrpoError(f"{what} must be at least 1, not {value}", exit_code=2)
+            raise DancegrpoError(f"{what} must be at least 1, not {value}", "give a positive count", exit_code=2)
     if not 0 <= spec.node_rank < spec.nnodes:
         raise DancegrpoError(
             f"--node-rank {spec.node_rank} is not a node of --nnodes {spec.nnodes}",

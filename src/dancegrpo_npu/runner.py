@@ -110,6 +110,7 @@ def _summary(plan, status: str, returncode: int | None, start: float, end: float
         "script": plan.spec.script,
         "device": plan.spec.device,
         "profile": plan.profile,
+        "device_kind": None,  # what the device resolved to (environment.json's probe)
         "world_size": plan.world_size,
         "start": _iso(start),
         "end": _iso(end) if end else None,
@@ -154,10 +155,12 @@ def run_plan(project: Project, plan):
     start = time.time()
     records.write_json(run_dir / "summary.json", _summary(plan, "running", None, start, None))
     print(f"dancegrpo-npu: run directory {run_dir}", flush=True)
-    status, returncode, extra = "interrupted", None, {}
+    status, returncode, extra, device_kind = "interrupted", None, {}, None
     try:
         with _sigterm_raises():
-            records.write_json(run_dir / "environment.json", _fingerprint(project, plan))
+            fp = _fingerprint(project, plan)
+            records.write_json(run_dir / "environment.json", fp)
+            device_kind = (fp.get("devices") or {}).get("kind")
             try:
                 proc = subprocess.Popen(
                     list(plan.command), cwd=run_dir, env=plan.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -179,7 +182,7 @@ def run_plan(project: Project, plan):
     except _Terminated:
         pass  # recorded below; the exit code says it
     finally:
-        summary = _summary(plan, status, returncode, start, time.time(), **extra)
+        summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
         records.write_json(run_dir / "summary.json", summary)
     print(_one_line(run_dir, summary), flush=True)
     rc = returncode if returncode not in (None, 0) or status == "succeeded" else 1

@@ -10,7 +10,6 @@ tree is only checked for presence.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
@@ -25,9 +24,12 @@ def tree_state(project: Project, script_relpath: str | None = None) -> dict:
         return {"state": "missing", "detail": f"no patched upstream tree at {tree}"}
     if script_relpath and not (tree / script_relpath).is_file():
         return {"state": "missing", "detail": f"{tree} has no {script_relpath}"}
-    if importlib.util.find_spec("dancegrpo_npu.status") is None:
+    try:
+        module = importlib.import_module("dancegrpo_npu.status")
+    except ModuleNotFoundError as e:
+        if e.name != "dancegrpo_npu.status":
+            raise
         return {"state": "unknown", "detail": "the engine's verify (dancegrpo_npu.status) is not installed"}
-    module = importlib.import_module("dancegrpo_npu.status")
     verify = getattr(module, "verify_tree", None) or getattr(module, "verify", None)
     if not callable(verify):
         return {"state": "unknown", "detail": "dancegrpo_npu.status has no verify_tree(project)"}

@@ -9,7 +9,6 @@ environment launch sets, and writes what upstream's trainer writes in its workin
 
 from __future__ import annotations
 
-import json
 import shutil
 import textwrap
 from pathlib import Path

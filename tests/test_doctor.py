@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic_tree import make_project, trust_synthetic_tree
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.doctor import FAIL, PASS, SKIP, DoctorOptions, format_report, run_checks
-from dancegrpo_npu.doctor_checks import FLUX_LAYOUT, base_version, table_row
+from dancegrpo_npu.doctor import FAIL, FLUX_LAYOUT, PASS, SKIP, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
-from synthetic_tree import make_project, trust_synthetic_tree
+from dancegrpo_npu.versions import base_version, table_row
 
 FAKE_NPU = Path(__file__).parent / "fake_npu"
 
@@ -98,7 +98,9 @@ def fake_npu(tmp_path, monkeypatch):
     (cann / "x86_64-linux").mkdir(parents=True)
     (cann / "aarch64-linux").mkdir(parents=True)
     for arch in ("x86_64-linux", "aarch64-linux"):
-        (cann / arch / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=8.2.RC1\ninnerversion=V100R001C22\n")
+        (cann / arch / "ascend_toolkit_install.info").write_text(
+            "package_name=Ascend-cann-toolkit\nversion=8.2.RC1\ninnerversion=V100R001C22\n"
+        )
     driver = tmp_path / "driver_version.info"
     driver.write_text("Version=25.0.rc1.1\nascendhal_version=7.35.23\n")
     dev = tmp_path / "dev"
@@ -128,7 +130,11 @@ def test_npu_branch_finds_torch_npu_cann_and_devices(project, fake_npu, monkeypa
     opts = npu_options(fake_npu, environ={"ASCEND_RT_VISIBLE_DEVICES": "2,3"}, skip=("all_reduce",))
     checks = by_name(run_checks(project, opts))
     assert checks["torch_npu"].status == PASS and "matches torch" in checks["torch_npu"].detail
-    assert checks["cann"].status == PASS and "CANN 8.2.RC1" in checks["cann"].detail and "driver 25.0.rc1.1" in checks["cann"].detail
+    assert (
+        checks["cann"].status == PASS
+        and "CANN 8.2.RC1" in checks["cann"].detail
+        and "driver 25.0.rc1.1" in checks["cann"].detail
+    )
     assert checks["devices"].status == PASS
     assert checks["devices"].detail.startswith("2 NPU(s) (ASCEND_RT_VISIBLE_DEVICES=2,3): 0: Ascend910B3 64 GiB")
     assert checks["accelerate"].status == PASS and "hccl" in checks["accelerate"].detail
@@ -159,7 +165,13 @@ def test_npu_branch_version_mismatch(project, fake_npu, monkeypatch):
 
 @pytest.mark.fake_npu
 def test_npu_branch_without_set_env(project, fake_npu):
-    opts = DoctorOptions(environ={"PATH": "/usr/bin"}, dev_dir=fake_npu["dev"], driver_file=fake_npu["driver"], min_free_gb=0, skip=("matmul", "all_reduce"))
+    opts = DoctorOptions(
+        environ={"PATH": "/usr/bin"},
+        dev_dir=fake_npu["dev"],
+        driver_file=fake_npu["driver"],
+        min_free_gb=0,
+        skip=("matmul", "all_reduce"),
+    )
     c = by_name(run_checks(project, opts))["cann"]
     assert c.status == FAIL and "set_env.sh" in c.fix
 

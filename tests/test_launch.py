@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from synthetic_tree import make_project, trust_synthetic_tree
 
 from dancegrpo_npu import ascend, records
 from dancegrpo_npu.cli import main
@@ -16,7 +17,6 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.launch import LaunchSpec, build_plan, launch
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.upstream_args import FLUX_DEFAULTS, PREPROCESS_DEFAULTS
-from synthetic_tree import make_project, trust_synthetic_tree
 
 PY = "/opt/py/bin/python"
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "PYTHONPATH": "/usr/local/Ascend/python/site-packages"}
@@ -100,7 +100,12 @@ def test_two_nodes_on_npu_command_and_environment_exactly(project, tmp_path):
         "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "1",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "--log_dir", str(run_dir / "logs" / "torchrun"), "--redirects",
     )  # fmt: skip
-    assert plan.command[19:] == (str(tree / "fastvideo/train_grpo_flux.py"), *expected_default_args(tree, run_dir), "--output_dir", str(run_dir / "outputs"))
+    assert plan.command[19:] == (
+        str(tree / "fastvideo/train_grpo_flux.py"),
+        *expected_default_args(tree, run_dir),
+        "--output_dir",
+        str(run_dir / "outputs"),
+    )
     assert [(n, v) for n, v, _ in plan.env_set] == [
         ("PYTHONPATH", f"{tree}:/usr/local/Ascend/python/site-packages"),
         ("DANCEGRPO_DEVICE", "npu"),
@@ -127,7 +132,13 @@ def test_two_nodes_on_npu_command_and_environment_exactly(project, tmp_path):
 
 def test_user_environment_and_env_flags_override_launch_defaults(project, tmp_path):
     environ = {**BASE_ENV, "HCCL_CONNECT_TIMEOUT": "3600", "WANDB_MODE": "online", "TASK_QUEUE_ENABLE": "1"}
-    spec = LaunchSpec("flux", nproc_per_node=2, device="npu", master_port=1234, env=(("TASK_QUEUE_ENABLE", "0"), ("ASCEND_RT_VISIBLE_DEVICES", "4,5")))
+    spec = LaunchSpec(
+        "flux",
+        nproc_per_node=2,
+        device="npu",
+        master_port=1234,
+        env=(("TASK_QUEUE_ENABLE", "0"), ("ASCEND_RT_VISIBLE_DEVICES", "4,5")),
+    )
     plan = plan_for(project, spec, tmp_path, environ=environ, dev=fake_dev(tmp_path, 8))
     got = {n: (v, why) for n, v, why in plan.env_set}
     assert got["HCCL_CONNECT_TIMEOUT"][0] == "3600" and got["HCCL_CONNECT_TIMEOUT"][1].startswith("your environment")
@@ -146,7 +157,17 @@ def test_auto_device_without_npu_sets_no_npu_environment(project, tmp_path):
 def test_paths_user_relative_to_cwd_defaults_relative_to_tree(project, tmp_path):
     here = tmp_path / "here"
     (here / "weights" / "flux").mkdir(parents=True)
-    spec = LaunchSpec("flux", args=("--pretrained_model_name_or_path", "weights/flux", "--vae_model_path=weights/flux", "--output_dir", "ckpt"), master_port=1)
+    spec = LaunchSpec(
+        "flux",
+        args=(
+            "--pretrained_model_name_or_path",
+            "weights/flux",
+            "--vae_model_path=weights/flux",
+            "--output_dir",
+            "ckpt",
+        ),
+        master_port=1,
+    )
     plan = plan_for(project, spec, tmp_path, cwd=here)
     args = list(plan.script_args)
     assert args[args.index("--pretrained_model_name_or_path") + 1] == str(here / "weights" / "flux")
@@ -190,12 +211,32 @@ def test_preprocess_keeps_its_output_in_the_tree(project, tmp_path):
         (LaunchSpec("flux", env=(("DANCEGRPO_DEVICE", "cpu"),)), 0, "DANCEGRPO_DEVICE is set by --device"),
         (LaunchSpec("flux", name="../escape"), 0, "not usable as a directory name"),
         (LaunchSpec("flux", device="npu"), 0, "this host shows no NPU"),
-        (LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0,9"),)), 8, "names device 9, but this host shows NPUs 0-7"),
-        (LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0"),)), 8, "makes 1 NPU(s) visible but --nproc-per-node is 2"),
-        (LaunchSpec("flux", device="npu", env=(("ASCEND_RT_VISIBLE_DEVICES", "x"),)), 8, "is not a comma-separated list"),
-        (LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "1,1"),)), 8, "names device 1 twice"),
+        (
+            LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0,9"),)),
+            8,
+            "names device 9, but this host shows NPUs 0-7",
+        ),
+        (
+            LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0"),)),
+            8,
+            "makes 1 NPU(s) visible but --nproc-per-node is 2",
+        ),
+        (
+            LaunchSpec("flux", device="npu", env=(("ASCEND_RT_VISIBLE_DEVICES", "x"),)),
+            8,
+            "is not a comma-separated list",
+        ),
+        (
+            LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "1,1"),)),
+            8,
+            "names device 1 twice",
+        ),
         (LaunchSpec("flux", args=("positional",)), 0, "is not a --flag"),
-        (LaunchSpec("flux", args=("--pretrained_model_name_or_path", "/nowhere/flux")), 0, "FLUX.1-dev weights directory /nowhere/flux does not exist"),
+        (
+            LaunchSpec("flux", args=("--pretrained_model_name_or_path", "/nowhere/flux")),
+            0,
+            "FLUX.1-dev weights directory /nowhere/flux does not exist",
+        ),
         (LaunchSpec("flux", args=("--hps_ckpt", "/nowhere/hps.pt")), 0, "/nowhere/hps.pt does not exist"),
     ],
 )
@@ -259,7 +300,24 @@ def test_cli_bad_input_one_line_error(project, capsys, argv, message):
 
 
 def test_cli_dry_run_prints_command_and_environment_and_creates_nothing(project, capsys):
-    rc = main(["launch", "-C", str(project.root), "flux", "--dry-run", "--device", "cpu", "--master-port", "29999", "--env", "FOO=bar baz", "--", "--max_train_steps", "2"])
+    rc = main(
+        [
+            "launch",
+            "-C",
+            str(project.root),
+            "flux",
+            "--dry-run",
+            "--device",
+            "cpu",
+            "--master-port",
+            "29999",
+            "--env",
+            "FOO=bar baz",
+            "--",
+            "--max_train_steps",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "export DANCEGRPO_DEVICE=cpu" in out and "export FOO='bar baz'  # --env" in out
@@ -288,11 +346,24 @@ def test_cli_starts_without_importing_torch():
 
 
 def test_real_launch_one_process_keeps_the_record(project, tmp_path):
-    record = launch(project, LaunchSpec("flux", device="cpu", name="one", args=("--max_train_steps", "3"), env=(("SYNTHETIC_EXTRA", "x"),)))
+    record = launch(
+        project,
+        LaunchSpec("flux", device="cpu", name="one", args=("--max_train_steps", "3"), env=(("SYNTHETIC_EXTRA", "x"),)),
+    )
     run = record.run_dir
     assert record.returncode == 0
     assert run.parent == project.runs_dir and run.name.endswith("-one")
-    for rel in ("launch.json", "command.sh", "environment.json", "summary.json", "logs/console.log", "reward.txt", "metrics.jsonl", "images/flux_0_0.png", "outputs/checkpoint.txt"):
+    for rel in (
+        "launch.json",
+        "command.sh",
+        "environment.json",
+        "summary.json",
+        "logs/console.log",
+        "reward.txt",
+        "metrics.jsonl",
+        "images/flux_0_0.png",
+        "outputs/checkpoint.txt",
+    ):
         assert (run / rel).is_file(), rel
     summary = json.loads((run / "summary.json").read_text())
     assert summary == record.summary
@@ -316,12 +387,31 @@ def test_real_launch_one_process_keeps_the_record(project, tmp_path):
 
 
 def test_real_launch_two_processes_from_the_cli(project, capsys):
-    rc = main(["-C", str(project.root), "launch", "flux", "--nproc-per-node", "2", "--device", "cpu", "--strict", "--env", "SYNTHETIC_ALLREDUCE=1", "--", "--max_train_steps", "2"])
+    rc = main(
+        [
+            "-C",
+            str(project.root),
+            "launch",
+            "flux",
+            "--nproc-per-node",
+            "2",
+            "--device",
+            "cpu",
+            "--strict",
+            "--env",
+            "SYNTHETIC_ALLREDUCE=1",
+            "--",
+            "--max_train_steps",
+            "2",
+        ]
+    )
     assert rc == 0
     (run,) = project.runs_dir.iterdir()
     seen = [json.loads((run / f"seen-rank{r}.json").read_text()) for r in (0, 1)]
     assert [s["allreduce"] for s in seen] == [3.0, 3.0]  # a real gloo all_reduce over torchrun's rendezvous
-    assert {s["env"]["LOCAL_RANK"] for s in seen} == {"0", "1"} and all(s["env"]["DANCEGRPO_NPU_STRICT"] == "1" for s in seen)
+    assert {s["env"]["LOCAL_RANK"] for s in seen} == {"0", "1"} and all(
+        s["env"]["DANCEGRPO_NPU_STRICT"] == "1" for s in seen
+    )
     assert sorted(p.name for p in (run / "images").iterdir()) == ["flux_0_0.png", "flux_1_0.png"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2

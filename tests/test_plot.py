@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_runs import fake_run
 
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plot import make_figure
 from dancegrpo_npu.records import load_run
-from test_runs import fake_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,11 +19,21 @@ REPO = Path(__file__).resolve().parents[1]
 def runs(tmp_path):
     (tmp_path / "upstream.lock").write_text((REPO / "upstream.lock").read_text())
     runs = tmp_path / "runs"
-    gpu = fake_run(runs, "20260101-100000-gpu", metrics=[{"step": s, "loss": 1 / s, "reward_mean": 0.30 + s / 100} for s in (1, 2, 3)],
-                   environment={"devices": {"kind": "cuda", "names": ["NVIDIA H200"]}})  # fmt: skip
-    npu = fake_run(runs, "20260101-110000-npu", metrics=[{"step": s, "loss": 2 / s, "reward_mean": 0.29 + s / 100} for s in (1, 2)],
-                   environment={"devices": {"kind": "npu", "names": ["Ascend910B3"]}})  # fmt: skip
-    old = fake_run(runs, "20260101-120000-old", rewards=[0.2, 0.25, 0.3, 0.32], environment={"devices": {"kind": "cpu"}})
+    gpu = fake_run(
+        runs,
+        "20260101-100000-gpu",
+        metrics=[{"step": s, "loss": 1 / s, "reward_mean": 0.30 + s / 100} for s in (1, 2, 3)],
+        environment={"devices": {"kind": "cuda", "names": ["NVIDIA H200"]}},
+    )
+    npu = fake_run(
+        runs,
+        "20260101-110000-npu",
+        metrics=[{"step": s, "loss": 2 / s, "reward_mean": 0.29 + s / 100} for s in (1, 2)],
+        environment={"devices": {"kind": "npu", "names": ["Ascend910B3"]}},
+    )
+    old = fake_run(
+        runs, "20260101-120000-old", rewards=[0.2, 0.25, 0.3, 0.32], environment={"devices": {"kind": "cpu"}}
+    )
     return tmp_path, [gpu, npu, old]
 
 
@@ -39,7 +49,10 @@ def test_figure_has_one_curve_per_run_with_device_labels(runs):
     assert list(reward_ax.get_lines()[0].get_ydata()) == pytest.approx([0.31, 0.32, 0.33])
     assert list(reward_ax.get_lines()[2].get_xdata()) == [1, 2, 3, 4]  # reward.txt: one reward a step
     # the run without loss (reward.txt) has no loss curve
-    assert [line.get_label() for line in loss_ax.get_lines()] == ["20260101-100000-gpu (cuda: NVIDIA H200 ×8)", "20260101-110000-npu (npu: Ascend910B3 ×8)"]
+    assert [line.get_label() for line in loss_ax.get_lines()] == [
+        "20260101-100000-gpu (cuda: NVIDIA H200 ×8)",
+        "20260101-110000-npu (npu: Ascend910B3 ×8)",
+    ]
     assert list(loss_ax.get_lines()[1].get_ydata()) == pytest.approx([2.0, 1.0])
     assert [t.get_text() for t in reward_ax.get_legend().get_texts()][1] == "20260101-110000-npu (npu: Ascend910B3 ×8)"
 

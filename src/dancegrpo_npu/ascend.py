@@ -40,7 +40,9 @@ NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault("NPU_ASD_ENABLE", "0", "silent-data-corruption detection off (its checks cost step time)"),
     EnvDefault("ACLNN_CACHE_LIMIT", "100000", "aclnn operator cache entries (many shapes in sampling)"),
     EnvDefault("MULTI_STREAM_MEMORY_REUSE", "2", "reuse memory across streams (less fragmentation)"),
-    EnvDefault("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "caching allocator grows segments instead of failing"),
+    EnvDefault(
+        "PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "caching allocator grows segments instead of failing"
+    ),
     EnvDefault("ASCEND_GLOBAL_LOG_LEVEL", "3", "CANN logs errors only (3 = ERROR)"),
     EnvDefault("ASCEND_SLOG_PRINT_TO_STDOUT", "0", "CANN logs go to ~/ascend/log, not into the rank logs"),
     EnvDefault("ASCEND_LAUNCH_BLOCKING", "0", "asynchronous launch; set 1 to find the operator that failed"),
@@ -80,7 +82,9 @@ def parse_visible_devices(value: str, var: str = "ASCEND_RT_VISIBLE_DEVICES") ->
     return ids
 
 
-def check_visible_devices(value: str, nproc_per_node: int, count: int, var: str = "ASCEND_RT_VISIBLE_DEVICES") -> list[int]:
+def check_visible_devices(
+    value: str, nproc_per_node: int, count: int, var: str = "ASCEND_RT_VISIBLE_DEVICES"
+) -> list[int]:
     """The visible-device list, checked against the NPUs present and the process count."""
     ids = parse_visible_devices(value, var)
     missing = [i for i in ids if i >= count]

@@ -13,10 +13,7 @@ API (used by ``dancegrpo-npu smoke``)::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import re
-import shlex
 import socket
 import sys
 import textwrap
@@ -24,14 +21,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dancegrpo_npu import ascend, records, treecheck
+from dancegrpo_npu import records, treecheck
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.launch_env import parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.upstream_args import SCRIPTS, ScriptInfo, build_script_args, check_inputs, script_info
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -76,13 +73,6 @@ class LaunchPlan:
         return self.spec.nproc_per_node * self.spec.nnodes
 
 
-def parse_env_assignment(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not _ENV_NAME.match(name):
-        raise DancegrpoError(f"bad environment assignment {text!r}", "write --env NAME=VALUE", exit_code=2)
-    return name, value
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -115,63 +105,6 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
             raise DancegrpoError("DANCEGRPO_DEVICE is set by --device", "use --device instead of --env", exit_code=2)
     run_name(spec)
     return info
-
-
-def _npu_profile(spec: LaunchSpec, dev_dir: Path) -> bool:
-    """Whether the job runs on NPUs as far as the launcher can tell (without importing torch)."""
-    if spec.device == "npu":
-        return True
-    return spec.device == "auto" and ascend.davinci_count(dev_dir) > 0 and importlib.util.find_spec("torch_npu") is not None
-
-
-def plan_environment(
-    spec: LaunchSpec, tree: Path, environ: dict[str, str], dev_dir: Path
-) -> tuple[dict[str, str], list[tuple[str, str, str]], str]:
-    """The job's environment, what launch set in it and why, and the device profile."""
-    extra = dict(spec.env)
-    env = dict(environ)
-    entries: dict[str, tuple[str, str]] = {}
-
-    def default(name: str, value: str, why: str) -> None:
-        if name in extra:
-            return
-        if name in environ:
-            entries[name] = (environ[name], "your environment (launch default: " + value + ")")
-        else:
-            entries[name] = (value, "launch default: " + why)
-
-    inherited_pp = extra.get("PYTHONPATH", environ.get("PYTHONPATH", ""))
-    entries["PYTHONPATH"] = (
-        os.pathsep.join([str(tree)] + ([inherited_pp] if inherited_pp else [])),
-        "the patched tree first (CANN's python paths from set_env.sh stay after it)",
-    )
-    entries["DANCEGRPO_DEVICE"] = (spec.device, "--device")
-    if spec.strict:
-        entries["DANCEGRPO_NPU_STRICT"] = ("1", "--strict")
-    default("WANDB_MODE", "offline", "no network on most clusters; WANDB_MODE=online to sync (wandb >= 0.31 ignores WANDB_DISABLED)")
-    npu = _npu_profile(spec, dev_dir)
-    if npu:
-        if ascend.davinci_count(dev_dir) == 0:
-            raise DancegrpoError(
-                f"--device npu, but this host shows no NPU ({dev_dir}/davinci* missing)",
-                "run on a 910B node (in a container, map the NPUs with --device /dev/davinciN), or use --device cpu|cuda",
-                exit_code=2,
-            )
-        for d in ascend.NPU_ENV_DEFAULTS:
-            default(d.name, d.value, d.why)
-        default(
-            "ASCEND_RT_VISIBLE_DEVICES",
-            ",".join(str(i) for i in range(spec.nproc_per_node)),
-            "one NPU per process, the first --nproc-per-node of them",
-        )
-    for name, value in spec.env:
-        if name != "PYTHONPATH":
-            entries[name] = (value, "--env")
-    if npu:
-        ascend.check_visible_devices(entries["ASCEND_RT_VISIBLE_DEVICES"][0], spec.nproc_per_node, ascend.davinci_count(dev_dir))
-    for name, (value, _) in entries.items():
-        env[name] = value
-    return env, [(n, v, why) for n, (v, why) in entries.items()], "npu" if npu else spec.device
 
 
 def build_plan(
@@ -231,37 +164,6 @@ def build_plan(
     )
 
 
-def _command_lines(command: tuple[str, ...], script: str) -> list[str]:
-    """The command, shell-quoted, one option (with its value) a line."""
-    script_at = command.index(script)
-    lines = [" ".join(shlex.quote(t) for t in command[:3])]
-    i = 3
-    while i < len(command):
-        tok = command[i]
-        if i != script_at and tok.startswith("--") and i + 1 < len(command) and not command[i + 1].startswith("--") and i + 1 != script_at:
-            lines.append(f"{shlex.quote(tok)} {shlex.quote(command[i + 1])}")
-            i += 2
-        else:
-            lines.append(shlex.quote(tok))
-            i += 1
-    return lines
-
-
-def shell_script(plan: LaunchPlan) -> str:
-    """The plan as a shell script: what --dry-run prints and command.sh holds."""
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# dancegrpo-npu launch {plan.spec.script}: torchrun on {plan.script_path}",
-        "# The variables launch sets; everything else is inherited from the calling shell.",
-        f"cd {shlex.quote(str(plan.run_dir))}",
-    ]
-    for name, value, why in plan.env_set:
-        lines.append(f"export {name}={shlex.quote(value)}  # {why}")
-    lines.append("mkdir -p images  # upstream writes ./images/*.png and ./reward.txt in its working directory")
-    lines.append("exec " + " \\\n    ".join(_command_lines(plan.command, str(plan.script_path))))
-    return "\n".join(lines) + "\n"
-
-
 def launch(project: Project, spec: LaunchSpec, dry_run: bool = False) -> RunRecord:
     """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc."""
     now = time.time()
@@ -290,18 +192,64 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
-    p.add_argument("--nproc-per-node", type=int, default=d(1), metavar="N", help="processes on this node: one per NPU/GPU (default 1)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=d(1),
+        metavar="N",
+        help="processes on this node: one per NPU/GPU (default 1)",
+    )
     p.add_argument("--nnodes", type=int, default=d(1), metavar="N", help="nodes in the job (default 1)")
-    p.add_argument("--node-rank", type=int, default=d(0), metavar="K", help="this node's number, 0..nnodes-1 (0 is the master)")
+    p.add_argument(
+        "--node-rank", type=int, default=d(0), metavar="K", help="this node's number, 0..nnodes-1 (0 is the master)"
+    )
     p.add_argument("--master-addr", default=d("127.0.0.1"), metavar="ADDR", help="node 0's address (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=d(None), metavar="PORT", help="node 0's port (default: a free port; 29500 with several nodes)")
-    p.add_argument("--device", choices=DEVICES, default=d("auto"), help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)")
-    p.add_argument("--strict", action="store_true", default=d(False), help="DANCEGRPO_NPU_STRICT=1: fail instead of falling back when an NPU path is missing")
-    p.add_argument("--env", action="append", default=d(None), metavar="NAME=VALUE", help="set a variable in the job's environment (wins over launch's defaults and yours); repeatable")
-    p.add_argument("--ifname", default=d(None), metavar="IFACE", help="network interface between nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=d(None),
+        metavar="PORT",
+        help="node 0's port (default: a free port; 29500 with several nodes)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=d("auto"),
+        help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        default=d(False),
+        help="DANCEGRPO_NPU_STRICT=1: fail instead of falling back when an NPU path is missing",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=d(None),
+        metavar="NAME=VALUE",
+        help="set a variable in the job's environment (wins over launch's defaults and yours); repeatable",
+    )
+    p.add_argument(
+        "--ifname",
+        default=d(None),
+        metavar="IFACE",
+        help="network interface between nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME",
+    )
     p.add_argument("--name", default=d(None), help="run directory suffix (default: the script's name)")
-    p.add_argument("--no-upstream-defaults", dest="upstream_defaults", action="store_false", default=d(True), help="pass only the arguments after --, not upstream's defaults")
-    p.add_argument("--dry-run", action="store_true", default=d(False), help="print the environment and torchrun command, start nothing")
+    p.add_argument(
+        "--no-upstream-defaults",
+        dest="upstream_defaults",
+        action="store_false",
+        default=d(True),
+        help="pass only the arguments after --, not upstream's defaults",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=d(False),
+        help="print the environment and torchrun command, start nothing",
+    )
 
 
 EPILOG = textwrap.dedent(

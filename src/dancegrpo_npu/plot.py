@@ -27,7 +27,9 @@ def make_figure(runs: list[RunInfo]):
     plotted = [(run, m) for run, m in metrics if m.reward]
     if not plotted:
         names = ", ".join(run.name for run in runs)
-        raise DancegrpoError(f"no rewards to plot in {names}", "a run writes reward.txt / metrics.jsonl from its first step on")
+        raise DancegrpoError(
+            f"no rewards to plot in {names}", "a run writes reward.txt / metrics.jsonl from its first step on"
+        )
     with_loss = [(run, m) for run, m in plotted if m.loss]
     rows = 2 if with_loss else 1
     fig, axes = plt.subplots(rows, 1, figsize=(9, 4 * rows), sharex=True, squeeze=False)
@@ -73,9 +75,11 @@ def register(sub, common) -> None:
     )
     p.add_argument("runs", nargs="+", metavar="RUN")
     p.add_argument(
-        "-o", "--output", metavar="FILE",
+        "-o",
+        "--output",
+        metavar="FILE",
         help="the PNG to write (default: <run>/reward.png for one run, runs/compare-<time>.png for several)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_plot)
 
 

@@ -225,5 +225,7 @@ def find_run(runs_dir: Path, ref: str) -> Path:
     if len(matches) == 1:
         return runs_dir / matches[0]
     if len(matches) > 1:
-        raise DancegrpoError(f"run {ref!r} is ambiguous: {', '.join(matches)}", "give the full directory name", exit_code=2)
+        raise DancegrpoError(
+            f"run {ref!r} is ambiguous: {', '.join(matches)}", "give the full directory name", exit_code=2
+        )
     raise DancegrpoError(f"no run {ref!r} in {runs_dir}", "`dancegrpo-npu runs` lists them", exit_code=2)

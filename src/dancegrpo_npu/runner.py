@@ -33,6 +33,7 @@ class _Terminated(Exception):
 @contextmanager
 def _sigterm_raises():
     """Turn SIGTERM into an exception so the record is finished; only possible on the main thread."""
+
     def handler(signum, frame):
         raise _Terminated()
 
@@ -144,7 +145,8 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
 
 def run_plan(project: Project, plan):
     """Run ``plan`` (its run directory exists and is empty); returns the RunRecord."""
-    from dancegrpo_npu.launch import RunRecord, shell_script
+    from dancegrpo_npu.launch import RunRecord
+    from dancegrpo_npu.launch_env import shell_script
 
     run_dir = plan.run_dir
     (run_dir / "logs").mkdir(exist_ok=True)

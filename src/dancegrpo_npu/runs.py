@@ -56,7 +56,7 @@ def format_table(rows: list[dict]) -> str:
         wall = "-" if r["wall_time_s"] is None else f"{r['wall_time_s']:.1f}s"
         lines.append((r["name"], r["status"], r["device"], str(r["world_size"] or "-"), str(r["steps"]), trend, wall))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
 
 def register(sub, common) -> None:

@@ -176,7 +176,11 @@ SCRIPTS: dict[str, ScriptInfo] = {
         ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
         (
             ("--model_path", "dir", "FLUX.1-dev weights"),
-            ("--prompt_dir", "file", "prompt file (upstream's is assets/prompts.txt: `dancegrpo-npu fetch --with-assets`)"),
+            (
+                "--prompt_dir",
+                "file",
+                "prompt file (upstream's is assets/prompts.txt: `dancegrpo-npu fetch --with-assets`)",
+            ),
         ),
         False,
     ),
@@ -190,9 +194,7 @@ def script_info(name: str) -> ScriptInfo:
     try:
         return SCRIPTS[name]
     except KeyError:
-        raise DancegrpoError(
-            f"unknown script {name!r}", f"choose one of: {', '.join(SCRIPTS)}", exit_code=2
-        ) from None
+        raise DancegrpoError(f"unknown script {name!r}", f"choose one of: {', '.join(SCRIPTS)}", exit_code=2) from None
 
 
 def split_flags(args: tuple[str, ...] | list[str]) -> list[tuple[str, str | None, bool]]:

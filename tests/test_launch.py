@@ -348,7 +348,13 @@ def test_cli_starts_without_importing_torch():
 def test_real_launch_one_process_keeps_the_record(project, tmp_path):
     record = launch(
         project,
-        LaunchSpec("flux", device="cpu", name="one", args=("--max_train_steps", "3"), env=(("SYNTHETIC_EXTRA", "x"),)),
+        LaunchSpec(
+            "flux",
+            device="cpu",
+            name="one",
+            args=("--max_train_steps", "3"),
+            env=(("SYNTHETIC_EXTRA", "x"), ("WANDB_API_KEY", "s3cret")),
+        ),
     )
     run = record.run_dir
     assert record.returncode == 0
@@ -384,6 +390,8 @@ def test_real_launch_one_process_keeps_the_record(project, tmp_path):
     launched = json.loads((run / "launch.json").read_text())
     assert launched["command"] == list(record.command) and launched["user_args"] == ["--max_train_steps", "3"]
     assert "synthetic trainer rank 0/1 started" in (run / "logs" / "console.log").read_text()
+    for rel in ("launch.json", "command.sh", "environment.json", "summary.json"):
+        assert "s3cret" not in (run / rel).read_text(), rel  # secrets passed with --env are not recorded
 
 
 def test_real_launch_two_processes_from_the_cli(project, capsys):

@@ -125,6 +125,14 @@ def _command_lines(command: tuple[str, ...], script: str) -> list[str]:
     return lines
 
 
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
+
+
+def recorded_value(name: str, value: str) -> str:
+    """A variable's value as records and printouts show it: secrets (WANDB_API_KEY...) hidden."""
+    return "<redacted>" if _SECRET.search(name) else value
+
+
 def shell_script(plan: LaunchPlan) -> str:
     """The plan as a shell script: what --dry-run prints and command.sh holds."""
     lines = [
@@ -134,7 +142,11 @@ def shell_script(plan: LaunchPlan) -> str:
         f"cd {shlex.quote(str(plan.run_dir))}",
     ]
     for name, value, why in plan.env_set:
-        lines.append(f"export {name}={shlex.quote(value)}  # {why}")
+        shown = recorded_value(name, value)
+        if shown != value:
+            lines.append(f"# export {name}=...  # {why}; not recorded: set it in your shell")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}  # {why}")
     lines.append("mkdir -p images  # upstream writes ./images/*.png and ./reward.txt in its working directory")
     lines.append("exec " + " \\\n    ".join(_command_lines(plan.command, str(plan.script_path))))
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ from pathlib import Path
 from dancegrpo_npu import records
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.fingerprint import fingerprint
+from dancegrpo_npu.launch_env import recorded_value, shell_script
 from dancegrpo_npu.project import Project
 
 FAILURE_TAIL_LINES = 25
@@ -98,7 +99,7 @@ def _launch_json(plan) -> dict:
         "script_args": list(plan.script_args),
         "command": list(plan.command),
         "cwd": str(plan.run_dir),
-        "env_set": [{"name": n, "value": v, "source": why} for n, v, why in plan.env_set],
+        "env_set": [{"name": n, "value": recorded_value(n, v), "source": why} for n, v, why in plan.env_set],
         "launched_from": os.getcwd(),
         "tree": plan.tree_state,
     }
@@ -124,12 +125,18 @@ def _summary(plan, status: str, returncode: int | None, start: float, end: float
 
 
 def _stream(proc: subprocess.Popen, console: Path) -> None:
+    """Copy torchrun's output to the console log and the terminal (while the terminal takes it)."""
+    echo = True
     with open(console, "ab") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line)
             log.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+            if echo:
+                try:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                except (AttributeError, OSError, ValueError):  # `launch ... | head`: keep logging
+                    echo = False
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:
@@ -146,7 +153,6 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
 def run_plan(project: Project, plan):
     """Run ``plan`` (its run directory exists and is empty); returns the RunRecord."""
     from dancegrpo_npu.launch import RunRecord
-    from dancegrpo_npu.launch_env import shell_script
 
     run_dir = plan.run_dir
     (run_dir / "logs").mkdir(exist_ok=True)

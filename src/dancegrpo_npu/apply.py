@@ -31,6 +31,7 @@ from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import Patch, load_series, series_sha256
 from dancegrpo_npu.stage import Built, FileState, Upstream, build, read_overlay, touched_files
 from dancegrpo_npu.worktree import (
+    display_path,
     Applied,
     Checkpoint,
     Fetched,
@@ -303,14 +304,14 @@ def _cmd_apply(args) -> int:
 
     project = project_from_args(args)
     outcome = apply_worktree(project, force=args.force)
-    where = os.path.relpath(project.workdir)
+    where = display_path(project.workdir)
     if outcome.saved is not None:
-        print(f"saved local edits to {os.path.relpath(outcome.saved / 'local-edits.patch')} (copies in files/ beside it)")
+        print(f"saved local edits to {display_path(outcome.saved / 'local-edits.patch')} (copies in files/ beside it)")
     if outcome.noop:
         print(f"{where}: series ({outcome.patches} patches) and overlay ({outcome.overlay} files) already applied; nothing to do")
     else:
         print(f"{where}: applied {outcome.patches} patches and {outcome.overlay} overlay files ({len(outcome.changed)} paths changed)")
     if outcome.untracked:
-        shown = ", ".join(outcome.untracked[:5]) + (" ..." if len(outcome.untracked) > 5 else "")
-        print(f"note: {len(outcome.untracked)} untracked file(s) left alone, not part of the tree: {shown}")
+        listed = ", ".join(outcome.untracked[:5]) + (" ..." if len(outcome.untracked) > 5 else "")
+        print(f"note: {len(outcome.untracked)} untracked file(s) left alone, not part of the tree: {listed}")
     return 0

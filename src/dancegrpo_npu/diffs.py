@@ -82,13 +82,13 @@ def _name(raw: bytes, patch: str, lineno: int) -> str | None:
     """A file name from a ---/+++ line (date and trailing tab cut); None for /dev/null."""
     name = raw.split(b"\t", 1)[0].rstrip(b"\r\n")
     if name.startswith(b'"'):
-        raise _fail(patch, f"line {lineno}: quoted file name {name.decode('utf-8', 'replace')} (special characters in paths are not supported)")
+        raise _fail(patch, f"diff line {lineno}: quoted file name {name.decode('utf-8', 'replace')} (special characters in paths are not supported)")
     if name == b"/dev/null":
         return None
     try:
         return name.decode("utf-8")
     except UnicodeDecodeError:
-        raise _fail(patch, f"line {lineno}: file name is not UTF-8") from None
+        raise _fail(patch, f"diff line {lineno}: file name is not UTF-8") from None
 
 
 def check_patch_path(name: str, patch: str, prefix: str = "") -> str:
@@ -147,7 +147,7 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             continue
         for marker, what in _UNSUPPORTED.items():
             if line.startswith(marker) and (git_header or marker == b"Binary files "):
-                raise _fail(patch, f"line {i + 1}: {what} is not supported", "put binary or renamed files in overlay/, and keep patches to text hunks")
+                raise _fail(patch, f"diff line {i + 1}: {what} is not supported", "put binary or renamed files in overlay/, and keep patches to text hunks")
         m = re.match(rb"^new file mode (\d+)", line)
         if m:
             new_mode = 0o755 if int(m.group(1), 8) & 0o111 else 0o644
@@ -155,11 +155,11 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             old = _name(line[4:], patch, i + 1)
             new = _name(lines[i + 1][4:], patch, i + 2)
             if old is None and new is None:
-                raise _fail(patch, f"line {i + 1}: both sides are /dev/null")
+                raise _fail(patch, f"diff line {i + 1}: both sides are /dev/null")
             old = check_patch_path(old, patch, "a/" if git_header else "") if old is not None else None
             new = check_patch_path(new, patch, "b/" if git_header else "") if new is not None else None
             if old is not None and new is not None and old != new:
-                raise _fail(patch, f"line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
+                raise _fail(patch, f"diff line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
             i, hunks, no_newline = _parse_hunks(lines, i + 2, patch, new or old)
             path = new or old
             if path in seen:
@@ -171,7 +171,7 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             git_header, new_mode = False, None
             continue
         if line.startswith(b"@@ "):
-            raise _fail(patch, f"line {i + 1}: a hunk without ---/+++ file names before it")
+            raise _fail(patch, f"diff line {i + 1}: a hunk without ---/+++ file names before it")
         i += 1
     if git_header:
         raise _no_hunks(patch, section)

@@ -32,7 +32,7 @@ from dancegrpo_npu.gitutil import git, is_git_repo, ls_tree, rev_parse
 from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, load_applied, session, write_json
+from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
 # Written into the work tree's .git/info/exclude: what the stock scripts write or read
@@ -325,7 +325,7 @@ def _cmd_fetch(args) -> int:
     project = project_from_args(args)
     outcome = fetch(project, args.source, args.with_assets)
     f = outcome.fetched
-    where = os.path.relpath(project.workdir)
+    where = display_path(project.workdir)
     stands = f" (commit {f.head[:12]} of the archive)" if f.kind == "archive" else ""
     messages = {
         "fetched": f"{where}: upstream {f.commit[:12]}{stands} fetched from {f.source}",

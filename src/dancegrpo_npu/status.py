@@ -25,7 +25,7 @@ from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import load_series
 from dancegrpo_npu.stage import build, read_overlay
-from dancegrpo_npu.worktree import Fetched, load_applied, session
+from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _cmd_status(args) -> int:
 
     project = project_from_args(args)
     r = inspect(project)
-    where = os.path.relpath(project.workdir)
+    where = display_path(project.workdir)
     print(f"upstream   {r.lock.commit} ({r.lock.url}); lock records {len(r.lock.files)} file(s)")
     f = r.fetched
     extra = ", archive commit " + f.head[:12] if f.kind == "archive" else ""
@@ -208,7 +208,7 @@ def _cmd_verify(args) -> int:
 
     project = project_from_args(args)
     r = inspect(project)
-    where = os.path.relpath(project.workdir)
+    where = display_path(project.workdir)
     if r.problem:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:

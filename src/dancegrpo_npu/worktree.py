@@ -118,6 +118,14 @@ class Applied:
         )
 
 
+def display_path(path: Path) -> str:
+    """A path for messages: relative to the current directory when inside it."""
+    try:
+        return os.fspath(Path(path).resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return os.fspath(path)
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

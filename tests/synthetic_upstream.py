@@ -252,3 +252,19 @@ def setup(
     if fetch:
         s.fetch()
     return s
+
+
+def refused(fn, pattern: str, *args, **kwargs):
+    """Call ``fn``; it must raise DancegrpoError whose one-line text (message and
+    hint, as the CLI prints it) matches ``pattern``.  Returns that text."""
+    import re
+
+    from dancegrpo_npu.errors import DancegrpoError
+
+    try:
+        fn(*args, **kwargs)
+    except DancegrpoError as e:
+        text = e.one_line()
+        assert re.search(pattern, text), f"{pattern!r} not in {text!r}"
+        return text
+    raise AssertionError(f"expected a DancegrpoError matching {pattern!r}")

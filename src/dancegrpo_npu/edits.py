@@ -76,24 +76,32 @@ def find_edits(wt: WorkTree, applied: Applied | None, head: dict[str, TreeEntry]
     for path in will_write:  # new paths and their parents may hold files git ignores
         parts = path.split("/")
         candidates.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
-    write_dirs = {"/".join(p.split("/")[:i]) for p in will_write for i in range(1, p.count("/") + 1)}
-    edits = []
-    for path in sorted(candidates):
-        if path in write_dirs and path not in head and path not in known:
-            have = file_state(wt.root / path)
-            if have is not None and have[0] != "dir":
-                edits.append(Edit(path, "in the way", True))
-            continue
-        kind = _kind(expected_state(path, applied, head), current_state(wt.root, path), path in known or path in head)
-        if kind is None:
-            continue
-        parts = path.split("/")
-        ancestors = {"/".join(parts[:i]) for i in range(1, len(parts))}
-        in_way = path in will_write or bool(ancestors & will_write) or path in write_dirs
-        if kind == "untracked" and in_way:
-            kind = "in the way"
-        edits.append(Edit(path, kind, kind != "untracked"))
-    return edits
+    edits: dict[str, Edit] = {}
+    restore = set(will_write)
+    while True:  # a path restored because of an edit may put untracked files in the way
+        write_dirs = {"/".join(p.split("/")[:i]) for p in restore for i in range(1, p.count("/") + 1)}
+        for path in sorted(candidates):
+            edit = _edit_at(wt.root, path, applied, head, known, restore, write_dirs)
+            if edit is not None:
+                edits[path] = edit
+        grown = restore | {e.path for e in edits.values() if e.blocking}
+        if grown == restore:
+            return [edits[p] for p in sorted(edits)]
+        restore = grown
+
+
+def _edit_at(root: Path, path: str, applied, head, known, restore: set[str], write_dirs: set[str]) -> Edit | None:
+    if path in write_dirs and path not in head and path not in known:
+        have = file_state(root / path)
+        return Edit(path, "in the way", True) if have is not None and have[0] != "dir" else None
+    kind = _kind(expected_state(path, applied, head), current_state(root, path), path in known or path in head)
+    if kind is None:
+        return None
+    parts = path.split("/")
+    ancestors = {"/".join(parts[:i]) for i in range(1, len(parts))}
+    if kind == "untracked" and (path in restore or ancestors & restore or path in write_dirs):
+        kind = "in the way"
+    return Edit(path, kind, kind != "untracked")
 
 
 def _tree(wt: WorkTree, index: Path, base: str, lines: list[str]) -> str:
@@ -117,6 +125,9 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
         have = file_state(full)
         if have is None or have[0] == "dir":
             removals.append(f"0 {zero}\t{e.path}\n")
+            if have is not None:  # keep everything under it, ignored files too
+                for f in sorted(p for p in full.rglob("*") if p.is_file() and not p.is_symlink()):
+                    copies.append((f.relative_to(wt.root).as_posix(), f.read_bytes()))
         elif have[0] == "link":
             removals.append(f"0 {zero}\t{e.path}\n")
             additions.append(f"120000 {hash_data(wt.root, os.fsencode(have[1]))}\t{e.path}\n")

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from dancegrpo_npu.diffs import FileChange, apply_exact, check_symlinks, parse_diff
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.series import Patch
+from dancegrpo_npu.series import Patch, load_series
 
 # Files in overlay/ that are never part of it (byte-code caches, editor droppings).
 OVERLAY_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
@@ -62,6 +62,16 @@ class Built:
     created: frozenset[str]  # paths the patches create
     overlay: frozenset[str]  # paths the overlay adds
     touched_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # patch name -> its paths
+
+
+def read_series(patches_dir: Path) -> list[Patch]:
+    """``series.load_series``, with unreadable files (not UTF-8, a directory, no
+    permission) turned into a one-line error too."""
+    try:
+        return load_series(patches_dir)
+    except (OSError, UnicodeDecodeError) as e:
+        where = getattr(e, "filename", None) or patches_dir / "series"
+        raise DancegrpoError(f"cannot read {where} ({type(e).__name__}: {e})", "fix or restore patches/") from None
 
 
 def parse_patch(patch: Patch) -> list[FileChange]:

@@ -23,8 +23,7 @@ from dancegrpo_npu.gitutil import blob_id, ls_tree, status_paths
 from dancegrpo_npu.lock import Lock, load_lock
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import load_series
-from dancegrpo_npu.stage import build, read_overlay
+from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
 from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
 
 
@@ -56,7 +55,7 @@ class Report:
 
 def inspect(project: Project) -> Report:
     lock = load_lock(project.lock_path)
-    patches = load_series(project.patches_dir)
+    patches = read_series(project.patches_dir)
     overlay = read_overlay(project.overlay_dir)
     with session(project.workdir) as (wt, fetched):
         applied = load_applied(wt)
@@ -78,7 +77,6 @@ def inspect(project: Project) -> Report:
 
         states = []
         applied_patches = dict(applied.patches) if applied else {}
-        from dancegrpo_npu.stage import touched_files
 
         for p in patches:
             if p.name not in applied_patches:

@@ -36,7 +36,17 @@ def _probe_source() -> tuple[str | None, str]:
     if env:
         path = Path(env).expanduser()
         if env.endswith((".tar.gz", ".tgz")):
-            return (str(path), "") if path.is_file() else (None, f"DANCEGRPO_SOURCE={env} does not exist")
+            if not path.is_file():
+                return None, f"DANCEGRPO_SOURCE={env} does not exist"
+            from dancegrpo_npu.lock import sha256_file
+
+            try:
+                want = load_lock(PROJECT_ROOT / "upstream.lock").archive_sha256
+            except Exception as e:
+                return None, f"cannot read upstream.lock ({e})"
+            if sha256_file(path) != want:
+                return None, f"DANCEGRPO_SOURCE={env} does not have the sha256 upstream.lock's archive_sha256 records"
+            return str(path), ""
         source = env
     else:
         try:
@@ -55,8 +65,9 @@ def _probe_source() -> tuple[str | None, str]:
     except subprocess.TimeoutExpired:
         return None, f"git ls-remote {source} timed out after {LS_REMOTE_TIMEOUT_S} s"
     if proc.returncode != 0:
-        last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        return None, f"git ls-remote {source} failed ({last})"
+        lines = proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+        first = next((ln for ln in lines if ln.startswith("fatal:")), lines[-1])
+        return None, f"git ls-remote {source} failed ({first})"
     return source, ""
 
 

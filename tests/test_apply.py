@@ -338,3 +338,26 @@ def test_apply_series_to_dir(tmp_path):
     assert snapshot(scratch) == before
     with pytest.raises(DancegrpoError, match="exists in upstream"):
         apply_series_to_dir(tmp_path / "ov", [], tmp_path / "ov", upstream_paths={"fastvideo/npu_compat.py"})
+
+
+def test_overlay_symlink_is_refused(tmp_path):
+    s = setup(tmp_path)
+    s.set_overlay({"fastvideo/real.py": "x\n"})
+    os.symlink("real.py", s.project.overlay_dir / "fastvideo/link.py")
+    assert "is not a regular file" in _assert_refused(s, "overlay").one_line()
+
+
+def test_git_format_patch_output_applies(tmp_path):
+    """What `git format-patch` writes (mail header, diffstat, signature) is a valid patch."""
+    s = setup(tmp_path, fetch=False)
+    run = lambda *a: subprocess.run(["git", "-C", os.fspath(s.up.path), *a], check=True, capture_output=True).stdout
+    (s.up.path / "README.md").write_text("# Changed upstream-style\n")
+    run("commit", "-qam", "Say it differently", "--author", "Dev <dev@example.invalid>")
+    mail = run("format-patch", "-1", "--stdout", "HEAD")
+    run("reset", "-q", "--hard", "HEAD~1")
+    assert mail.startswith(b"From ") and b"\n-- \n" in mail
+    s.set_series({"0001-format-patch.patch": mail})
+    s.fetch()
+    s.apply()
+    assert (s.tree / "README.md").read_text() == "# Changed upstream-style\n"
+    assert inspect(s.project).patches[0].description == "[PATCH] Say it differently"

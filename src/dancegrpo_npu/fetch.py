@@ -20,11 +20,13 @@ import argparse
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from dancegrpo_npu.edits import find_edits
 from dancegrpo_npu.errors import DancegrpoError
@@ -82,7 +84,14 @@ def resolve_source(lock: Lock, given: str | None) -> Source:
     return Source("git", location)
 
 
-def fetch(project: Project, source: str | None = None, with_assets: bool = False, checkpoint=_no_checkpoint) -> FetchOutcome:
+def fetch(
+    project: Project,
+    source: str | None = None,
+    with_assets: bool = False,
+    checkpoint=_no_checkpoint,
+    say: Callable[[str], None] = lambda line: None,
+) -> FetchOutcome:
+    """Make ``project.workdir`` upstream at the locked commit; ``say`` gets progress lines."""
     lock = load_lock(project.lock_path)
     src = resolve_source(lock, source)
     workdir = project.workdir
@@ -92,7 +101,8 @@ def fetch(project: Project, source: str | None = None, with_assets: bool = False
                 f"{workdir} exists and is not a work tree made by dancegrpo-npu fetch",
                 "move it away, or pass another --workdir",
             )
-        return _update(project, lock, src, with_assets, checkpoint)
+        return _update(project, lock, src, with_assets, checkpoint, say)
+    say(f"fetching upstream {lock.commit[:12]} from {src.location} ...")
     return _fresh(workdir, lock, src, with_assets)
 
 
@@ -242,7 +252,7 @@ def _member_name(name: str) -> str:
     return "" if name == "." else name.rstrip("/")
 
 
-def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint) -> FetchOutcome:
+def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint, say) -> FetchOutcome:
     with session(project.workdir, checkpoint) as (wt, fetched):
         head = rev_parse(wt.root, "HEAD")
         if head != fetched.head:
@@ -264,6 +274,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
                 f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shown}",
                 "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
             )
+        say(f"moving the work tree to upstream {lock.commit[:12]} from {src.location} ...")
         if src.kind == "archive":
             new_head = _import_archive(wt.root, Path(src.location), lock, fetched.with_assets)
         else:
@@ -323,7 +334,11 @@ def _cmd_fetch(args) -> int:
     from dancegrpo_npu.project import project_from_args
 
     project = project_from_args(args)
-    outcome = fetch(project, args.source, args.with_assets)
+    def say(line: str) -> None:  # progress for people at a terminal; pipes get only results and errors
+        if sys.stderr.isatty():
+            print(line, file=sys.stderr, flush=True)
+
+    outcome = fetch(project, args.source, args.with_assets, say=say)
     f = outcome.fetched
     where = display_path(project.workdir)
     stands = f" (commit {f.head[:12]} of the archive)" if f.kind == "archive" else ""

@@ -65,7 +65,7 @@ def git(
 def last_error_line(stderr: bytes) -> str:
     lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
     fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
-    return (fatal or lines or ["(no message)"])[-1]
+    return fatal[0] if fatal else (lines or ["(no message)"])[-1]
 
 
 def blob_id(data: bytes) -> str:

@@ -89,6 +89,10 @@ def test_source_missing_large_assets_blob(tmp_path):
     _nothing_left(project)
     fetch(project, source=up.url())
     assert (project.workdir / "README.md").exists() and not (project.workdir / "assets").exists()
+    before = snapshot(project.workdir)
+    refused(fetch, r"cannot add assets/: the source lacks 1 of its files \(assets/big.txt\)", project, source=up.url(), with_assets=True)
+    assert snapshot(project.workdir) == before
+    assert inspect(project).exact
 
 
 def test_commit_not_in_source(tmp_path):

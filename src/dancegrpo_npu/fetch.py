@@ -24,13 +24,14 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from dancegrpo_npu.edits import find_edits
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitutil import git, is_git_repo, ls_tree, rev_parse
+from dancegrpo_npu.gitutil import git, is_git_repo, last_error_line, ls_tree, missing_objects, rev_parse
 from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
@@ -108,31 +109,54 @@ def fetch(
 
 def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOutcome:
     workdir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in workdir.parent.glob(f".{workdir.name}.fetch-*"):  # left by a killed fetch
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.fetch-", dir=workdir.parent))
-    try:
-        if src.kind == "archive":
-            git(None, "init", "-q", os.fspath(staging))
-            head = _import_archive(staging, Path(src.location), lock, with_assets)
-        else:
-            proc = git(None, "clone", "-q", "--no-checkout", src.location, os.fspath(staging), check=False)
-            if proc.returncode != 0:
-                from dancegrpo_npu.gitutil import last_error_line
-
-                raise DancegrpoError(f"cannot fetch upstream from {src.location}: {last_error_line(proc.stderr)}", SOURCE_HINT)
-            head = _find_commit(staging, src, lock.commit)
-        verify_files(staging, ls_tree(staging, head), lock)
-        _checkout(staging, head, with_assets)
-        fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
-        write_json(WorkTree(staging).fetched_path, fetched.to_json())
-        if workdir.is_dir():
-            workdir.rmdir()  # an empty directory stood there
-        os.rename(staging, workdir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with _held(workdir.parent / f".{workdir.name}.fetch.lock"):
+        if workdir.exists() and any(workdir.iterdir()):
+            raise DancegrpoError(f"{workdir} appeared while fetching (another fetch?)", "re-run fetch")
+        for stale in workdir.parent.glob(f".{workdir.name}.fetch-*"):  # left by a killed fetch
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.fetch-", dir=workdir.parent))
+        try:
+            fetched = _populate(staging, lock, src, with_assets)
+            if workdir.is_dir():
+                workdir.rmdir()  # an empty directory stood there
+            os.rename(staging, workdir)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DancegrpoError(f"cannot put the fetched tree at {workdir} ({e})", "check the directory and its permissions") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return FetchOutcome("fetched", fetched)
+
+
+def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetched:
+    """Fill ``staging`` with the verified work tree; return what fetched.json records."""
+    if src.kind == "archive":
+        git(None, "init", "-q", os.fspath(staging))
+        head = _import_archive(staging, Path(src.location), lock, with_assets)
+    else:
+        proc = git(None, "clone", "-q", "--no-checkout", src.location, os.fspath(staging), check=False)
+        if proc.returncode != 0:
+            raise DancegrpoError(f"cannot fetch upstream from {src.location}: {last_error_line(proc.stderr)}", SOURCE_HINT)
+        head = _find_commit(staging, src, lock.commit)
+    verify_files(staging, ls_tree(staging, head), lock)
+    _checkout(staging, head, with_assets)
+    fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
+    write_json(WorkTree(staging).fetched_path, fetched.to_json())
+    return fetched
+
+
+@contextmanager
+def _held(lock_file: Path) -> Iterator[None]:
+    """Only one fresh fetch into a directory at a time."""
+    import fcntl
+
+    with open(lock_file, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DancegrpoError(f"another fetch into {lock_file.parent} is running", "wait for it to finish, then re-run") from None
+        yield
 
 
 def _archive_sha(src: Source, lock: Lock) -> str | None:
@@ -162,8 +186,6 @@ def _checkout(repo: Path, rev: str, with_assets: bool) -> None:
         (repo / ".git" / "info" / "sparse-checkout").write_text(SPARSE_WITHOUT_ASSETS)
     proc = git(repo, "checkout", "-q", "-f", "--detach", rev, check=False)
     if proc.returncode != 0 or rev_parse(repo, "HEAD") != rev:
-        from dancegrpo_npu.gitutil import last_error_line
-
         raise DancegrpoError(
             f"cannot check out upstream {rev[:12]}: {last_error_line(proc.stderr)}",
             "the source lacks some files (mirrors often lack large assets); fetch without --with-assets"
@@ -291,12 +313,17 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
 def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
     if fetched.kind == "archive":
         raise DancegrpoError("the work tree was made from an archive without assets/", "move it away and run `dancegrpo-npu fetch --with-assets`")
+    assets = {p: e for p, e in ls_tree(wt.root, fetched.head).items() if p.startswith("assets/")}
+    missing = set(missing_objects(wt.root, [e.blob for e in assets.values()]))
+    if missing:
+        first = sorted(p for p, e in assets.items() if e.blob in missing)
+        raise DancegrpoError(
+            f"cannot add assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
+            "mirrors often lack large files; work without --with-assets, or fetch from a complete source",
+        )
     proc = git(wt.root, "sparse-checkout", "disable", check=False)
     if proc.returncode != 0:
-        from dancegrpo_npu.gitutil import last_error_line
-
-        git(wt.root, "sparse-checkout", "set", "--no-cone", *SPARSE_WITHOUT_ASSETS.split(), check=False)
-        raise DancegrpoError(f"cannot add assets/: {last_error_line(proc.stderr)}", "the source lacks them (mirrors often do); work without --with-assets")
+        raise DancegrpoError(f"cannot add assets/: {last_error_line(proc.stderr)}", "re-run fetch --with-assets")
     updated = Fetched(fetched.commit, fetched.head, fetched.source, fetched.kind, True, fetched.archive_sha256)
     write_json(wt.fetched_path, updated.to_json())
     return updated

@@ -114,6 +114,14 @@ def cat_blobs(repo: Path, blobs: list[str]) -> dict[str, bytes]:
     return result
 
 
+def missing_objects(repo: Path, ids: list[str]) -> list[str]:
+    """The object ids ``repo`` does not have (a mirror may lack large blobs)."""
+    if not ids:
+        return []
+    out = git(repo, "cat-file", "--batch-check", input="".join(i + "\n" for i in ids).encode()).stdout.decode()
+    return [line.split()[0] for line in out.splitlines() if line.endswith(" missing")]
+
+
 def hash_files(repo: Path, files: list[Path]) -> list[str]:
     """Write files' bytes (no filters) into ``repo``'s object database; returns their blob ids."""
     if not files:

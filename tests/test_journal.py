@@ -108,6 +108,30 @@ def test_reapply_of_changed_series_killed_at_every_step(tmp_path):
     _check_every_step(tmp_path, make, run, finish)
 
 
+def test_forced_apply_over_edits_killed_at_every_step(tmp_path):
+    def make(name):
+        s = setup(tmp_path / name, _series, overlay=OVERLAY)
+        s.apply()
+        (s.tree / "README.md").write_text("an edit of an untouched file\n")
+        (s.tree / "fastvideo/npu_compat.py").write_text("X = 'edited overlay'\n")
+        (s.tree / ".git/dancegrpo-npu/saved").mkdir()
+        (s.tree / ".git/dancegrpo-npu/saved/.tmp-half").mkdir()  # as if a save was killed
+        (s.tree / ".git/dancegrpo-npu/.applied.json.half").write_text("{")  # a killed atomic write
+        return s
+
+    def run(s, checkpoint):
+        s.apply(force=True, checkpoint=checkpoint)
+
+    def finish(s):
+        s.apply(force=True)
+        assert inspect(s.project).exact
+        saved = sorted((s.tree / ".git/dancegrpo-npu/saved").iterdir())
+        assert saved and all("an edit of an untouched file" in (d / "local-edits.patch").read_text() for d in saved)
+        assert not list((s.tree / ".git/dancegrpo-npu").glob(".*.json.*"))
+
+    _check_every_step(tmp_path, make, run, finish)
+
+
 def test_lock_moving_fetch_killed_at_every_step(tmp_path):
     def make(name):
         s = setup(tmp_path / name, _series, overlay=OVERLAY)

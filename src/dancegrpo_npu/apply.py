@@ -184,6 +184,8 @@ def _stage_and_swap(
     if blocking and not force:
         raise _edits_error(blocking, wt)
     saved = save_edits(wt, blocking, applied, head) if blocking else None
+    if saved:
+        checkpoint("edits saved")
     targets = _targets(wt, tree, built, staging / "tree", old | {e.path for e in blocking})
     ops = [{"path": p, "want": w} for p, w in targets.items() if not matches(wt.root / p, w)]
     # removals first, deepest first; then writes
@@ -308,9 +310,9 @@ def _cmd_apply(args) -> int:
     if outcome.saved is not None:
         print(f"saved local edits to {display_path(outcome.saved / 'local-edits.patch')} (copies in files/ beside it)")
     if outcome.noop:
-        print(f"{where}: series ({outcome.patches} patches) and overlay ({outcome.overlay} files) already applied; nothing to do")
+        print(f"{where}: series ({outcome.patches} patch(es)) and overlay ({outcome.overlay} file(s)) already applied; nothing to do")
     else:
-        print(f"{where}: applied {outcome.patches} patches and {outcome.overlay} overlay files ({len(outcome.changed)} paths changed)")
+        print(f"{where}: applied {outcome.patches} patch(es) and {outcome.overlay} overlay file(s); {len(outcome.changed)} path(s) changed")
     if outcome.untracked:
         listed = ", ".join(outcome.untracked[:5]) + (" ..." if len(outcome.untracked) > 5 else "")
         print(f"note: {len(outcome.untracked)} untracked file(s) left alone, not part of the tree: {listed}")

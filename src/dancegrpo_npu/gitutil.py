@@ -140,7 +140,7 @@ def status_paths(repo: Path) -> dict[str, str]:
     """Paths that ``git status`` reports (index or work tree differing from HEAD, or
     untracked and not ignored): path -> two-letter porcelain code ("??" untracked)."""
     out = git(
-        repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules"
+        repo, "--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules"
     ).stdout
     result: dict[str, str] = {}
     for record in out.split(b"\0"):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitutil import blob_id, git, is_git_repo
+from dancegrpo_npu.gitutil import blob_id, git, is_git_repo, last_error_line
 from dancegrpo_npu.lock import write_atomic
 
 STATE_DIRNAME = "dancegrpo-npu"
@@ -304,7 +304,12 @@ def roll_forward(wt: WorkTree, checkpoint: Checkpoint = _no_checkpoint) -> bool:
             pass
     if journal.get("checkout"):
         moved = Fetched(**journal["checkout"])
-        git(wt.root, "checkout", "-q", "-f", "--detach", moved.head)
+        proc = git(wt.root, "checkout", "-q", "-f", "--detach", moved.head, check=False)
+        if proc.returncode != 0:
+            raise DancegrpoError(
+                f"cannot finish moving the work tree to {moved.head[:12]}: {last_error_line(proc.stderr)}",
+                f"if no git command is running in {wt.root}, remove its .git/index.lock, then re-run",
+            )
         checkpoint("checked out")
         write_json(wt.fetched_path, moved.to_json())
         checkpoint("fetched.json written")
@@ -329,8 +334,18 @@ def new_staging(wt: WorkTree) -> Path:
 
 
 def _drop_staging(wt: WorkTree) -> None:
+    """Remove what a killed command left before its commit point: staging copies,
+    half-written state files, half-saved edits (the saved ones are complete)."""
     if not wt.state_dir.is_dir():
         return
+    leftovers = list(wt.state_dir.glob(".*.json.*"))
+    if wt.saved_dir.is_dir():
+        leftovers += list(wt.saved_dir.glob(".tmp-*"))
+    for entry in leftovers:
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink()
     for entry in wt.state_dir.iterdir():
         if entry.name.startswith("staging-"):
             shutil.rmtree(entry, ignore_errors=True)

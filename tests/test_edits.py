@@ -156,3 +156,16 @@ def test_cli_force_prints_where_edits_went(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "saved local edits to" in out and "local-edits.patch" in out
     assert subprocess.run(["git", "-C", os.fspath(s.tree), "status", "--porcelain"], capture_output=True).returncode == 0
+
+
+def test_files_upstream_gitignore_ignores_never_block(tmp_path):
+    files = {".gitignore": "*.log\noutputs_local/\n", "README.md": "x\n", "a.py": "A = 1\n"}
+    s = setup(tmp_path, files=files)
+    s.set_series({"0001.patch": s.patch("a", {"a.py": "A = 2\n"})})
+    (s.tree / "train.log").write_text("log\n")
+    (s.tree / "outputs_local").mkdir()
+    (s.tree / "outputs_local/ckpt.pt").write_bytes(b"x")
+    s.apply()
+    assert s.apply().noop
+    assert inspect(s.project).exact
+    assert (s.tree / "train.log").read_text() == "log\n"

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from overlay_runner import OVERLAY, run_python  # noqa: F401  (puts overlay/ on sys.path; a fixture)
 
 torch = pytest.importorskip("torch")
 

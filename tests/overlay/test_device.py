@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from overlay_runner import OVERLAY, run_python  # noqa: F401  (puts overlay/ on sys.path; a fixture)
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.utils import device  # noqa: E402  (overlay/ is on sys.path, see conftest)
+from fastvideo.utils import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
 
 
 @pytest.mark.parametrize("value, kind", [(None, "auto"), ("", "auto"), ("CPU", "cpu"), (" npu ", "npu"), ("cuda", "cuda")])

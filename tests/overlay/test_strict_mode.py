@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from overlay_runner import OVERLAY, run_python  # noqa: F401  (puts overlay/ on sys.path; a fixture)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")

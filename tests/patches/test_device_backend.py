@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
 
 SCRIPTS = ("fastvideo/train_grpo_flux.py", "fastvideo/train_grpo_flux_lora.py",
            "fastvideo/data_preprocess/preprocess_flux_embedding.py")

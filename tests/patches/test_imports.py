@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
 
 CUDA_ONLY = ("flash_attn", "liger_kernel", "triton", "loguru", "decord")
 

@@ -4,6 +4,7 @@ usage error that says what is wrong - before any model is loaded."""
 from __future__ import annotations
 
 import pytest
+from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
 
 SCRIPT = "fastvideo/train_grpo_flux.py"
 LORA = "fastvideo/train_grpo_flux_lora.py"

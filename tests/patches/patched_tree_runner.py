@@ -1,4 +1,6 @@
-"""Per-patch tests run the PATCHED upstream tree (``patched_tree`` from tests/conftest.py) in
+"""Imported by the per-patch tests (not a conftest: tests/conftest.py is imported by name).
+
+Per-patch tests run the PATCHED upstream tree (``patched_tree`` from tests/conftest.py) in
 fresh interpreters: ``run_in_tree`` puts the tree (and, for fake_npu tests, the FAKE
 torch_npu) on PYTHONPATH."""
 

@@ -1,4 +1,6 @@
-"""The overlay modules are tested on their own: overlay/ goes on sys.path (they are
+"""Imported by the overlay tests (not a conftest: tests/conftest.py is imported by name).
+
+The overlay modules are tested on their own: overlay/ goes on sys.path (they are
 self-contained; upstream is not needed).  Code that changes process-wide state
 (device activation, strict mode for the whole process, the fake torch_npu's device
 registration) runs in a subprocess through ``run_python``.

@@ -144,3 +144,16 @@ def test_smoke_run(patched_tree, nproc, lora, monkeypatch):
     assert sorted(p.name for p in (result.run_dir / "images").iterdir()) == [
         f"flux_{rank}_{i}.png" for rank in range(nproc) for i in range(2)]
     assert len((result.run_dir / "reward.txt").read_text().split()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_a_failing_run_is_one_clear_error(patched_tree, monkeypatch):
+    # wandb online without an API key: rank 0 stops at wandb.init, after loading everything
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(DancegrpoError) as err:
+        smoke.run_smoke(patched_tree.project, smoke.SmokeOptions(device="cpu", env=(("WANDB_MODE", "online"),)))
+    assert err.value.message.startswith("smoke: the training run failed (exit 1): ")
+    assert "No API key configured" in err.value.message
+    assert err.value.hint.startswith("see ") and "stderr.log" in err.value.hint
+    assert "\n" not in err.value.one_line()

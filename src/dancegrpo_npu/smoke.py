@@ -227,11 +227,15 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     if options.device not in DEVICES:
         raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
     start = time.monotonic()
-    fixtures = build_fixtures(project.build_dir / "fixtures")
+    # with the tree: the dataset is also read back through the patched LatentDataset
+    fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
     record = _launch(project, options, fixtures)
     if record.returncode != 0:
-        raise DancegrpoError(f"smoke: the training run failed (exit {record.returncode})",
-                             f"see {record.run_dir / 'logs'}")
+        failure = record.summary.get("failure") or {}
+        last = next((line.strip() for line in reversed(failure.get("tail") or []) if line.strip()), "")
+        raise DancegrpoError(
+            f"smoke: the training run failed (exit {record.returncode})" + (f": {last}" if last else ""),
+            f"see {record.run_dir / failure.get('log', 'logs')}")
     steps = read_metrics(record.run_dir)
     check = (check_lora_checkpoint if options.lora else check_full_checkpoint)(
         record.run_dir / "outputs", fixtures.model_dir)

@@ -22,6 +22,7 @@ Upstream saves a checkpoint at the *start* of a step whose number is a multiple 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -36,6 +37,15 @@ from dancegrpo_npu.project import Project, project_from_args
 
 STEPS = 2
 DEVICES = ("auto", "cpu", "cuda", "npu")
+EXAMPLES = """\
+examples:
+  dancegrpo-npu smoke                    # 1 process, full fine-tuning, device auto
+  dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
+  dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
+
+The run directory (runs/<time>-smoke/) keeps the command, every rank's log, metrics.jsonl,
+reward.txt, images/ and the checkpoint; `dancegrpo-npu runs` lists it.
+"""
 
 
 @dataclass(frozen=True)
@@ -219,13 +229,17 @@ def _quiet(enabled: bool):
             sys.stdout = saved
 
 
+def check_options(options: SmokeOptions) -> None:
+    if options.nproc < 1:
+        raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", "give a positive count", exit_code=2)
+    if options.device not in DEVICES:
+        raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
+
+
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.fixtures import build_fixtures
 
-    if options.nproc < 1:
-        raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", exit_code=2)
-    if options.device not in DEVICES:
-        raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
+    check_options(options)
     start = time.monotonic()
     # with the tree: the dataset is also read back through the patched LatentDataset
     fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
@@ -275,6 +289,7 @@ def format_result(result: SmokeResult) -> str:
 def _cmd_smoke(args) -> int:
     project = project_from_args(args)
     options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose)
+    check_options(options)
     what = "LoRA" if options.lora else "full"
     print(f"smoke: {what} FLUX GRPO, {STEPS} steps at 64x64, 4 sampling steps, 2 generations, HPSv2 reward, "
           f"strict mode; {options.nproc} process(es), device {options.device}", flush=True)
@@ -287,8 +302,9 @@ def register(sub, common) -> None:
         "smoke",
         parents=[common],
         help="2 GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
-        description=__doc__.split("\n\n", 1)[1],
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
     p.add_argument("--lora", action="store_true", help="run train_grpo_flux_lora.py instead of the full trainer")

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from overlay_runner import OVERLAY, run_python  # noqa: F401  (puts overlay/ on sys.path; a fixture)
+from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path; run_python is a fixture)
 
 torch = pytest.importorskip("torch")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from overlay_runner import OVERLAY, run_python  # noqa: F401  (puts overlay/ on sys.path; a fixture)
+import overlay_runner  # noqa: F401  (puts overlay/ on sys.path)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")

@@ -117,18 +117,18 @@ def main() -> int:
 
     what = "LoRA" if args.lora else "full"
     print(f"dancegrpo-npu smoke ({what}, device {args.device}), {os.cpu_count()} CPU cores, cached fixtures")
-    print(f"{'':34}{'1 process':>12}{'2 processes':>14}")
+    print(f"{'':42}{'1 process':>12}{'2 processes':>14}")
     walls = [results[n][0] for n in (1, 2)]
-    print(f"{'wall time incl. start-up':34}{walls[0]:>10.1f} s{walls[1]:>12.1f} s")
-    print(f"{'target':34}{'<= %.0f s' % TARGETS[1]:>12}{'<= %.0f s' % TARGETS[2]:>14}")
-    print(f"{'within target':34}{str(walls[0] <= TARGETS[1]):>12}{str(walls[1] <= TARGETS[2]):>14}")
+    print(f"{'wall time incl. start-up':42}{walls[0]:>10.1f} s{walls[1]:>12.1f} s")
+    print(f"{'target':42}{'<= %.0f s' % TARGETS[1]:>12}{'<= %.0f s' % TARGETS[2]:>14}")
+    print(f"{'within target':42}{str(walls[0] <= TARGETS[1]):>12}{str(walls[1] <= TARGETS[2]):>14}")
     for rank in (0, 1):
         cells = []
         for n in (1, 2):
             peak = results[n][1].get(rank)
             cells.append(f"{peak:.0f} MiB" if peak else "-")
-        print(f"{'peak RSS, rank %d' % rank:34}{cells[0]:>12}{cells[1]:>14}")
-    print(f"{'import ' + script + ' (top level)':34}{imported:>10.2f} s   (interpreter start-up {bare:.2f} s)")
+        print(f"{'peak RSS, rank %d' % rank:42}{cells[0]:>12}{cells[1]:>14}")
+    print(f"{'import ' + script + ' (top level)':42}{imported:>10.2f} s   (interpreter start-up {bare:.2f} s)")
     for n in (1, 2):
         print(f"  {n} process(es): {results[n][2]}")
     return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,9 +198,9 @@ def _cmd_export(args) -> int:
         print(f"copied back to overlay/: {rel}")
     for note in result.notes:
         print(f"note: {note}")
-    if result.patch is not None and not args.description:
+    if result.patch is not None and "TODO" in result.patch.read_text(encoding="utf-8").split("\n---\n", 1)[0]:
         print(f"now edit the TODO lines of the Description: in {rel}, then commit patches/ and upstream.lock")
     return 0
 
 
-__all__ = ["export_edits", "ExportResult", "patch_file_name", "shutil"]
+__all__ = ["export_edits", "ExportResult", "patch_file_name"]

@@ -69,6 +69,8 @@ class Git:
 
     def with_objects(self, objects: Path, alternates: Path | None = None) -> "Git":
         """The same repository, but new objects go to ``objects`` (a scratch store)."""
+        (objects / "info").mkdir(parents=True, exist_ok=True)
+        (objects / "pack").mkdir(exist_ok=True)
         return Git(self.cwd, self.index, objects, alternates)
 
     def run(self, *args: str, input: bytes | None = None, check: bool = True, hint: str | None = None) -> GitResult:

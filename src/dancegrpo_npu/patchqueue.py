@@ -126,7 +126,7 @@ def build_queue(git: Git, base: str, patches: list[Patch], index: Path) -> list[
                 f"patch {patch.name} does not apply to {base[:12]} ({last_line(r.stderr)})",
                 "the series must apply at the locked commit first: run `dancegrpo-npu apply` to see the hunk",
             )
-        tree = g.out("write-tree")
+        tree = g.out("write-tree", "--missing-ok")  # blobs left out of a sparse checkout (assets/)
         parent = g.out("commit-tree", tree, "-p", parent, "-F", "-", input=commit_message(patch))
         commits.append(parent)
     index.unlink(missing_ok=True)
@@ -147,7 +147,7 @@ def snapshot_worktree(git: Git, exclude: list[str], index: Path) -> str:
         g.run("read-tree", "HEAD")
     specs = [f":(exclude,literal){p}" for p in exclude]
     g.run("add", "--all", "--force", "--", ".", *JUNK_PATHSPECS, *specs, hint="the work tree could not be read")
-    tree = g.out("write-tree")
+    tree = g.out("write-tree", "--missing-ok")  # blobs left out of a sparse checkout (assets/)
     index.unlink(missing_ok=True)
     return tree
 

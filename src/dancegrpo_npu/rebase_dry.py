@@ -73,7 +73,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         lines += ["Overlay:", *(collisions or ["  no overlay path exists upstream"])]
         (paths.backup / "patches" / "series").write_bytes(project.series_path.read_bytes())
         for p in patches:
-            (paths.backup / "patches" / p.name).write_bytes(p.path.read_bytes())
+            (paths.backup / "patches" / p.path.name).write_bytes(p.path.read_bytes())
         if not stops:
             staged = stage(paths, regenerate(tree, state, paths.backup, lock), tree, fetched.commit)
             lines += ["upstream.lock would become:", *lock_changes(lock, staged.lock)]

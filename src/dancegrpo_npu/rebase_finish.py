@@ -11,21 +11,21 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, remove_tree
-from dancegrpo_npu.lock import Lock, dump_lock, load_lock, parse_lock
+from dancegrpo_npu.lock import Lock, dump_lock, parse_lock
 from dancegrpo_npu.patchqueue import all_paths, blob_hashes, bump_last_update, context_lines, diff_between, files_at, patch_text, today
 from dancegrpo_npu.rebase_report import describe, short
 from dancegrpo_npu.rebase_state import (
     DONE_REF, ONTO_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
 )
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import Patch, load_series, read_series_names
+from dancegrpo_npu.series import Patch, load_series
 
 
 @dataclass(frozen=True)
 class Staged:
     """The regenerated series and lock, as files, before they replace the project's."""
 
-    patches: tuple[tuple[str, bytes], ...]  # (name, file content) in series order
+    patches: tuple[tuple[str, bytes], ...]  # (file name, content) in series order
     series_text: str
     lock: Lock
     old_lock: Lock
@@ -65,9 +65,9 @@ def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> S
             continue
         patch = old[step.name]
         diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name)
-        texts.append((patch.name, patch_text(bump_last_update(patch.header_text, date), diff)))
+        texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
         parent = step.commit
-    dropped = {s.name for s in state.steps if s.outcome == "skipped"}
+    dropped = {s.name for s in state.steps if s.outcome == "skipped"}  # series entries, as written
     series = new_series_text((backup / "patches" / "series").read_text(encoding="utf-8"), dropped)
     return Staged(tuple(texts), series, old_lock, old_lock)
 
@@ -212,7 +212,7 @@ def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
 def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseState:
     """Past the commit point: swap the staged files in and clean up (safe to re-run)."""
     if state.phase == "swapping":
-        swap_in(project, paths.staged, list(state.names))
+        swap_in(project, paths.staged, paths.backup)
         state = save_state(paths, replace(state, phase="done"))
         checkpoint("swap:done")
     keep_orig(paths)
@@ -231,5 +231,3 @@ def _stop(paths: RebasePaths, state: RebaseState, why: str, message: str, hint: 
         paths.report.write_text(f"dancegrpo-npu rebase: stopped before the swap: {message}\n  {hint}\n", encoding="utf-8")
     return DancegrpoError(f"rebase stopped: {message}", hint)
 
-
-__all__ = ["finish", "complete", "overlay_files", "regenerate", "stage", "verify_staged", "load_lock", "read_series_names"]

@@ -35,7 +35,7 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.lock import write_atomic
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import read_series_names
+from dancegrpo_npu.series import load_series
 
 STATE_VERSION = 1
 PHASES = ("starting", "applying", "stopped", "finishing", "swapping", "done")
@@ -174,9 +174,12 @@ def save_state(paths: RebasePaths, state: RebaseState) -> RebaseState:
 
 
 def _series_files(patches_dir: Path) -> list[str]:
-    """``series`` and the patch files it names (those that exist)."""
-    names = read_series_names(patches_dir / "series")
-    return ["series"] + [n for n in names if (patches_dir / n).exists()]
+    """``series`` and the files of the patches it names (file names under patches/)."""
+    return ["series"] + [p.path.name for p in load_series(patches_dir)]
+
+
+def _backup_files(backup: Path) -> list[str]:
+    return sorted(os.listdir(backup / "patches"))
 
 
 def create_state(project: Project, paths: RebasePaths, state: RebaseState) -> None:
@@ -198,40 +201,42 @@ def project_changes(project: Project, backup: Path) -> list[str]:
     changed = []
     if project.lock_path.read_bytes() != (backup / "upstream.lock").read_bytes():
         changed.append("upstream.lock")
-    old = backup / "patches"
-    for name in sorted(set(os.listdir(old)) | set(_series_files(project.patches_dir))):
-        a, b = old / name, project.patches_dir / name
+    try:
+        current = set(_series_files(project.patches_dir))
+    except DancegrpoError:
+        current = {"series"}
+    for name in sorted(set(_backup_files(backup)) | current):
+        a, b = backup / "patches" / name, project.patches_dir / name
         if not b.exists() or not a.exists() or a.read_bytes() != b.read_bytes():
             changed.append(f"patches/{name}")
     return changed
 
 
-def swap_in(project: Project, staged: Path, old_names: list[str]) -> None:
+def swap_in(project: Project, staged: Path, backup: Path) -> None:
     """Replace the project's series and lock with the staged ones (idempotent: re-run after a kill)."""
-    new_names = read_series_names(staged / "patches" / "series")
-    for name in new_names:
+    new_files = _series_files(staged / "patches")[1:]
+    for name in new_files:
         write_atomic(project.patches_dir / name, (staged / "patches" / name).read_bytes())
         checkpoint(f"swap:{name}")
     write_atomic(project.series_path, (staged / "patches" / "series").read_bytes())
     checkpoint("swap:series")
     write_atomic(project.lock_path, (staged / "upstream.lock").read_bytes())
     checkpoint("swap:lock")
-    for name in old_names:
-        if name not in new_names:
+    for name in _backup_files(backup):
+        if name != "series" and name not in new_files:
             (project.patches_dir / name).unlink(missing_ok=True)
 
 
 def restore_backup(project: Project, backup: Path, staged: Path) -> None:
     """Put the series and lock back exactly as they were before the rebase."""
-    old = backup / "patches"
-    new_names = read_series_names(staged / "patches" / "series") if (staged / "patches" / "series").exists() else []
-    for name in sorted(os.listdir(old)):
-        write_atomic(project.patches_dir / name, (old / name).read_bytes())
+    old_files = _backup_files(backup)
+    for name in old_files:
+        write_atomic(project.patches_dir / name, (backup / "patches" / name).read_bytes())
     write_atomic(project.lock_path, (backup / "upstream.lock").read_bytes())
-    old_names = set(os.listdir(old))
-    for name in new_names:
-        if name not in old_names:
-            (project.patches_dir / name).unlink(missing_ok=True)
+    if (staged / "patches").is_dir():
+        for name in os.listdir(staged / "patches"):
+            if name not in old_files:
+                (project.patches_dir / name).unlink(missing_ok=True)
 
 
 def keep_orig(paths: RebasePaths) -> None:

@@ -23,7 +23,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, open_workdir_repo
 from dancegrpo_npu.lock import load_lock, save_lock, write_atomic
 from dancegrpo_npu.patchqueue import (
-    DEFAULT_CONTEXT, blob_hashes, build_queue, changed_files, context_lines, diff_between, files_at, all_paths,
+    DEFAULT_CONTEXT, blob_hashes, build_queue, changed_files, context_lines, diff_between, files_at, all_paths, index_abbrev,
     patch_text, snapshot_worktree, today,
 )
 from dancegrpo_npu.project import Project, project_from_args
@@ -114,7 +114,8 @@ def export_edits(project: Project, name: str, description: str | None = None, co
         if target.exists():
             raise DancegrpoError(f"{target} already exists", "choose another NAME")
         files = [c.path for c in changes]
-        diff = diff_between(git, tip, now, context if context is not None else series_context(patches), file_name)
+        abbrev = collections.Counter(index_abbrev(p.diff) for p in patches).most_common(1)[0][0] if patches else 0
+        diff = diff_between(git, tip, now, context if context is not None else series_context(patches), file_name, abbrev)
         header = stub_header(project, files, description)
         data = patch_text(header, diff)
         head, body = split_patch(data, file_name)

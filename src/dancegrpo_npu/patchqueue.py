@@ -164,11 +164,26 @@ def changed_files(git: Git, a: str, b: str, pathspecs: tuple[str, ...] = ()) -> 
     return [FileChange(parts[i][:1], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
 
 
-def diff_between(git: Git, a: str, b: str, context: int, name: str) -> bytes:
-    """``git diff -U<context>`` from ``a`` to ``b`` in the series' format (a/ b/ paths, no index lines)."""
+_INDEX_LINE = re.compile(rb"^index ([0-9a-f]+)\.\.[0-9a-f]+", re.M)
+
+
+def index_abbrev(diff: bytes) -> int:
+    """The length of the blob ids in the diff's ``index`` lines; 0 when it has none."""
+    m = _INDEX_LINE.search(diff)
+    return len(m.group(1)) if m else 0
+
+
+def diff_between(git: Git, a: str, b: str, context: int, name: str, abbrev: int = 0) -> bytes:
+    """``git diff -U<context>`` from ``a`` to ``b`` in the series' format: a/ b/ paths, and
+    ``index`` lines only when ``abbrev`` says the patch had them (ids of that length).
+
+    A patch keeps the style it was written in, so that a refresh changes what moved
+    and nothing else; the engine ignores index lines, the rebase does not need them.
+    """
     raw = git.run(
         "diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--diff-algorithm=myers",
-        "--inter-hunk-context=0", f"-U{context}", "--src-prefix=a/", "--dst-prefix=b/", a, b,
+        "--inter-hunk-context=0", f"-U{context}", "--src-prefix=a/", "--dst-prefix=b/",
+        f"--abbrev={max(abbrev, 7)}", a, b,
     ).stdout
     out, in_header = [], False
     for line in raw.splitlines(keepends=True):
@@ -181,8 +196,8 @@ def diff_between(git: Git, a: str, b: str, context: int, name: str) -> bytes:
                 )
         elif in_header and line.startswith((b"--- ", b"+++ ")):
             in_header = line.startswith(b"--- ")
-        elif in_header and line.startswith(b"index "):
-            continue  # blob ids churn with every upstream move and patch-ng ignores them
+        elif in_header and line.startswith(b"index ") and not abbrev:
+            continue
         if in_header and (line.startswith(b"Binary files ") or line.startswith(b"GIT binary patch")):
             raise DancegrpoError(
                 f"patch {name} would change a binary file ({line.decode('utf-8', 'replace').strip()})",

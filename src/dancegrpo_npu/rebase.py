@@ -86,8 +86,14 @@ def followed_renames(tree: Git, patch: Patch) -> str:
 
 
 def commit_step(tree: Git, patch: Patch) -> str:
-    tree.run("commit", "--quiet", "--no-verify", "-F", "-", input=commit_message(patch))
-    return tree.out("rev-parse", "HEAD")
+    """Commit the index as ``patch`` (plumbing: a sparse checkout lacks some blobs, which
+    ``git commit`` would insist on reading; the trees holding them are reused as they are)."""
+    staged = tree.out("write-tree", "--missing-ok")
+    commit = tree.out("commit-tree", staged, "-p", "HEAD", "-F", "-", input=commit_message(patch))
+    tree.run("update-ref", "-m", f"dancegrpo-npu rebase: {patch.name}", "HEAD", commit)
+    tree.run("update-ref", "-d", "CHERRY_PICK_HEAD", check=False)
+    tree.git_path("MERGE_MSG").unlink(missing_ok=True)
+    return commit
 
 
 def reset_tree(tree: Git, commit: str) -> None:

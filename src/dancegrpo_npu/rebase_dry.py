@@ -19,7 +19,7 @@ from dancegrpo_npu.patchqueue import build_queue
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase import RebaseResult, Stop, local_edits, move_patch, reset_tree
 from dancegrpo_npu.rebase_finish import lock_changes, overlay_collisions, regenerate, stage, verify_staged
-from dancegrpo_npu.rebase_report import conflict_report, conflicts_in, describe, short
+from dancegrpo_npu.rebase_report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.rebase_state import RebasePaths, RebaseState, Step
 from dancegrpo_npu.series import load_series
 
@@ -53,8 +53,12 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
             result = move_patch(tree, patch, queue[i])
             if isinstance(result, Stop):
                 stopped = replace(state, stop=result.why, conflicts=result.conflicts)
-                report = conflict_report(tree, paths.index, stopped, patch, conflicts_in(tree), project.workdir, result.why == "empty")
-                stops.append(report.split("\nWhat to do:")[0].split("\n  dancegrpo-npu rebase --continue")[0])
+                if not stops:
+                    why = why_stopped(tree, paths.index, stopped, patch, conflicts_in(tree), project.workdir, result.why == "empty")
+                    stops.append("\n".join(why))
+                else:
+                    what = ", ".join(result.conflicts) if result.conflicts else "no change left"
+                    stops.append(f"  {patch.name}: {what}")
                 reset_tree(tree, state.tip)
                 result = Step(patch.name, "skipped", f"WOULD STOP: {'conflict' if result.why == 'conflict' else 'no change left'}")
             state = state.with_step(result)
@@ -80,7 +84,10 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
             if not collisions:
                 lines.append("verified: " + verify_staged(tree, state, paths.staged, project.overlay_dir))
         else:
-            lines += ["", "Where it would stop:", *stops]
+            lines += ["", "Where it would stop first:", stops[0]]
+            if len(stops) > 1:
+                lines += ["", "Later patches that would stop too (tried with the stopped ones left out, so",
+                          "some may only conflict because of them):", *stops[1:]]
         ok = not stops and not collisions and not edits
         lines.append(("The rebase would go through. " if ok else "The rebase would stop (see above). ") + "Nothing was changed.")
         report = "\n".join(lines) + "\n"

@@ -12,7 +12,9 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, remove_tree
 from dancegrpo_npu.lock import Lock, dump_lock, parse_lock
-from dancegrpo_npu.patchqueue import all_paths, blob_hashes, bump_last_update, context_lines, diff_between, files_at, patch_text, today
+from dancegrpo_npu.patchqueue import (
+    all_paths, blob_hashes, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
+)
 from dancegrpo_npu.rebase_report import describe, short
 from dancegrpo_npu.rebase_state import (
     DONE_REF, ONTO_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
@@ -64,7 +66,7 @@ def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> S
         if step.outcome == "skipped":
             continue
         patch = old[step.name]
-        diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name)
+        diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff))
         texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
         parent = step.commit
     dropped = {s.name for s in state.steps if s.outcome == "skipped"}  # series entries, as written

@@ -163,62 +163,62 @@ def progress(state: RebaseState, total_names: tuple[str, ...], stopped_at: int |
     return lines
 
 
-def conflict_report(
+def why_stopped(
     tree: Git, index: Path, state: RebaseState, patch: Patch, conflicts: list[Conflict], workdir: Path, empty: bool
-) -> str:
-    i = state.current
-    head = [
-        f"dancegrpo-npu rebase: stopped at patch {i + 1} of {len(state.names)}, {patch.name}",
+) -> list[str]:
+    """Which patch, why it stopped, and for each file: its hunks and the upstream commits there."""
+    lines = [
+        f"dancegrpo-npu rebase: stopped at patch {state.current + 1} of {len(state.names)}, {patch.name}",
         f"  {patch.description}",
         f"  moving {short(state.old_commit)} (locked) -> {short(state.new_commit)} ({state.onto})",
         "",
     ]
-    body: list[str] = []
     if empty:
-        body += [
-            "The patch makes no change on the new upstream: upstream seems to already do what it did.",
-            "  run `dancegrpo-npu rebase --skip` to drop it from the series, or make the change",
-            f"  by hand in {tree.cwd} and run `dancegrpo-npu rebase --continue`.",
-        ]
+        return lines + ["The patch makes no change on the new upstream: upstream seems to already do what it did."]
+    lines.append(f"It does not apply to {short(state.new_commit)}, and git's 3-way merge left conflicts:")
+    patch_paths = list(hunks_by_file(patch.diff))
+    for c in conflicts:
+        where = ", ".join(f"lines {r.first}-{r.last}" for r in c.regions) or "no markers (a whole-file conflict)"
+        lines += ["", f"  {c.path}: {c.kind}; {where}"]
+        related = [c.path] if c.path in patch_paths else gone_upstream(tree, state.tip, patch_paths) or [c.path]
+        lines += hunk_lines(tree, index, state.tip, patch, related, c.regions)
+        paths = " ".join(sorted({c.path, *related}))
+        commits = upstream_commits(tree, state.old_commit, state.new_commit, sorted({c.path, *related}))
+        if commits:
+            lines.append("    upstream commits touching it (+ new in REF, - not in REF):")
+            lines += [f"      {ln}" for ln in commits]
+        lines.append(f"    see them: git -C {workdir} log -p {short(state.old_commit)}...{short(state.new_commit)} -- {paths}")
+    return lines
+
+
+def conflict_report(
+    tree: Git, index: Path, state: RebaseState, patch: Patch, conflicts: list[Conflict], workdir: Path, empty: bool
+) -> str:
+    body = why_stopped(tree, index, state, patch, conflicts, workdir, empty)
+    body += ["", "What to do:", f"  cd {tree.cwd}"]
+    if empty:
+        body.append("  make the change the patch should make by hand, or drop the patch; then run one of:")
     else:
         body += [
-            f"It does not apply to {short(state.new_commit)}, and git's 3-way merge left conflicts:",
-        ]
-        patch_paths = list(hunks_by_file(patch.diff))
-        for c in conflicts:
-            where = ", ".join(f"lines {r.first}-{r.last}" for r in c.regions) or "no markers (a whole-file conflict)"
-            body += ["", f"  {c.path}: {c.kind}; {where}"]
-            related = [c.path] if c.path in patch_paths else gone_upstream(tree, state.tip, patch_paths) or [c.path]
-            body += hunk_lines(tree, index, state.tip, patch, related, c.regions)
-            commits = upstream_commits(tree, state.old_commit, state.new_commit, sorted({c.path, *related}))
-            if commits:
-                body.append("    upstream commits touching it (+ new in REF, - not in REF):")
-                body += [f"      {ln}" for ln in commits]
-            body.append(
-                f"    see them: git -C {workdir} log -p {short(state.old_commit)}...{short(state.new_commit)} -- {' '.join(sorted({c.path, *related}))}"
-            )
-        body += [
-            "",
-            "What to do:",
-            f"  cd {tree.cwd}",
             "  edit the files above until they are what the patch should make of the new upstream",
             "  (remove the <<<<<<< ||||||| ======= >>>>>>> markers; the ||||||| part is what the patch",
-            "  was written against), then run one of:",
+            "  was written against)",
         ]
         if any(not c.regions for c in conflicts):
-            body[-1:-1] = [
-                "  (a file gone upstream: `git rm FILE` there drops the patch's change to it; leaving it",
-                "  in place keeps it, and the patch then adds the whole file)",
+            body += [
+                "  for a file gone upstream: `git rm FILE` there drops the patch's change to it; leaving",
+                "  it in place keeps it (the patch then adds the whole file)",
             ]
+        body.append("  then run one of:")
     body += [
         "  dancegrpo-npu rebase --continue   take the tree as this patch, go on",
         "  dancegrpo-npu rebase --skip       drop this patch from the series, go on",
         "  dancegrpo-npu rebase --abort      back to exactly where you started",
         "",
         "Progress:",
-        *progress(state, state.names, stopped_at=i),
+        *progress(state, state.names, stopped_at=state.current),
     ]
-    return "\n".join(head + body) + "\n"
+    return "\n".join(body) + "\n"
 
 
 def gone_upstream(tree: Git, commit: str, paths: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ verified by applying it from scratch with the engine, and only then are
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import textwrap
 from dataclasses import dataclass, replace
@@ -23,10 +24,12 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, choose_source, fetch_commit, last_line, open_workdir_repo, remove_tree, scratch_clone
 from dancegrpo_npu.lock import load_lock
-from dancegrpo_npu.patchqueue import apply_args, build_queue, changed_files, commit_message, hunks_by_file, snapshot_worktree
+from dancegrpo_npu.patchqueue import (
+    JUNK_PATHSPECS, apply_args, build_queue, changed_files, commit_message, hunks_by_file, snapshot_worktree,
+)
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.rebase_finish import complete, finish, overlay_files
-from dancegrpo_npu.rebase_report import conflict_report, conflicts_in, describe, has_markers, short
+from dancegrpo_npu.rebase_report import conflict_report, conflicts_in, has_markers, short
 from dancegrpo_npu.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
@@ -192,8 +195,6 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
         if fetched.commit == lock.commit:
             main.run("update-ref", "-d", ONTO_REF, check=False)
             return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
-        import datetime
-
         state = RebaseState(
             phase="starting", project_root=str(project.root), workdir=str(project.workdir), tree=str(paths.tree),
             onto=onto, onto_note=fetched.note, old_commit=lock.commit, new_commit=fetched.commit,
@@ -203,11 +204,6 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
         checkpoint("start:state")
         state = prepare(project, paths, state, main)
         return run_loop(project, paths, state, main)
-
-
-def _current(project: Project) -> tuple[Git, RebasePaths]:
-    main, paths = paths_for(project)
-    return main, paths
 
 
 def _require(paths: RebasePaths, project: Project) -> RebaseState:
@@ -240,7 +236,7 @@ def resume(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
 
 
 def continue_rebase(project: Project) -> RebaseResult:
-    main, paths = _current(project)
+    main, paths = paths_for(project)
     with exclusive(paths):
         state = _require(paths, project)
         if state.phase == "stopped" and state.stop in ("conflict", "empty"):
@@ -266,8 +262,6 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
                 f"run `git -C {tree.cwd} reset --soft {state.tip}` to keep your files, then --continue; or --abort",
             )
         tree.run("reset", "--quiet", "--soft", state.tip)  # fold the user's own commits into this patch
-    from dancegrpo_npu.patchqueue import JUNK_PATHSPECS
-
     tree.run("add", "--all", "--", ".", *JUNK_PATHSPECS)
     if tree.ok("diff", "--cached", "--quiet", "HEAD"):
         raise DancegrpoError(
@@ -283,7 +277,7 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
 
 
 def skip_patch(project: Project) -> RebaseResult:
-    main, paths = _current(project)
+    main, paths = paths_for(project)
     with exclusive(paths):
         state = _require(paths, project)
         if state.phase != "stopped" or state.stop not in ("conflict", "empty"):
@@ -299,7 +293,7 @@ def skip_patch(project: Project) -> RebaseResult:
 
 
 def abort_rebase(project: Project) -> RebaseResult:
-    main, paths = _current(project)
+    main, paths = paths_for(project)
     with exclusive(paths):
         state = _require(paths, project)
         if state.phase in ("swapping", "done"):
@@ -375,4 +369,4 @@ def _cmd_rebase(args) -> int:
     return 0
 
 
-__all__ = ["start_rebase", "continue_rebase", "skip_patch", "abort_rebase", "RebaseResult", "describe"]
+__all__ = ["start_rebase", "continue_rebase", "skip_patch", "abort_rebase", "RebaseResult"]

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitcmd import Git, choose_source, fetch_commit, open_workdir_repo, scratch_clone
+from dancegrpo_npu.gitcmd import choose_source, fetch_commit, open_workdir_repo, scratch_clone
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.patchqueue import build_queue
 from dancegrpo_npu.project import Project
@@ -100,4 +100,4 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         )
 
 
-__all__ = ["dry_run", "Git"]
+__all__ = ["dry_run"]

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Set everything up, then run the main job on the embedded default.
+#
+#   ./scripts/bootstrap.sh              .venv + dependencies, fetch + patch upstream, smoke run
+#   ./scripts/bootstrap.sh --deps-only  .venv + dependencies only (what ./scripts/test.sh needs)
+#   ./scripts/bootstrap.sh --no-smoke   everything but the smoke run
+#
+# Idempotent: a second run with nothing to do skips every step in seconds.
+#
+# Environment (all optional):
+#   PYTHON=python3.10          the interpreter for .venv (3.10 or 3.11; default: the first found)
+#   DANCEGRPO_VENV=DIR         where the virtualenv lives (default: .venv)
+#   DANCEGRPO_TORCH="torch==X torchvision==Y [torch-npu==Z]"
+#                              the torch pair to install instead of the platform default
+#   DANCEGRPO_PIP_ARGS="..."   extra pip arguments (e.g. --index-url of a local mirror)
+#   DANCEGRPO_SOURCE=URL|DIR|FILE.tar.gz   where to fetch upstream from (see README)
+#   DANCEGRPO_DEVICE=auto|cpu|cuda|npu     the device of the smoke run
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${DANCEGRPO_VENV:-$ROOT/.venv}
+MODE=all
+for arg in "$@"; do
+  case "$arg" in
+    --deps-only) MODE=deps ;;
+    --no-smoke) MODE=nosmoke ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bootstrap.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'bootstrap.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# --- 1. Python -----------------------------------------------------------------
+pick_python() {
+  local c
+  for c in ${PYTHON:-} python3.11 python3.10 python3; do
+    command -v "$c" >/dev/null 2>&1 || continue
+    if "$c" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)' 2>/dev/null; then
+      echo "$c"; return 0
+    fi
+    [ -n "${PYTHON:-}" ] && die "PYTHON=$PYTHON is not Python 3.10 or 3.11 (torch_npu and the pinned stack support those)"
+  done
+  return 1
+}
+
+# --- 2. Which torch pair ---------------------------------------------------------
+# A torch/torchvision pair built for each other (PyPI's torchvision does not import
+# beside a CPU-only torch); on Ascend hosts the torch / torch_npu pair of the README's
+# version table.  Upstream's own pins (flash-attn, liger_kernel, decord, CUDA wheels)
+# are never installed.
+is_ascend() {
+  [ -d /usr/local/Ascend ] || [ -n "${ASCEND_HOME_PATH:-}" ] || command -v npu-smi >/dev/null 2>&1
+}
+torch_spec() {
+  if [ -n "${DANCEGRPO_TORCH:-}" ]; then echo "$DANCEGRPO_TORCH"; return; fi
+  local arch; arch=$(uname -m)
+  if is_ascend; then
+    echo "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1"
+  elif [ "$arch" = x86_64 ]; then
+    echo "torch==2.14.1 torchvision==0.29.1"
+  else
+    echo "torch==2.9.1 torchvision==0.24.1"
+  fi
+}
+# On x86_64 Ascend hosts PyPI's torch is a CUDA build; torch_npu wants the CPU one.
+torch_pip_args() {
+  if [ -z "${DANCEGRPO_TORCH:-}" ] && is_ascend && [ "$(uname -m)" = x86_64 ]; then
+    echo "--extra-index-url https://download.pytorch.org/whl/cpu"
+  fi
+}
+
+EXTRAS=flux,test
+is_ascend && EXTRAS=flux,test,npu
+HPSV2_SPEC="hpsv2==1.2.0"
+# hpsv2's wheel asks for pytest==7.2.0 and protobuf<4 (and more it never imports);
+# install it without them, with the one module it imports that nothing else brings (clint).
+HPSV2_NEEDS="clint"
+
+setup_stamp() {
+  {
+    echo "python=$("$VENV/bin/python" -c 'import sys; print(sys.version)')"
+    echo "torch=$(torch_spec) $(torch_pip_args)"
+    echo "extras=$EXTRAS hpsv2=$HPSV2_SPEC needs=$HPSV2_NEEDS"
+    sha256sum pyproject.toml
+  } | sha256sum | cut -c1-64
+}
+
+install_deps() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    local py; py=$(pick_python) || die "no Python 3.10 or 3.11 found; install one or set PYTHON=/path/to/python3.11"
+    say "creating $VENV with $py"
+    "$py" -m venv "$VENV"
+  fi
+  local stamp_file="$VENV/.dancegrpo-npu-setup" want
+  want=$(setup_stamp)
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$want" ]; then
+    say "dependencies up to date ($VENV)"
+    return
+  fi
+  local pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+  # shellcheck disable=SC2086
+  {
+    say "installing the torch pair: $(torch_spec)"
+    "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} $(torch_pip_args) $(torch_spec)
+    say "installing dancegrpo-npu[$EXTRAS]"
+    "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} -e ".[$EXTRAS]"
+    say "installing $HPSV2_SPEC (without its test-tool pins)"
+    "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} $HPSV2_NEEDS
+    "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} --no-deps "$HPSV2_SPEC"
+  } 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  # The hpsv2 wheel lacks the BPE vocabulary its tokenizer opens at import; it is the
+  # same file open_clip ships (copied, checked by sha256).
+  "$VENV/bin/python" -c 'from dancegrpo_npu.fixtures import ensure_hpsv2_vocab as e; e()' ||
+    die "could not complete hpsv2's installation (see above)"
+  # hpsv2's open_clip does `from turtle import forward`, so it needs Tk.
+  "$VENV/bin/python" -c 'import tkinter' 2>/dev/null ||
+    die "this Python has no Tk, which hpsv2 imports; install python3-tk (Debian/Ubuntu), tk (conda) or tkinter (RHEL), then re-run"
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -c 'import torch, torchvision, diffusers, hpsv2.src.open_clip' ||
+    die "the installed stack does not import (see above); set DANCEGRPO_TORCH to a matching torch/torchvision pair"
+  echo "$want" >"$stamp_file"
+}
+
+say "dancegrpo-npu bootstrap in $ROOT"
+install_deps
+[ "$MODE" = deps ] && exit 0
+
+DG=("$VENV/bin/dancegrpo-npu" -C "$ROOT")
+say "fetching upstream at the locked commit"
+"${DG[@]}" fetch
+say "applying the patch series and the overlay"
+"${DG[@]}" apply
+"${DG[@]}" verify
+[ "$MODE" = nosmoke ] && exit 0
+
+say "running the embedded default: a tiny GRPO smoke run"
+"${DG[@]}" smoke --device "${DANCEGRPO_DEVICE:-auto}" --if-needed

@@ -1,0 +1,140 @@
+"""Facts about an Ascend host that launch and doctor both need, read without importing torch.
+
+- The NPU environment a training job gets: Ascend's own FLUX DanceGRPO launch in MindSpeed-MM
+  (``examples/dancegrpo/posttrain_flux_dancegrpo.sh``) sets these; each is a default that the
+  user's environment or ``--env KEY=VALUE`` overrides.
+- Which NPUs this host has: the driver creates one ``/dev/davinci<N>`` node per NPU (inside a
+  container, one per NPU mapped in).  ``ASCEND_RT_VISIBLE_DEVICES`` takes logical ids
+  ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES.
+- CANN: ``source set_env.sh`` exports ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH; the toolkit's
+  version is the ``version=`` line of ``<home>/<arch>-linux/ascend_toolkit_install.info``.
+  The driver's is the ``Version=`` line of ``/usr/local/Ascend/driver/version.info``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    name: str
+    value: str
+    why: str
+
+
+NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
+    EnvDefault("TASK_QUEUE_ENABLE", "2", "level-2 task queue: operators are dispatched from a second thread"),
+    EnvDefault("COMBINED_ENABLE", "1", "fuse discontiguous-tensor copies into one operator"),
+    EnvDefault("CPU_AFFINITY_CONF", "2", "bind each rank's threads to the CPU cores near its NPU"),
+    EnvDefault("HCCL_CONNECT_TIMEOUT", "1200", "seconds HCCL waits for all ranks to connect (model loading is slow)"),
+    EnvDefault("HCCL_BUFFSIZE", "800", "MB of HCCL communication buffer per rank"),
+    EnvDefault("NPU_ASD_ENABLE", "0", "silent-data-corruption detection off (its checks cost step time)"),
+    EnvDefault("ACLNN_CACHE_LIMIT", "100000", "aclnn operator cache entries (many shapes in sampling)"),
+    EnvDefault("MULTI_STREAM_MEMORY_REUSE", "2", "reuse memory across streams (less fragmentation)"),
+    EnvDefault(
+        "PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "caching allocator grows segments instead of failing"
+    ),
+    EnvDefault("ASCEND_GLOBAL_LOG_LEVEL", "3", "CANN logs errors only (3 = ERROR)"),
+    EnvDefault("ASCEND_SLOG_PRINT_TO_STDOUT", "0", "CANN logs go to ~/ascend/log, not into the rank logs"),
+    EnvDefault("ASCEND_LAUNCH_BLOCKING", "0", "asynchronous launch; set 1 to find the operator that failed"),
+)
+
+# The variables a user may want to set per cluster; launch never sets them unasked.
+NPU_ENV_DOCUMENTED = (
+    ("ASCEND_RT_VISIBLE_DEVICES", "the NPUs this node uses (default: 0..nproc-1)"),
+    ("HCCL_EXEC_TIMEOUT", "seconds a collective may wait for a slow rank before HCCL aborts it"),
+    ("HCCL_SOCKET_IFNAME", "the network interface HCCL uses between nodes (--ifname sets it)"),
+    ("HCCL_IF_IP", "the IP address HCCL uses on this node, when the interface has several"),
+)
+
+
+def davinci_count(dev_dir: Path = Path("/dev")) -> int:
+    """How many NPUs this host shows: the /dev/davinci<N> nodes (davinci_manager is not one)."""
+    try:
+        names = os.listdir(dev_dir)
+    except OSError:
+        return 0
+    return sum(1 for n in names if re.fullmatch(r"davinci\d+", n))
+
+
+def parse_visible_devices(value: str, var: str = "ASCEND_RT_VISIBLE_DEVICES") -> list[int]:
+    ids: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise DancegrpoError(
+                f"{var}={value!r} is not a comma-separated list of device numbers",
+                f"set it like {var}=0,1,2,3",
+                exit_code=2,
+            )
+        if int(part) in ids:
+            raise DancegrpoError(f"{var}={value!r} names device {part} twice", "list each NPU once", exit_code=2)
+        ids.append(int(part))
+    return ids
+
+
+def check_visible_devices(
+    value: str, nproc_per_node: int, count: int, var: str = "ASCEND_RT_VISIBLE_DEVICES"
+) -> list[int]:
+    """The visible-device list, checked against the NPUs present and the process count."""
+    ids = parse_visible_devices(value, var)
+    missing = [i for i in ids if i >= count]
+    if missing:
+        have = f"NPUs 0-{count - 1}" if count else "no NPU"
+        raise DancegrpoError(
+            f"{var}={value} names device {missing[0]}, but this host shows {have} (/dev/davinci*)",
+            "list only NPUs that exist (`npu-smi info` shows them), or run with --device cpu|cuda",
+            exit_code=2,
+        )
+    if len(ids) != nproc_per_node:
+        raise DancegrpoError(
+            f"{var}={value} makes {len(ids)} NPU(s) visible but --nproc-per-node is {nproc_per_node}",
+            "run one process per visible NPU: make the two agree",
+            exit_code=2,
+        )
+    return ids
+
+
+def cann_home(environ: dict[str, str]) -> Path | None:
+    """The CANN toolkit that ``set_env.sh`` put in the environment, if any."""
+    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        value = environ.get(var)
+        if value:
+            return Path(value)
+    return None
+
+
+def _read_key(path: Path, key: str) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip().lower() == key.lower():
+            return value.strip().strip('"') or None
+    return None
+
+
+def cann_version(home: Path) -> tuple[str | None, Path | None]:
+    """(version, the file it was read from); (None, None) when no version file is found."""
+    candidates = [home / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"]
+    candidates += sorted(home.glob("*-linux/ascend_toolkit_install.info"))
+    for path in candidates:
+        version = _read_key(path, "version")
+        if version:
+            return version, path
+    return None, None
+
+
+def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
+    return _read_key(path, "Version")

@@ -1,0 +1,276 @@
+"""Tiny, randomly initialised stand-ins for FLUX.1-dev and the HPSv2 reward.
+
+Every model here is a real diffusers / transformers / open_clip (hpsv2) class with
+a small configuration, written with the library's own ``save_pretrained`` /
+``torch.save``, so that upstream's loading code reads it exactly as it reads the
+real checkpoints.  Only the sizes differ; the interfaces the trainer relies on
+are kept: 16 latent channels and 8x downsampling, upstream's VAE scale/shift,
+T5 sequences of 512 tokens, CLIP's 77-token context and its full 49408-entry
+vocabulary (the tokenizers emit ids up to 49407, the end-of-text token).
+
+The configurations are plain data (``PARAMS``): their hash decides whether a
+built fixture directory is still current.  torch, diffusers, transformers and
+hpsv2 are imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+# FLUX.1-dev's transformer with every width shrunk: 2 heads x 16, one double and
+# one single block; the RoPE axes (4, 6, 6) add up to the head dim like (16, 56, 56).
+TRANSFORMER_CONFIG = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 16,  # = T5_CONFIG["d_model"]
+    "pooled_projection_dim": 16,  # = CLIP_TEXT_CONFIG["hidden_size"] (pooler_output)
+    "guidance_embeds": True,  # FLUX.1-dev is guidance-distilled
+    "axes_dims_rope": [4, 6, 6],
+}
+
+# Four blocks for 8x downsampling and 16 latent channels, as FLUX's VAE; the
+# trainer hard-codes the scale 0.3611 and shift 0.1159.  sample_size 64 matches
+# the smoke run's 64x64 images, so enable_tiling() is a no-op there, as it is
+# for FLUX's 1024 sample size at 1024x1024.
+VAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [8, 8, 16, 16],
+    "layers_per_block": 1,
+    "act_fn": "silu",
+    "latent_channels": 16,
+    "norm_num_groups": 4,
+    "sample_size": 64,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
+
+# CLIP-L's text tower, narrow: the vocabulary and 77 positions are kept.
+CLIP_TEXT_CONFIG = {
+    "vocab_size": 49408,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "projection_dim": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "bos_token_id": 49406,
+    "eos_token_id": 49407,
+    "pad_token_id": 1,
+}
+
+# T5 v1.1 (gated-gelu) encoder, narrow; vocab_size is the tokenizer's length.
+T5_CONFIG = {
+    "d_model": 16,
+    "d_kv": 8,
+    "d_ff": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "dropout_rate": 0.0,
+    "tie_word_embeddings": False,
+    "is_encoder_decoder": False,
+    "use_cache": False,
+}
+T5_MAX_LENGTH = 512  # FluxPipeline.encode_prompt's max_sequence_length
+T5_SPM_VOCAB = 256
+
+# FLUX.1-dev's scheduler/scheduler_config.json.
+SCHEDULER_CONFIG = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+# An open_clip model config shaped like ViT-H-14.json, tiny.  The text vocabulary
+# and context length must stay: hpsv2's tokenizer emits ids up to 49407.  The
+# vision tower sees 32x32 images: preprocess_val resizes the decoded 64x64 image.
+HPS_MODEL_NAME = "tiny-hps-vit"
+HPS_MODEL_CONFIG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "head_width": 8, "patch_size": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+}
+
+# A few hundred words of plain English for the T5 sentencepiece model: enough
+# pieces that prompts tokenize into words and subwords rather than characters.
+T5_CORPUS = """\
+a photo of a cat sitting on a red chair next to a window
+an astronaut riding a horse on the moon, oil painting
+a bowl of fresh fruit on a wooden table in soft morning light
+a watercolor landscape with mountains and a lake at sunrise
+a portrait of an old man with a grey beard, dramatic lighting
+a futuristic city at night with neon signs and flying cars
+a small house in a snowy forest, smoke rising from the chimney
+a close-up of a dog wearing sunglasses on the beach
+a field of sunflowers under a blue sky with white clouds
+a cup of coffee and a book on a table by the fireplace
+the quick brown fox jumps over the lazy dog
+a detailed drawing of a dragon flying over a castle
+a bicycle leaning against a yellow wall in an old town
+a still life painting of flowers in a glass vase
+children playing football in a park on a summer afternoon
+a sailing boat on a calm sea at sunset, highly detailed
+a robot reading a newspaper in a busy train station
+a mountain road winding through green hills and valleys
+a plate of pasta with tomato sauce and basil leaves
+a lighthouse on a rocky coast during a storm
+"""
+
+SEEDS = {"transformer": 1, "vae": 2, "text_encoder": 3, "text_encoder_2": 4, "hps_open_clip": 5, "hps": 6}
+
+PARAMS = {
+    "transformer": TRANSFORMER_CONFIG,
+    "vae": VAE_CONFIG,
+    "clip_text": CLIP_TEXT_CONFIG,
+    "t5": T5_CONFIG,
+    "t5_max_length": T5_MAX_LENGTH,
+    "t5_spm_vocab": T5_SPM_VOCAB,
+    "t5_corpus": T5_CORPUS,
+    "scheduler": SCHEDULER_CONFIG,
+    "hps_model_name": HPS_MODEL_NAME,
+    "hps_model": HPS_MODEL_CONFIG,
+    "seeds": SEEDS,
+}
+
+
+def _seeded(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def clip_tokenizer_files(bpe_gz: Path, out_dir: Path) -> None:
+    """CLIP's ``vocab.json``/``merges.txt`` from OpenAI's BPE file, as HF lays them out.
+
+    The same construction as CLIP's ``SimpleTokenizer``: 256 byte symbols, the
+    same with ``</w>``, one entry per merge, then the two special tokens (49408).
+    """
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    lines = gzip.decompress(bpe_gz.read_bytes()).decode("utf-8").split("\n")
+    merges = lines[1 : 49152 - 256 - 2 + 1]
+    symbols = list(bytes_to_unicode().values())
+    vocab = symbols + [s + "</w>" for s in symbols]
+    vocab += ["".join(m.split()) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}, ensure_ascii=False))
+    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+
+
+def build_clip_tokenizer(bpe_gz: Path, work_dir: Path):
+    from transformers import CLIPTokenizer
+
+    clip_tokenizer_files(bpe_gz, work_dir)
+    # FLUX.1-dev's tokenizer/tokenizer_config.json: pad and unk are end-of-text.
+    return CLIPTokenizer(
+        vocab_file=str(work_dir / "vocab.json"),
+        merges_file=str(work_dir / "merges.txt"),
+        model_max_length=77,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+
+
+def build_t5_tokenizer(work_dir: Path):
+    """A T5TokenizerFast over a unigram sentencepiece model trained on ``T5_CORPUS``.
+
+    T5's special ids (pad 0, eos 1, unk 2, no bos) and its 100 sentinel tokens are
+    kept.  One thread makes the training reproducible.
+    """
+    import sentencepiece as spm
+    from transformers import T5TokenizerFast
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(T5_CORPUS.splitlines()),
+        model_writer=model,
+        vocab_size=T5_SPM_VOCAB,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+    )
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spiece = work_dir / "spiece.model"
+    spiece.write_bytes(model.getvalue())
+    tokenizer = T5TokenizerFast(vocab_file=str(spiece), extra_ids=100, model_max_length=T5_MAX_LENGTH, legacy=True)
+    # Converting from the slow tokenizer records add_prefix_space, and a saved
+    # add_prefix_space makes every later load convert again from sentencepiece
+    # (slower, and it needs protobuf); tokenizer.json already holds the result.
+    tokenizer.init_kwargs.pop("add_prefix_space", None)
+    return tokenizer
+
+
+def build_flux_pipeline(bpe_gz: Path, work_dir: Path):
+    """The tiny FluxPipeline (all seven components), in float32, ready to save."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    tokenizer = build_clip_tokenizer(bpe_gz, work_dir / "clip")
+    tokenizer_2 = build_t5_tokenizer(work_dir / "t5")
+    _seeded(SEEDS["text_encoder"])
+    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_TEXT_CONFIG))
+    _seeded(SEEDS["text_encoder_2"])
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), **T5_CONFIG))
+    _seeded(SEEDS["transformer"])
+    transformer = FluxTransformer2DModel(**TRANSFORMER_CONFIG)
+    _seeded(SEEDS["vae"])
+    vae = AutoencoderKL(**VAE_CONFIG)
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
+
+
+def write_hps_checkpoints(config_path: Path, open_clip_ckpt: Path, hps_ckpt: Path) -> None:
+    """The two files upstream's HPSv2 loading reads, for the tiny CLIP at ``config_path``.
+
+    ``open_clip_ckpt`` stands for the pretrained open_clip weights (a bare state
+    dict, passed as ``pretrained``); ``hps_ckpt`` for ``HPS_v2.1_compressed.pt``
+    (``{'state_dict': ...}``, loaded over them).  Different seeds make the two
+    differ, so a loader that skipped the second file would be seen.
+    """
+    import torch
+    from hpsv2.src.open_clip import create_model
+    from hpsv2.src.open_clip.factory import add_model_config
+
+    config_path.write_text(json.dumps(HPS_MODEL_CONFIG, indent=4) + "\n")
+    add_model_config(config_path)
+    for seed, path, wrap in ((SEEDS["hps_open_clip"], open_clip_ckpt, False), (SEEDS["hps"], hps_ckpt, True)):
+        _seeded(seed)
+        model = create_model(config_path.stem, None, precision="fp32", device="cpu")
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        torch.save({"state_dict": state} if wrap else state, path)

@@ -1,0 +1,315 @@
+"""The three stock scripts launch runs, upstream's default arguments for them, and path handling.
+
+Upstream's defaults are kept here as data, copied from upstream's own launch scripts at the
+locked commit (each table names its file), so that ``launch flux`` with no arguments runs what
+``bash scripts/finetune/finetune_flux_grpo.sh`` runs.  The user's arguments override them flag
+by flag.  Only the torchrun options (nodes, processes, master) are not taken from those scripts:
+they are launch's own options.
+
+Relative paths: upstream's defaults (``data/flux``, ``data/rl_embeddings/...``) are relative to
+the upstream checkout, where upstream's README puts the weights, so they are resolved against
+the patched tree; relative paths the user types are resolved against the directory the command
+was run from.  The script itself runs in the run directory, so every path it gets is absolute.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+# upstream scripts/finetune/finetune_flux_grpo.sh (commit 15cc71d5), minus the torchrun options.
+FLUX_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--seed", "42"),
+    ("--pretrained_model_name_or_path", "data/flux"),
+    ("--vae_model_path", "data/flux"),
+    ("--cache_dir", "data/.cache"),
+    ("--data_json_path", "data/rl_embeddings/videos2caption.json"),
+    ("--gradient_checkpointing", None),
+    ("--train_batch_size", "1"),
+    ("--num_latent_t", "1"),
+    ("--sp_size", "1"),
+    ("--train_sp_batch_size", "1"),
+    ("--dataloader_num_workers", "4"),
+    ("--gradient_accumulation_steps", "4"),
+    ("--max_train_steps", "300"),
+    ("--learning_rate", "1e-5"),
+    ("--mixed_precision", "bf16"),
+    ("--checkpointing_steps", "40"),
+    ("--allow_tf32", None),
+    ("--cfg", "0.0"),
+    ("--output_dir", "data/outputs/grpo"),
+    ("--h", "720"),
+    ("--w", "720"),
+    ("--t", "1"),
+    ("--sampling_steps", "16"),
+    ("--eta", "0.3"),
+    ("--lr_warmup_steps", "0"),
+    ("--sampler_seed", "1223627"),
+    ("--max_grad_norm", "1.0"),
+    ("--weight_decay", "0.0001"),
+    ("--use_hpsv2", None),
+    ("--num_generations", "12"),
+    ("--shift", "3"),
+    ("--use_group", None),
+    ("--ignore_last", None),
+    ("--timestep_fraction", "0.6"),
+    ("--init_same_noise", None),
+    ("--clip_range", "1e-4"),
+    ("--adv_clip_max", "5.0"),
+)
+
+# upstream scripts/finetune/finetune_flux_grpo_8gpus_lora.sh (commit 15cc71d5), minus torchrun's.
+FLUX_LORA_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--seed", "42"),
+    ("--pretrained_model_name_or_path", "data/flux"),
+    ("--vae_model_path", "data/flux"),
+    ("--cache_dir", "data/.cache"),
+    ("--data_json_path", "data/rl_embeddings/videos2caption.json"),
+    ("--gradient_checkpointing", None),
+    ("--train_batch_size", "2"),
+    ("--num_latent_t", "1"),
+    ("--sp_size", "1"),
+    ("--train_sp_batch_size", "2"),
+    ("--dataloader_num_workers", "4"),
+    ("--gradient_accumulation_steps", "12"),
+    ("--max_train_steps", "301"),
+    ("--learning_rate", "3e-4"),
+    ("--mixed_precision", "bf16"),
+    ("--checkpointing_steps", "60"),
+    ("--allow_tf32", None),
+    ("--cfg", "0.0"),
+    ("--output_dir", "data/outputs/grpo"),
+    ("--h", "720"),
+    ("--w", "720"),
+    ("--t", "1"),
+    ("--sampling_steps", "12"),
+    ("--eta", "0.3"),
+    ("--lr_warmup_steps", "0"),
+    ("--sampler_seed", "1223627"),
+    ("--max_grad_norm", "1.0"),
+    ("--weight_decay", "0.0001"),
+    ("--use_hpsv2", None),
+    ("--num_generations", "12"),
+    ("--shift", "3"),
+    ("--use_group", None),
+    ("--ignore_last", None),
+    ("--timestep_fraction", "0.6"),
+    ("--init_same_noise", None),
+    ("--clip_range", "1e-4"),
+    ("--adv_clip_max", "5.0"),
+    ("--lora_alpha", "256"),
+    ("--lora_rank", "128"),
+)
+
+# The HPS reward files the trainers read.  Upstream hard-codes them relative to the working
+# directory (./hps_ckpt/...); the port makes them arguments with these defaults (contract 3),
+# and since the script runs in the run directory, launch passes them resolved against the tree.
+HPS_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--hps_open_clip_ckpt", "hps_ckpt/open_clip_pytorch_model.bin"),
+    ("--hps_ckpt", "hps_ckpt/HPS_v2.1_compressed.pt"),
+)
+
+# upstream scripts/preprocess/preprocess_flux_rl_embeddings.sh (commit 15cc71d5).
+PREPROCESS_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--model_path", "data/flux"),
+    ("--output_dir", "data/rl_embeddings"),
+    ("--prompt_dir", "./assets/prompts.txt"),
+)
+
+TRAIN_PATH_FLAGS = (
+    "--pretrained_model_name_or_path",
+    "--dit_model_name_or_path",
+    "--vae_model_path",
+    "--cache_dir",
+    "--data_json_path",
+    "--output_dir",
+    "--logging_dir",
+    "--resume_from_checkpoint",
+    "--resume_from_lora_checkpoint",
+    "--hps_open_clip_ckpt",
+    "--hps_ckpt",
+    "--hps_model",
+)
+
+
+@dataclass(frozen=True)
+class ScriptInfo:
+    name: str  # what the user types: flux | flux-lora | preprocess
+    relpath: str  # the stock script in the patched tree
+    defaults: tuple[tuple[str, str | None], ...]
+    path_flags: tuple[str, ...]
+    # Flags naming things that must exist before the run starts: (flag, "dir"|"file", what it is).
+    required_inputs: tuple[tuple[str, str, str], ...]
+    # Whether the script's --output_dir is the run's own output (checkpoints: yes) or a product
+    # later runs read (preprocess's embeddings: no, train reads data/rl_embeddings).
+    output_in_run_dir: bool
+
+
+_TRAIN_INPUTS = (
+    ("--pretrained_model_name_or_path", "dir", "FLUX.1-dev weights"),
+    ("--vae_model_path", "dir", "FLUX.1-dev VAE weights"),
+    ("--dit_model_name_or_path", "dir", "transformer weights"),
+    ("--data_json_path", "file", "RL-embeddings dataset (run `dancegrpo-npu launch preprocess` first)"),
+    ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
+    ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+)
+
+SCRIPTS: dict[str, ScriptInfo] = {
+    "flux": ScriptInfo(
+        "flux", "fastvideo/train_grpo_flux.py", FLUX_DEFAULTS + HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True
+    ),
+    "flux-lora": ScriptInfo(
+        "flux-lora",
+        "fastvideo/train_grpo_flux_lora.py",
+        FLUX_LORA_DEFAULTS + HPS_DEFAULTS,
+        TRAIN_PATH_FLAGS,
+        _TRAIN_INPUTS,
+        True,
+    ),
+    "preprocess": ScriptInfo(
+        "preprocess",
+        "fastvideo/data_preprocess/preprocess_flux_embedding.py",
+        PREPROCESS_DEFAULTS,
+        ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
+        (
+            ("--model_path", "dir", "FLUX.1-dev weights"),
+            (
+                "--prompt_dir",
+                "file",
+                "prompt file (upstream's is assets/prompts.txt: `dancegrpo-npu fetch --with-assets`)",
+            ),
+        ),
+        False,
+    ),
+}
+
+# A Hugging Face hub id ("black-forest-labs/FLUX.1-dev"): left as typed, the script resolves it.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def script_info(name: str) -> ScriptInfo:
+    try:
+        return SCRIPTS[name]
+    except KeyError:
+        raise DancegrpoError(f"unknown script {name!r}", f"choose one of: {', '.join(SCRIPTS)}", exit_code=2) from None
+
+
+def split_flags(args: tuple[str, ...] | list[str]) -> list[tuple[str, str | None, bool]]:
+    """``args`` as (flag, value, written_with_equals) items, in order.
+
+    A token starting with ``--`` is a flag; the next token is its value unless it is a flag
+    too (``-1`` and ``-0.5`` are values).  A token that is not a flag and follows a flag's
+    value is an error: the scripts take no positional arguments.
+    """
+    items: list[tuple[str, str | None, bool]] = []
+    i = 0
+    args = list(args)
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("--") or tok == "--":
+            raise DancegrpoError(
+                f"script argument {tok!r} is not a --flag or a flag's value",
+                "upstream's scripts take only --flag [value] arguments",
+                exit_code=2,
+            )
+        if "=" in tok:
+            flag, value = tok.split("=", 1)
+            items.append((flag, value, True))
+            i += 1
+            continue
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            items.append((tok, args[i + 1], False))
+            i += 2
+        else:
+            items.append((tok, None, False))
+            i += 1
+    return items
+
+
+def join_flags(items: list[tuple[str, str | None, bool]]) -> list[str]:
+    out: list[str] = []
+    for flag, value, eq in items:
+        if value is None:
+            out.append(flag)
+        elif eq:
+            out.append(f"{flag}={value}")
+        else:
+            out += [flag, value]
+    return out
+
+
+def _resolve(value: str, base: Path) -> str:
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _resolve_user_path(flag: str, value: str, cwd: Path) -> str:
+    """A path the user typed, made absolute against ``cwd``.
+
+    Model flags may name a hub id instead of a directory; those stay as typed when no such
+    local path exists.  ``--hps_model`` is a model name (ViT-H-14) unless it names a file.
+    """
+    candidate = Path(value).expanduser()
+    if not candidate.is_absolute():
+        candidate = cwd / candidate
+    if flag == "--hps_model" and not (value.endswith(".json") or candidate.exists()):
+        return value
+    model_flag = flag in ("--pretrained_model_name_or_path", "--vae_model_path", "--dit_model_name_or_path")
+    if model_flag and not candidate.exists() and _HUB_ID.match(value) and not value.startswith("."):
+        return value
+    return str(candidate.resolve())
+
+
+def build_script_args(
+    info: ScriptInfo,
+    user_args: tuple[str, ...],
+    *,
+    tree: Path,
+    cwd: Path,
+    run_dir: Path,
+    upstream_defaults: bool,
+) -> list[str]:
+    """The script's final argument list: defaults (tree-relative) overridden by the user's."""
+    user = split_flags(user_args)
+    user_flags = {flag for flag, _, _ in user}
+    items: list[tuple[str, str | None, bool]] = []
+    if upstream_defaults:
+        for flag, value in info.defaults:
+            if flag in user_flags:
+                continue
+            if flag == "--output_dir" and info.output_in_run_dir:
+                continue  # replaced by the run's own outputs/ below
+            if value is not None and flag in info.path_flags:
+                value = _resolve(value, tree)
+            items.append((flag, value, False))
+    for flag, value, eq in user:
+        if value is not None and flag in info.path_flags:
+            value = _resolve_user_path(flag, value, cwd)
+        items.append((flag, value, eq))
+    if "--output_dir" not in {flag for flag, _, _ in items}:
+        items.append(("--output_dir", str(run_dir / "outputs"), False))
+    return join_flags(items)
+
+
+def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
+    """Refuse, before torchrun starts, a run whose input weights or data are not there."""
+    for flag, value, _ in split_flags(script_args):
+        for req_flag, kind, what in info.required_inputs:
+            if flag != req_flag or value is None:
+                continue
+            p = Path(value)
+            if not p.is_absolute():
+                continue  # a hub id: the script downloads or finds it in its cache
+            if kind == "dir" and not p.is_dir():
+                raise DancegrpoError(
+                    f"{flag}: the {what} directory {p} does not exist",
+                    f"put the weights there (README: Running on Ascend 910B, weights layout) or pass {flag} DIR",
+                )
+            if kind == "file" and not p.is_file():
+                raise DancegrpoError(
+                    f"{flag}: {p} does not exist ({what})",
+                    f"put the file there (README: weights layout) or pass {flag} PATH",
+                )

@@ -455,3 +455,25 @@ def test_rebase_tree_is_independent_of_user_repo(world):
     start_rebase(project, "main")
     assert git(project.workdir, "rev-parse", "HEAD") == head
     assert subprocess.run(["git", "status", "--porcelain"], cwd=project.workdir, capture_output=True, text=True).stdout == status
+
+
+def test_rebase_tree_removed_by_hand(world):
+    history, base, project = world
+    conflicting_upstream(history)
+    before = snapshot(project)
+    start_rebase(project, "main")
+    import shutil
+
+    shutil.rmtree(project.workdir.parent / "DanceGRPO.rebase")
+    assert "is gone" in error_of(continue_rebase, project) and "--abort" in error_of(skip_patch, project)
+    assert abort_rebase(project).status == "aborted"
+    assert snapshot(project) == before
+
+
+def test_archive_made_tree_cannot_be_rebased(world):
+    history, base, project = world
+    state = project.workdir / ".git" / "dancegrpo-npu"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "fetched.json").write_text('{"kind": "archive", "commit": "%s"}' % base)
+    git(project.workdir, "-c", "user.name=x", "-c", "user.email=x@y", "commit", "-q", "--allow-empty", "-m", "local")
+    assert "made from an archive" in error_of(start_rebase, project, "main")

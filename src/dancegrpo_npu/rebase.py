@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import re
 import textwrap
 from dataclasses import dataclass, replace
@@ -163,6 +164,14 @@ def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git)
     return state
 
 
+def made_from_archive(paths: RebasePaths) -> bool:
+    """Whether the engine's fetch made the work tree from a .tar.gz (its fetched.json says so)."""
+    try:
+        return json.loads((paths.base / "fetched.json").read_text(encoding="utf-8")).get("kind") == "archive"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def discard(paths: RebasePaths, state: RebaseState, main: Git) -> None:
     """Forget a rebase: its tree, its refs, its state (the project is not touched here)."""
     remove_tree(Path(state.tree))
@@ -184,6 +193,11 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
         lock = load_lock(project.lock_path)
         patches = load_series(project.patches_dir)
         head = main.commit_of("HEAD")
+        if head != lock.commit and made_from_archive(paths):
+            raise DancegrpoError(
+                f"{project.workdir} was made from an archive, which has no upstream history",
+                "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
+            )
         if head != lock.commit:
             raise DancegrpoError(
                 f"{project.workdir} is at {short(head or 'no commit')}, but upstream.lock pins {short(lock.commit)}",
@@ -206,7 +220,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
         return run_loop(project, paths, state, main)
 
 
-def _require(paths: RebasePaths, project: Project) -> RebaseState:
+def _require(paths: RebasePaths, project: Project, need_tree: bool = True) -> RebaseState:
     state = load_state(paths)
     if state is None:
         hint = "start one with `dancegrpo-npu rebase --onto REF`"
@@ -217,6 +231,11 @@ def _require(paths: RebasePaths, project: Project) -> RebaseState:
         raise DancegrpoError(
             f"the rebase in progress on {project.workdir} belongs to the project {state.project_root}",
             f"run the command with -C {state.project_root}",
+        )
+    if need_tree and state.phase in ("applying", "stopped", "finishing") and not (Path(state.tree) / ".git").exists():
+        raise DancegrpoError(
+            f"the rebase tree {state.tree} is gone, and with it the patches moved so far",
+            "run `dancegrpo-npu rebase --abort` (your series and lock are untouched), then start again",
         )
     return state
 
@@ -295,7 +314,7 @@ def skip_patch(project: Project) -> RebaseResult:
 def abort_rebase(project: Project) -> RebaseResult:
     main, paths = paths_for(project)
     with exclusive(paths):
-        state = _require(paths, project)
+        state = _require(paths, project, need_tree=False)
         if state.phase in ("swapping", "done"):
             restore_backup(project, paths.backup, paths.staged)
             checkpoint("abort:restored")

@@ -152,3 +152,13 @@ def test_cli(world):
     assert "edit the TODO lines" in r.stdout
     r = run_cli(project.root, "export", "again")
     assert r.returncode == 1 and "nothing to export" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ignored_files_stay_out(world):
+    history, base, project = world
+    exclude = project.workdir / ".git" / "info" / "exclude"
+    exclude.write_text(exclude.read_text() + "/outputs/\n")
+    (project.workdir / "outputs").mkdir()
+    (project.workdir / "outputs" / "model.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(DancegrpoError, match="nothing to export"):
+        export_edits(project, "x")

@@ -137,7 +137,8 @@ def snapshot_worktree(git: Git, exclude: list[str], index: Path) -> str:
     """The tree object of the work tree as it is on disk (tracked and new files).
 
     Works on a copy of the real index (so sparse-checkout entries stay as they are);
-    ``exclude`` (overlay files) and run-time junk are left out.
+    ``exclude`` (overlay files), run-time junk and what git ignores (the engine's
+    info/exclude: data/, outputs/, ...) are left out, as ``verify`` leaves them out.
     """
     real = git.git_path("index")
     if real.exists():
@@ -146,7 +147,7 @@ def snapshot_worktree(git: Git, exclude: list[str], index: Path) -> str:
     if not real.exists():
         g.run("read-tree", "HEAD")
     specs = [f":(exclude,literal){p}" for p in exclude]
-    g.run("add", "--all", "--force", "--", ".", *JUNK_PATHSPECS, *specs, hint="the work tree could not be read")
+    g.run("add", "--all", "--", ".", *JUNK_PATHSPECS, *specs, hint="the work tree could not be read")
     tree = g.out("write-tree", "--missing-ok")  # blobs left out of a sparse checkout (assets/)
     index.unlink(missing_ok=True)
     return tree

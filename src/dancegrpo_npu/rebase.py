@@ -361,7 +361,7 @@ def register(sub, common) -> None:
     what.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving (or after a crash)")
     what.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at, and go on")
     what.add_argument("--abort", action="store_true", help="undo the rebase: everything as before it started")
-    p.add_argument("--dry-run", action="store_true", help="with --onto: report what would happen, change nothing")
+    p.add_argument("--dry-run", action="store_true", help="with --onto: report what would happen and change nothing; exit 1 if the rebase would stop")
     p.add_argument("--source", metavar="URL|DIR", help="fetch REF from here (default: $DANCEGRPO_SOURCE, else the lock's url)")
     p.set_defaults(func=_cmd_rebase)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -264,15 +263,18 @@ def test_missing_tree_says_fetch_and_apply(tmp_path):
 
 
 def test_unverified_tree_is_refused(tmp_path, monkeypatch):
-    """The engine's verify (here a stand-in module) saying no stops the launch."""
-    fake_status = types.ModuleType("dancegrpo_npu.status")
+    """The engine's verify saying no stops the launch, with the engine's reason."""
+    from dancegrpo_npu import treecheck
+
+    project = find_project(make_project(tmp_path / "p"))
+    # A tree that was never fetched by the engine: the real verify refuses it.
+    with pytest.raises(DancegrpoError, match="not lock \\+ series \\+ overlay .*dancegrpo-npu fetch"):
+        launch(project, LaunchSpec("flux"))
 
     def verify_tree(project):
         raise DancegrpoError("fastvideo/utils/load.py differs from the series", "run dancegrpo-npu apply")
 
-    fake_status.verify_tree = verify_tree
-    monkeypatch.setitem(sys.modules, "dancegrpo_npu.status", fake_status)
-    project = find_project(make_project(tmp_path / "p"))
+    monkeypatch.setattr(treecheck, "verify_tree", verify_tree)
     with pytest.raises(DancegrpoError, match="not lock \\+ series \\+ overlay .*load.py differs"):
         launch(project, LaunchSpec("flux"))
 

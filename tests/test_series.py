@@ -97,3 +97,12 @@ def test_patch_without_diff():
 def test_header_round_trip():
     fields = parse_header(HEADER, "p")
     assert parse_header(format_header(fields), "p") == fields
+
+
+def test_unreadable_series_is_a_clear_error(tmp_path):
+    (tmp_path / "series").write_bytes(b"\xff\xfe0001.patch\n")
+    with pytest.raises(DancegrpoError, match="not UTF-8"):
+        read_series_names(tmp_path / "series")
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(DancegrpoError, match="cannot be read"):
+        read_series_names(tmp_path / "dir")

@@ -107,6 +107,8 @@ def load_patch(path: Path, name: str | None = None) -> Patch:
             f"patches/series names {name}, but {path} does not exist",
             "add the patch file or remove its line from patches/series",
         ) from None
+    except OSError as e:
+        raise DancegrpoError(f"patch {name} cannot be read ({e.strerror})", f"make {path} a readable file") from None
     header_text, diff = split_patch(data, name)
     return Patch(name=name, path=path, header=parse_header(header_text, name), header_text=header_text, diff=diff)
 
@@ -117,6 +119,10 @@ def read_series_names(series_path: Path) -> list[str]:
         text = series_path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DancegrpoError(f"{series_path} does not exist", "create patches/series (it may be empty)") from None
+    except UnicodeDecodeError:
+        raise DancegrpoError(f"{series_path} is not UTF-8 text", "write one patch file name a line") from None
+    except OSError as e:
+        raise DancegrpoError(f"{series_path} cannot be read ({e.strerror})", "make it a readable file") from None
     names: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         entry = line.split("#", 1)[0].strip()

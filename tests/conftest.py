@@ -1,0 +1,108 @@
+"""Shared fixtures.
+
+- ``upstream_source`` (session): a fetchable real upstream DanceGRPO, from
+  $DANCEGRPO_SOURCE or the lock's URL (git's insteadOf mirrors apply); otherwise the
+  test is skipped with a reason starting "upstream unavailable:" (scripts/test.sh
+  counts those).
+- ``patched_tree`` (session): a copy of this project's upstream.lock, patches/ and
+  overlay/ in a temporary project, with the real upstream fetched and the series
+  applied; ``.project`` (a Project) and ``.tree`` (the patched work tree).
+- the ``upstream`` marker, for tests that use them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+LS_REMOTE_TIMEOUT_S = 20
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched)")
+
+
+def _probe_source() -> tuple[str | None, str]:
+    """(source, "") when the real upstream can be fetched, else (None, why not)."""
+    from dancegrpo_npu.lock import load_lock
+
+    env = os.environ.get("DANCEGRPO_SOURCE")
+    if env:
+        path = Path(env).expanduser()
+        if env.endswith((".tar.gz", ".tgz")):
+            if not path.is_file():
+                return None, f"DANCEGRPO_SOURCE={env} does not exist"
+            from dancegrpo_npu.lock import sha256_file
+
+            try:
+                want = load_lock(PROJECT_ROOT / "upstream.lock").archive_sha256
+            except Exception as e:
+                return None, f"cannot read upstream.lock ({e})"
+            if sha256_file(path) != want:
+                return None, f"DANCEGRPO_SOURCE={env} does not have the sha256 upstream.lock's archive_sha256 records"
+            return str(path), ""
+        source = env
+    else:
+        try:
+            source = load_lock(PROJECT_ROOT / "upstream.lock").url
+        except Exception as e:  # a broken lock is reported by the lock tests themselves
+            return None, f"cannot read upstream.lock ({e})"
+    if shutil.which("git") is None:
+        return None, "git is not installed"
+    try:
+        proc = subprocess.run(
+            ["git", "ls-remote", "--heads", source],
+            capture_output=True,
+            timeout=LS_REMOTE_TIMEOUT_S,
+            env=dict(os.environ, GIT_TERMINAL_PROMPT="0"),
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"git ls-remote {source} timed out after {LS_REMOTE_TIMEOUT_S} s"
+    if proc.returncode != 0:
+        lines = proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+        first = next((ln for ln in lines if ln.startswith("fatal:")), lines[-1])
+        return None, f"git ls-remote {source} failed ({first})"
+    return source, ""
+
+
+@pytest.fixture(scope="session")
+def upstream_source() -> str:
+    source, why = _probe_source()
+    if source is None:
+        pytest.skip(f"upstream unavailable: {why}; set DANCEGRPO_SOURCE to a git URL, directory or .tar.gz")
+    return source
+
+
+@dataclass(frozen=True)
+class PatchedTree:
+    project: "object"  # dancegrpo_npu.project.Project
+    tree: Path
+
+
+def copy_project(dest: Path) -> Path:
+    """This project's lock, series and overlay, copied into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(PROJECT_ROOT / "upstream.lock", dest / "upstream.lock")
+    shutil.copytree(PROJECT_ROOT / "patches", dest / "patches")
+    if (PROJECT_ROOT / "overlay").is_dir():
+        shutil.copytree(PROJECT_ROOT / "overlay", dest / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def patched_tree(upstream_source, tmp_path_factory) -> PatchedTree:
+    from dancegrpo_npu.apply import apply_worktree
+    from dancegrpo_npu.fetch import fetch
+    from dancegrpo_npu.project import find_project
+
+    root = copy_project(tmp_path_factory.mktemp("patched") / "project")
+    project = find_project(root)
+    fetch(project, source=upstream_source)
+    apply_worktree(project)
+    return PatchedTree(project=project, tree=project.workdir)

@@ -8,8 +8,8 @@ upstream commits that move context (lines inserted above the hunks), change line
 inside the patches' context (3-way merges) and touch unrelated files: no conflicts.
 It times `upstream-log`, `rebase --dry-run` and `rebase --onto main` (all in this
 process), checks the rebase went through and the new series applies, and prints the
-figures next to the target (<= 30 s on 2 cores).  Uses the engine's apply module if
-present, else the tests' stand-in (it says which).
+figures next to the target (<= 30 s on 2 cores).  The work tree is made by the
+engine (fetch + apply), and the engine verifies the regenerated series.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from rebase_helpers import History, PatchSpec, install_engine_standin, make_project  # noqa: E402
+from rebase_helpers import History, PatchSpec, make_project  # noqa: E402
 
 TARGET_S = 30.0
 
@@ -88,7 +88,6 @@ def main() -> int:
     ap.add_argument("--patches", type=int, default=15)
     ap.add_argument("--files", type=int, default=10)
     args = ap.parse_args()
-    standin = install_engine_standin()
     os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")
 
     from dancegrpo_npu.project import find_project
@@ -119,7 +118,6 @@ def main() -> int:
                     outcomes[key] = outcomes.get(key, 0) + 1
         n = len(load_series(project.patches_dir))
         hits = sum(c.touches_series for c in log.commits)
-        print(f"engine apply module   {'tests stand-in (engine not merged)' if standin else 'dancegrpo_npu.apply'}")
         print(f"history               {len(log.commits)} upstream commits ({hits} touch patched files), "
               f"{args.files} patched files, {n} patches (built in {t1 - t0:.1f} s)")
         print(f"patch outcomes        {', '.join(f'{v} {k}' for k, v in sorted(outcomes.items()))}")

@@ -1,23 +1,18 @@
 """Helpers for the rebase / upstream-log / export tests.
 
-* ``install_engine_standin()``: until the engine's ``dancegrpo_npu.apply`` provides
-  ``apply_series_to_dir`` and ``touched_files``, minimal stand-ins (patch-ng with
-  strip=0, exact, no fuzz) are put in its place.  They live here, in tests/, only.
 * ``History``: a synthetic upstream git repository built commit by commit.
-* ``make_project``: a project (lock, series, overlay) plus its work tree, a clone of
-  the history at the locked commit with the series and overlay applied, the way
-  ``dancegrpo-npu fetch`` + ``apply`` leave it.
+* ``make_project``: a project (lock, series, overlay) around it, and its work tree
+  made by the engine itself (``fetch`` + ``apply``), as a user would have it.
+* ``refetch``: what the user does after a rebase (``fetch`` + ``apply``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
 import os
 import shutil
 import subprocess
 import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,81 +25,12 @@ GIT_ENV = {
 }
 
 
-# --- engine stand-ins (tests only) -------------------------------------------------
-
-
-def _standin_touched_files(patch) -> list[str]:
-    out = []
-    for line in patch.diff.splitlines():
-        if line.startswith((b"--- ", b"+++ ")):
-            path = line[4:].split(b"\t")[0].strip().decode()
-            if path != "/dev/null":
-                path = path[2:] if path[:2] in ("a/", "b/") else path
-                if path not in out:
-                    out.append(path)
-    return out
-
-
-def _standin_apply_series_to_dir(root, patches, overlay_dir, upstream_paths=None) -> None:
-    import patch_ng
-
-    from dancegrpo_npu.errors import DancegrpoError
-
-    root = Path(root)
-    for p in patches:
-        ps = patch_ng.fromstring(p.diff)
-        if not ps or not ps.apply(strip=0, root=str(root), fuzz=False):
-            raise DancegrpoError(f"patch {p.name} does not apply exactly (stand-in)", "rebase")
-    if overlay_dir is not None and Path(overlay_dir).is_dir():
-        for dirpath, _, files in os.walk(overlay_dir):
-            for name in files:
-                src = Path(dirpath) / name
-                rel = src.relative_to(overlay_dir).as_posix()
-                if (upstream_paths is not None and rel in upstream_paths) or (root / rel).exists():
-                    raise DancegrpoError(f"overlay path {rel} exists upstream (stand-in)", "move it")
-                (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, root / rel)
-
-
-def install_engine_standin() -> bool:
-    """Put the stand-ins in place of dancegrpo_npu.apply when the engine lacks them."""
-    try:
-        import dancegrpo_npu.apply as real
-
-        if hasattr(real, "apply_series_to_dir") and hasattr(real, "touched_files"):
-            return False
-    except ImportError:
-        pass
-    import dancegrpo_npu
-
-    module = types.ModuleType("dancegrpo_npu.apply")
-    module.__spec__ = importlib.machinery.ModuleSpec("dancegrpo_npu.apply", None)
-    module.__doc__ = "TEST STAND-IN for the engine's apply module (tests/rebase_helpers.py)"
-    module.apply_series_to_dir = _standin_apply_series_to_dir
-    module.touched_files = _standin_touched_files
-    sys.modules["dancegrpo_npu.apply"] = module
-    dancegrpo_npu.apply = module
-    return True
-
-
-def apply_series(root: Path, patches, overlay_dir) -> None:
-    install_engine_standin()
-    from dancegrpo_npu.apply import apply_series_to_dir
-
-    apply_series_to_dir(root, patches, overlay_dir)
-
-
 def run_cli(project: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``dancegrpo-npu -C project ARGS`` in a subprocess (the stand-ins installed there too)."""
-    code = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import rebase_helpers; rebase_helpers.install_engine_standin()\n"
-        "from dancegrpo_npu.cli import main; sys.exit(main(sys.argv[1:]))\n" % (str(SRC), str(TESTS))
-    )
+    """``dancegrpo-npu -C project ARGS`` in a subprocess."""
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = str(SRC)
     return subprocess.run(
-        [sys.executable, "-c", code, "-C", str(project), *args], capture_output=True, text=True, env=full_env
+        [sys.executable, "-m", "dancegrpo_npu", "-C", str(project), *args], capture_output=True, text=True, env=full_env
     )
 
 
@@ -225,32 +151,47 @@ def sha256_at(history: History, commit: str, rel: str) -> str | None:
 
 def make_project(root: Path, history: History, commit: str, specs: list[PatchSpec], overlay: dict | None = None,
                  context: int = 3) -> Path:
-    """Project at ``root`` (lock, patches, overlay) and its work tree ``root/build/DanceGRPO``."""
-    install_engine_standin()
-    from dancegrpo_npu.apply import touched_files
-    from dancegrpo_npu.series import load_series
+    """Project at ``root`` (lock, patches, overlay) and its work tree ``root/build/DanceGRPO``,
+    fetched and patched by the engine."""
+    from dancegrpo_npu.lock import Lock, save_lock
 
     root.mkdir(parents=True)
     make_series(history, commit, specs, root / "patches", context)
     for rel, text in (overlay or {}).items():
         (root / "overlay" / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / "overlay" / rel).write_text(text)
-    patches = load_series(root / "patches")
-    files = {}
-    for p in patches:
-        for rel in touched_files(p):
-            digest = sha256_at(history, commit, rel)
-            if digest:
-                files[rel] = digest
-    lock = [f'[upstream]\nurl = "{history.path}"\ncommit = "{commit}"\n\n[files]\n']
-    lock += [f'"{k}" = "{v}"\n' for k, v in sorted(files.items())]
-    (root / "upstream.lock").write_text("".join(lock))
-    work = root / "build" / "DanceGRPO"
-    work.parent.mkdir(parents=True)
-    git(root, "clone", "-q", str(history.path), str(work))
-    git(work, "checkout", "-q", "--detach", commit)
-    apply_series(work, patches, root / "overlay")
+    save_lock(Lock(str(history.path), commit, lock_files(root, history, commit)), root / "upstream.lock")
+    refetch(root)
     return root
+
+
+def lock_files(root: Path, history: History, commit: str) -> dict[str, str]:
+    """[files] for the series in ``root/patches`` at ``commit`` (the engine's rule)."""
+    from dancegrpo_npu.gitutil import ls_tree
+    from dancegrpo_npu.lockfile import compute_files
+    from dancegrpo_npu.series import load_series
+
+    return compute_files(history.path, ls_tree(history.path, commit), load_series(root / "patches"))
+
+
+def refetch(root: Path) -> None:
+    """What a user runs after changing the lock: ``dancegrpo-npu fetch`` then ``apply``."""
+    from dancegrpo_npu.apply import apply_worktree
+    from dancegrpo_npu.fetch import fetch
+    from dancegrpo_npu.project import find_project
+
+    project = find_project(root)
+    fetch(project)
+    apply_worktree(project)
+
+
+def verified(root: Path) -> bool:
+    """``dancegrpo-npu verify``: the work tree is exactly lock + series + overlay."""
+    from dancegrpo_npu.project import find_project
+    from dancegrpo_npu.status import inspect
+
+    report = inspect(find_project(root))
+    return report.exact
 
 
 def tree_state(path: Path) -> dict[str, bytes]:

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rebase_helpers import (
-    PatchSpec, apply_series, base_history, git, install_engine_standin, make_project, project_state, run_cli,
-    sha256_at, tree_state,
-)
-
-install_engine_standin()
-
-from dancegrpo_npu.errors import DancegrpoError  # noqa: E402
-from dancegrpo_npu.export import export_edits, patch_file_name  # noqa: E402
-from dancegrpo_npu.lock import load_lock  # noqa: E402
-from dancegrpo_npu.project import find_project  # noqa: E402
-from dancegrpo_npu.rebase import start_rebase  # noqa: E402
-from dancegrpo_npu.series import load_series  # noqa: E402
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.export import export_edits, patch_file_name
+from dancegrpo_npu.lock import load_lock
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.rebase import start_rebase
+from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, sha256_at, verified
 
 
 def set_line(n, text):
@@ -43,13 +36,8 @@ def world(tmp_path, monkeypatch):
 
 
 def assert_tree_is_series(tmp_path, history, base, project):
-    """What `verify` checks: the work tree is exactly lock commit + series + overlay."""
-    fresh = tmp_path / "fresh"
-    git(tmp_path, "clone", "-q", str(history.path), str(fresh))
-    git(fresh, "checkout", "-q", "--detach", base)
-    apply_series(fresh, load_series(project.patches_dir), project.overlay_dir)
-    junk = lambda s: {k: v for k, v in s.items() if "__pycache__" not in k}  # noqa: E731
-    assert junk(tree_state(fresh)) == junk(tree_state(project.workdir))
+    """`dancegrpo-npu verify`: the work tree is exactly lock + series + overlay."""
+    assert verified(project.root)
 
 
 def test_modified_file_becomes_a_patch(world, tmp_path):

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
 import pytest
 
+from dancegrpo_npu.apply import apply_series_to_dir
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.lock import load_lock
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.rebase import abort_rebase, continue_rebase, skip_patch, start_rebase
+from dancegrpo_npu.rebase_dry import dry_run
+from dancegrpo_npu.series import load_series
 from rebase_helpers import (
-    PatchSpec, apply_series, base_history, code_file, git, install_engine_standin, make_project, project_state,
-    run_cli, tree_state,
+    PatchSpec, base_history, code_file, git, make_project, project_state, refetch, run_cli, tree_state, verified,
 )
-
-install_engine_standin()
-
-from dancegrpo_npu.errors import DancegrpoError  # noqa: E402
-from dancegrpo_npu.lock import load_lock  # noqa: E402
-from dancegrpo_npu.project import find_project  # noqa: E402
-from dancegrpo_npu.rebase import abort_rebase, continue_rebase, skip_patch, start_rebase  # noqa: E402
-from dancegrpo_npu.rebase_dry import dry_run  # noqa: E402
-from dancegrpo_npu.series import load_series  # noqa: E402
 
 DATE = "1767225600"  # 2026-01-01, via SOURCE_DATE_EPOCH
 
@@ -74,11 +72,12 @@ def snapshot(project):
 
 
 def patched_tree_at(tmp_path, history, commit, project, name="check"):
-    """A fresh checkout of ``commit`` with the project's series and overlay applied."""
+    """A fresh checkout of ``commit`` with the project's series and overlay applied by the engine."""
     dest = tmp_path / name
     git(tmp_path, "clone", "-q", str(history.path), str(dest))
     git(dest, "checkout", "-q", "--detach", commit)
-    apply_series(dest, load_series(project.patches_dir), project.overlay_dir)
+    shutil.rmtree(dest / ".git")
+    apply_series_to_dir(dest, load_series(project.patches_dir), project.overlay_dir)
     return dest
 
 
@@ -111,6 +110,8 @@ def test_clean_move_regenerates_series_and_lock(world, tmp_path):
     orig = project.workdir / ".git" / "dancegrpo-npu" / "rebase-orig"
     assert (orig / "upstream.lock").read_text().count(base) == 1 and (orig / "report.txt").exists()
     patched_tree_at(tmp_path, history, new, project)  # the new series applies exactly
+    refetch(project.root)  # the user's next step moves the work tree to the new lock
+    assert verified(project.root)
 
 
 def test_moved_context_gets_fresh_line_numbers(world, tmp_path):
@@ -409,17 +410,14 @@ def test_round_trip_older_and_back(tmp_path, monkeypatch):
     assert start_rebase(project, a).status == "done"
     assert load_lock(project.lock_path).commit == a
     patched_tree_at(tmp_path, history, a, project, "at-a")
-    # the user re-fetches at A (what `fetch && apply` does), then goes back to B
-    git(project.workdir, "checkout", "-q", "--force", "--detach", a)
-    git(project.workdir, "clean", "-fdq")
-    apply_series(project.workdir, load_series(project.patches_dir), project.overlay_dir)
-    assert start_rebase(project, b).status == "done"
+    refetch(project.root)  # the user moves the work tree to A (fetch + apply) ...
+    assert verified(project.root)
+    assert start_rebase(project, b).status == "done"  # ... and back to B
 
     assert load_lock(project.lock_path).commit == b
     assert tree_state(patched_tree_at(tmp_path, history, b, project, "after")) == patched_before
-    git(project.workdir, "checkout", "-q", "--force", "--detach", b)
-    git(project.workdir, "clean", "-fdq")
-    apply_series(project.workdir, load_series(project.patches_dir), project.overlay_dir)
+    refetch(project.root)
+    assert verified(project.root)
     assert tree_state(project.workdir) == tree_before
 
 
@@ -462,18 +460,22 @@ def test_rebase_tree_removed_by_hand(world):
     conflicting_upstream(history)
     before = snapshot(project)
     start_rebase(project, "main")
-    import shutil
-
     shutil.rmtree(project.workdir.parent / "DanceGRPO.rebase")
     assert "is gone" in error_of(continue_rebase, project) and "--abort" in error_of(skip_patch, project)
     assert abort_rebase(project).status == "aborted"
     assert snapshot(project) == before
 
 
-def test_archive_made_tree_cannot_be_rebased(world):
+def test_archive_made_tree_cannot_be_rebased(world, tmp_path):
+    from synthetic_upstream import Upstream, make_archive
+
+    from dancegrpo_npu.fetch import fetch
+    from dancegrpo_npu.lock import save_lock, sha256_file
+
     history, base, project = world
-    state = project.workdir / ".git" / "dancegrpo-npu"
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "fetched.json").write_text('{"kind": "archive", "commit": "%s"}' % base)
-    git(project.workdir, "-c", "user.name=x", "-c", "user.email=x@y", "commit", "-q", "--allow-empty", "-m", "local")
+    archive = make_archive(Upstream(history.path, base), tmp_path / "upstream.tar.gz")
+    lock = load_lock(project.lock_path)
+    save_lock(lock.with_commit(base, lock.files, sha256_file(archive)), project.lock_path)
+    shutil.rmtree(project.workdir)
+    fetch(project, source=str(archive))
     assert "made from an archive" in error_of(start_rebase, project, "main")

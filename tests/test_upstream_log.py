@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rebase_helpers import PatchSpec, base_history, git, install_engine_standin, make_project, project_state, run_cli
-
-install_engine_standin()
-
-from dancegrpo_npu.errors import DancegrpoError  # noqa: E402
-from dancegrpo_npu.project import find_project  # noqa: E402
-from dancegrpo_npu.upstream_log import format_log, upstream_log  # noqa: E402
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.upstream_log import format_log, upstream_log
+from rebase_helpers import PatchSpec, base_history, git, make_project, project_state, run_cli
 
 
 def set_line(n, text):

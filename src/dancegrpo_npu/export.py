@@ -19,17 +19,22 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu.apply import apply_series_to_dir, check_head, touched_files
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.gitutil import ls_tree
 from dancegrpo_npu.gitcmd import Git, open_workdir_repo
 from dancegrpo_npu.lock import load_lock, save_lock, write_atomic
+from dancegrpo_npu.lockfile import compute_files
 from dancegrpo_npu.patchqueue import (
-    DEFAULT_CONTEXT, blob_hashes, build_queue, changed_files, context_lines, diff_between, files_at, all_paths, index_abbrev,
+    DEFAULT_CONTEXT, build_queue, changed_files, context_lines, diff_between, files_at, all_paths, index_abbrev,
     patch_text, snapshot_worktree, today,
 )
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.rebase_finish import overlay_files
 from dancegrpo_npu.rebase_state import RebasePaths
-from dancegrpo_npu.series import Patch, format_header, load_series, parse_header, read_series_names, split_patch
+from dancegrpo_npu.series import Patch, format_header, parse_header, read_series_names, split_patch
+from dancegrpo_npu.stage import read_series
+from dancegrpo_npu.worktree import session
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _NUMBERED = re.compile(r"^(\d{4})-")
@@ -86,20 +91,17 @@ def export_edits(project: Project, name: str, description: str | None = None, co
     if RebasePaths(main.git_dir(), project.workdir).state_dir.exists():
         raise DancegrpoError("a rebase is in progress", "finish it (`dancegrpo-npu rebase --continue`) or --abort it, then export")
     lock = load_lock(project.lock_path)
-    patches = load_series(project.patches_dir)
+    patches = read_series(project.patches_dir)
     names = read_series_names(project.series_path)
-    if main.commit_of("HEAD") != lock.commit:
-        raise DancegrpoError(
-            f"{project.workdir} is not at the locked commit {lock.commit[:12]}",
-            "export works on the tree `dancegrpo-npu fetch` and `apply` made for this lock",
-        )
     file_name = patch_file_name(name, names)
     target = project.patches_dir / file_name
     overlay = overlay_files(project.overlay_dir)
-    with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-") as tmp:
+    # In the engine's session: an interrupted apply is finished first, and none runs meanwhile.
+    with session(project.workdir) as (wt, fetched), tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-") as tmp:
+        base = check_head(wt, fetched, lock)  # the locked commit (a local commit for a tree made from an archive)
         git = main.with_objects(Path(tmp) / "objects", main.git_path("objects"))
-        queue = build_queue(git, lock.commit, patches, Path(tmp) / "index")
-        tip = queue[-1] if queue else lock.commit
+        queue = build_queue(git, base, patches, Path(tmp) / "index")
+        tip = queue[-1] if queue else base
         now = snapshot_worktree(git, overlay, Path(tmp) / "index")
         changes = changed_files(git, tip, now)
         copied, notes = overlay_edits(project, overlay)
@@ -120,14 +122,15 @@ def export_edits(project: Project, name: str, description: str | None = None, co
         data = patch_text(header, diff)
         head, body = split_patch(data, file_name)
         new = Patch(file_name, target, parse_header(head, file_name), head, body)
-        check_with_engine(git, lock.commit, patches + [new], project.workdir)
-        new_hashes = blob_hashes(git, lock.commit, [f for f in files if f not in lock.files])
-    write_atomic(target, data)
-    if new_hashes:
-        save_lock(lock.with_files({**lock.files, **new_hashes}), project.lock_path)
-    text = project.series_path.read_text(encoding="utf-8")
-    write_atomic(project.series_path, text + ("" if text.endswith("\n") or not text else "\n") + file_name + "\n")
-    copy_overlay(project, copied)
+        check_with_engine(git, base, patches + [new], project.workdir)
+        hashes = compute_files(wt.root, ls_tree(wt.root, base), patches + [new])  # the engine's rule for [files]
+        write_atomic(target, data)
+        added = {rel: digest for rel, digest in hashes.items() if rel not in lock.files}
+        if added:
+            save_lock(lock.with_files({**lock.files, **added}), project.lock_path)
+        text = project.series_path.read_text(encoding="utf-8")
+        write_atomic(project.series_path, text + ("" if text.endswith("\n") or not text else "\n") + file_name + "\n")
+        copy_overlay(project, copied)
     return ExportResult(target, tuple(f"{c.status} {c.path}" for c in changes), tuple(copied), tuple(notes))
 
 
@@ -150,8 +153,6 @@ def copy_overlay(project: Project, rels: list[str]) -> None:
 
 def check_with_engine(git: Git, base: str, patches: list[Patch], workdir: Path) -> None:
     """The series with the new patch, applied by the engine to the locked files, must give the tree."""
-    from dancegrpo_npu.apply import apply_series_to_dir, touched_files
-
     touched = sorted({p for patch in patches for p in touched_files(patch)})
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-check-") as tmp:
         root = Path(tmp)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, last_line
-from dancegrpo_npu.lock import sha256_bytes
 from dancegrpo_npu.series import Patch
 
 DEFAULT_CONTEXT = 3
@@ -206,23 +205,6 @@ def diff_between(git: Git, a: str, b: str, context: int, name: str, abbrev: int 
             )
         out.append(line)
     return b"".join(out)
-
-
-def blob_hashes(git: Git, commit: str, paths: list[str]) -> dict[str, str]:
-    """sha256 of each of ``paths`` that exists (as a file) at ``commit``."""
-    if not paths:
-        return {}
-    listing = git.run("ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8")
-    blobs = {}
-    for entry in listing.split("\0"):
-        if not entry:
-            continue
-        meta, path = entry.split("\t", 1)
-        mode, kind, sha = meta.split()
-        if kind == "blob" and path in paths:
-            blobs[path] = sha
-    contents = read_blobs(git, list(blobs.values()))
-    return {path: sha256_bytes(contents[sha]) for path, sha in sorted(blobs.items())}
 
 
 def read_blobs(git: Git, shas: list[str]) -> dict[str, bytes]:

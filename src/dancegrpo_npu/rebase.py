@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import textwrap
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, choose_source, fetch_commit, last_line, open_workdir_repo, remove_tree, scratch_clone
+from dancegrpo_npu.apply import check_head
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.patchqueue import (
     JUNK_PATHSPECS, apply_args, build_queue, changed_files, commit_message, hunks_by_file, snapshot_worktree,
@@ -35,6 +35,8 @@ from dancegrpo_npu.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
 from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.stage import read_series
+from dancegrpo_npu.worktree import session
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,8 @@ def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git)
     checkpoint("start:clone")
     patches = load_series(paths.backup / "patches")
     queue = build_queue(tree, state.old_commit, patches, paths.index)
-    edits = local_edits(main, tree, project, queue[-1] if queue else state.old_commit, state.old_commit, paths.index)
+    with session(project.workdir):  # an interrupted apply is finished first; no apply meanwhile
+        edits = local_edits(main, tree, project, queue[-1] if queue else state.old_commit, state.old_commit, paths.index)
     if edits:
         discard(paths, state, main)
         raise DancegrpoError(
@@ -162,14 +165,6 @@ def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git)
     state = save_state(paths, replace(state, phase="applying", queue=tuple(queue), tip=state.new_commit))
     checkpoint("start:ready")
     return state
-
-
-def made_from_archive(paths: RebasePaths) -> bool:
-    """Whether the engine's fetch made the work tree from a .tar.gz (its fetched.json says so)."""
-    try:
-        return json.loads((paths.base / "fetched.json").read_text(encoding="utf-8")).get("kind") == "archive"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def discard(paths: RebasePaths, state: RebaseState, main: Git) -> None:
@@ -191,18 +186,14 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
                 "finish it with `dancegrpo-npu rebase --continue`, `--skip` or `--abort`",
             )
         lock = load_lock(project.lock_path)
-        patches = load_series(project.patches_dir)
-        head = main.commit_of("HEAD")
-        if head != lock.commit and made_from_archive(paths):
-            raise DancegrpoError(
-                f"{project.workdir} was made from an archive, which has no upstream history",
-                "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
-            )
-        if head != lock.commit:
-            raise DancegrpoError(
-                f"{project.workdir} is at {short(head or 'no commit')}, but upstream.lock pins {short(lock.commit)}",
-                "run `dancegrpo-npu fetch` (and `apply`) so the work tree matches the lock, then rebase",
-            )
+        patches = read_series(project.patches_dir)
+        with session(project.workdir) as (wt, fetched):
+            if fetched.kind == "archive":
+                raise DancegrpoError(
+                    f"{project.workdir} was made from an archive, which has no upstream history",
+                    "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
+                )
+            check_head(wt, fetched, lock)  # the work tree stands for the locked commit
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
         fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)

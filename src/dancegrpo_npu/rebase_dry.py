@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import choose_source, fetch_commit, open_workdir_repo, scratch_clone
+from dancegrpo_npu.apply import check_head
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.patchqueue import build_queue
 from dancegrpo_npu.project import Project
@@ -21,17 +22,19 @@ from dancegrpo_npu.rebase import RebaseResult, Stop, local_edits, move_patch, re
 from dancegrpo_npu.rebase_finish import lock_changes, overlay_collisions, regenerate, stage, verify_staged
 from dancegrpo_npu.rebase_report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.rebase_state import RebasePaths, RebaseState, Step
-from dancegrpo_npu.series import load_series
+from dancegrpo_npu.stage import read_series
+from dancegrpo_npu.worktree import session
 
 
 def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseResult:
     main = open_workdir_repo(project.workdir)
     lock = load_lock(project.lock_path)
-    patches = load_series(project.patches_dir)
-    if main.commit_of(lock.commit) is None:
-        raise DancegrpoError(
-            f"the locked commit {short(lock.commit)} is not in {project.workdir}", "run `dancegrpo-npu fetch` first"
-        )
+    patches = read_series(project.patches_dir)
+    with session(project.workdir) as (wt, fetched):
+        check_head(wt, fetched, lock)
+        if fetched.kind == "archive":
+            raise DancegrpoError(f"{project.workdir} was made from an archive, which has no upstream history",
+                                 "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)")
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-rebase-dry-") as tmp:
         paths = RebasePaths(Path(tmp), project.workdir)
         paths.state_dir.mkdir(parents=True)
@@ -41,7 +44,8 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         if fetched.commit == lock.commit:
             return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
         queue = build_queue(tree, lock.commit, patches, paths.index)
-        edits = local_edits(main, tree, project, queue[-1] if queue else lock.commit, lock.commit, paths.index)
+        with session(project.workdir):
+            edits = local_edits(main, tree, project, queue[-1] if queue else lock.commit, lock.commit, paths.index)
         tree.run("checkout", "--quiet", "--detach", fetched.commit)
         state = RebaseState(
             phase="applying", project_root=str(project.root), workdir=str(project.workdir), tree=str(tree.cwd),

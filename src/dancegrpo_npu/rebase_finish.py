@@ -9,11 +9,14 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dancegrpo_npu.apply import apply_series_to_dir, touched_files
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.gitutil import ls_tree
+from dancegrpo_npu.lockfile import compute_files
 from dancegrpo_npu.gitcmd import Git, remove_tree
 from dancegrpo_npu.lock import Lock, dump_lock, parse_lock
 from dancegrpo_npu.patchqueue import (
-    all_paths, blob_hashes, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
+    all_paths, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
 )
 from dancegrpo_npu.rebase_report import describe, short
 from dancegrpo_npu.rebase_state import (
@@ -53,8 +56,7 @@ def new_series_text(old_text: str, dropped: set[str]) -> str:
 
 
 def touched_by(patches: list[Patch]) -> list[str]:
-    from dancegrpo_npu.apply import touched_files  # the engine's notion of what a patch touches
-
+    """Every path the series reads or writes (the engine's reading of the diffs)."""
     return sorted({path for p in patches for path in touched_files(p)})
 
 
@@ -84,7 +86,8 @@ def stage(paths: RebasePaths, staged: Staged, tree: Git, new_commit: str) -> Sta
         (tmp / "patches" / name).write_bytes(data)
     (tmp / "patches" / "series").write_text(staged.series_text, encoding="utf-8")
     patches = load_series(tmp / "patches")  # checks every regenerated header parses
-    lock = staged.old_lock.with_commit(new_commit, blob_hashes(tree, new_commit, touched_by(patches)), None)
+    files = compute_files(tree.cwd, ls_tree(tree.cwd, new_commit), patches)  # the engine's rule for [files]
+    lock = staged.old_lock.with_commit(new_commit, files, None)
     text = dump_lock(lock)
     parse_lock(text, tmp / "upstream.lock")
     (tmp / "upstream.lock").write_text(text, encoding="utf-8")
@@ -110,8 +113,6 @@ def overlay_collisions(tree: Git, state: RebaseState, overlay_dir: Path) -> list
 
 def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: Path) -> str:
     """Apply the staged series with the engine to REF's files in a scratch tree; it must give the rebased tree."""
-    from dancegrpo_npu.apply import apply_series_to_dir
-
     patches = load_series(staged_dir / "patches")
     touched = touched_by(patches)
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-verify-") as tmp:

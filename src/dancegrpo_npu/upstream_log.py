@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dancegrpo_npu.apply import touched_files
 from dancegrpo_npu.gitcmd import Git, choose_source, default_branch, fetch_commit, open_workdir_repo
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.series import Patch
+from dancegrpo_npu.stage import read_series
 
 LOG_REF = "refs/dancegrpo-npu/upstream-log"
 _SEP_COMMIT, _SEP_FIELD = "\x1e", "\x1f"
@@ -50,9 +52,7 @@ class UpstreamLog:
 
 
 def patched_paths(patches: list[Patch]) -> dict[str, tuple[str, ...]]:
-    """path -> the patches touching it, in series order."""
-    from dancegrpo_npu.apply import touched_files  # the engine's notion of what a patch touches
-
+    """path -> the patches touching it, in series order (the engine's reading of the diffs)."""
     out: dict[str, list[str]] = {}
     for p in patches:
         for path in touched_files(p):
@@ -81,7 +81,7 @@ def read_log(git: Git, old: str, new: str, touched: dict[str, tuple[str, ...]]) 
 def upstream_log(project: Project, ref: str | None = None, source: str | None = None) -> UpstreamLog:
     main = open_workdir_repo(project.workdir)
     lock = load_lock(project.lock_path)
-    patches = load_series(project.patches_dir)
+    patches = read_series(project.patches_dir)
     src = choose_source(source, lock.url)
     ref = ref or default_branch(main, src)
     fetched = fetch_commit(main, src, ref, LOG_REF)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from dancegrpo_npu.apply import apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.export import export_edits, patch_file_name
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase import start_rebase
+from dancegrpo_npu.status import inspect
 from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, sha256_at, verified
 
 
@@ -36,8 +38,12 @@ def world(tmp_path, monkeypatch):
 
 
 def assert_tree_is_series(tmp_path, history, base, project):
-    """`dancegrpo-npu verify`: the work tree is exactly lock + series + overlay."""
+    """`verify` passes, `status` shows every patch applied and no local edit, `apply` is a no-op."""
     assert verified(project.root)
+    report = inspect(project)
+    assert [p.state for p in report.patches] == ["applied"] * len(report.patches)
+    assert not report.edits
+    assert apply_worktree(project).noop
 
 
 def test_modified_file_becomes_a_patch(world, tmp_path):

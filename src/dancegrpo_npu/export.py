@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.apply import apply_series_to_dir, check_head, touched_files
+from dancegrpo_npu.apply import apply_series_to_dir, apply_worktree, check_head, touched_files
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import ls_tree
 from dancegrpo_npu.gitcmd import Git, open_workdir_repo
@@ -93,8 +93,7 @@ def export_edits(project: Project, name: str, description: str | None = None, co
     lock = load_lock(project.lock_path)
     patches = read_series(project.patches_dir)
     names = read_series_names(project.series_path)
-    file_name = patch_file_name(name, names)
-    target = project.patches_dir / file_name
+    target = project.patches_dir / patch_file_name(name, names)
     overlay = overlay_files(project.overlay_dir)
     # In the engine's session: an interrupted apply is finished first, and none runs meanwhile.
     with session(project.workdir) as (wt, fetched), tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-") as tmp:
@@ -110,28 +109,54 @@ def export_edits(project: Project, name: str, description: str | None = None, co
                 f"nothing to export: {project.workdir} is exactly upstream.lock + patches/series + overlay/",
                 "edit files in the patched tree first; `dancegrpo-npu status` lists local edits",
             )
-        if not changes:
-            copy_overlay(project, copied)
-            return ExportResult(None, (), tuple(copied), tuple(notes))
-        if target.exists():
-            raise DancegrpoError(f"{target} already exists", "choose another NAME")
-        files = [c.path for c in changes]
-        abbrev = collections.Counter(index_abbrev(p.diff) for p in patches).most_common(1)[0][0] if patches else 0
-        diff = diff_between(git, tip, now, context if context is not None else series_context(patches), file_name, abbrev)
-        header = stub_header(project, files, description)
-        data = patch_text(header, diff)
-        head, body = split_patch(data, file_name)
-        new = Patch(file_name, target, parse_header(head, file_name), head, body)
-        check_with_engine(git, base, patches + [new], project.workdir)
-        hashes = compute_files(wt.root, ls_tree(wt.root, base), patches + [new])  # the engine's rule for [files]
-        write_atomic(target, data)
-        added = {rel: digest for rel, digest in hashes.items() if rel not in lock.files}
-        if added:
-            save_lock(lock.with_files({**lock.files, **added}), project.lock_path)
-        text = project.series_path.read_text(encoding="utf-8")
-        write_atomic(project.series_path, text + ("" if text.endswith("\n") or not text else "\n") + file_name + "\n")
+        if changes:
+            written = write_patch(project, lock, patches, git, base, tip, now, changes, target, description, context)
         copy_overlay(project, copied)
-    return ExportResult(target, tuple(f"{c.status} {c.path}" for c in changes), tuple(copied), tuple(notes))
+    notes.append(record_applied(project))  # outside the session: apply opens its own
+    files = tuple(f"{c.status} {c.path}" for c in changes)
+    return ExportResult(written if changes else None, files, tuple(copied), tuple(notes))
+
+
+def write_patch(
+    project: Project, lock, patches: list[Patch], git: Git, base: str, tip: str, now: str, changes, target: Path,
+    description: str | None, context: int | None,
+) -> Path:
+    """The patch from ``tip`` (series applied) to ``now`` (the tree), checked with the engine,
+    then written with the lock and, last, its line in the series."""
+    if target.exists():
+        raise DancegrpoError(f"{target} already exists", "choose another NAME")
+    files = [c.path for c in changes]
+    abbrev = collections.Counter(index_abbrev(p.diff) for p in patches).most_common(1)[0][0] if patches else 0
+    diff = diff_between(git, tip, now, context if context is not None else series_context(patches), target.name, abbrev)
+    data = patch_text(stub_header(project, files, description), diff)
+    head, body = split_patch(data, target.name)
+    new = Patch(target.name, target, parse_header(head, target.name), head, body)
+    check_with_engine(git, base, patches + [new], project.workdir)
+    hashes = compute_files(git.cwd, ls_tree(git.cwd, base), patches + [new])  # the engine's rule for [files]
+    write_atomic(target, data)
+    added = {rel: digest for rel, digest in hashes.items() if rel not in lock.files}
+    if added:
+        save_lock(lock.with_files({**lock.files, **added}), project.lock_path)
+    text = project.series_path.read_text(encoding="utf-8")
+    write_atomic(project.series_path, text + ("" if text.endswith("\n") or not text else "\n") + target.name + "\n")
+    return target
+
+
+def record_applied(project: Project) -> str:
+    """Let the engine record the tree as applied with the new series (its files are already
+    what the series makes), so `status` shows no local edits and `apply` is a no-op.
+
+    The engine's apply counts any change since its last apply as a local edit, even one
+    equal to what it would write, so this goes through ``--force``, which first keeps a
+    copy of those (now exported) edits under .git/dancegrpo-npu/saved/.
+    """
+    try:
+        outcome = apply_worktree(project, force=True)
+    except DancegrpoError as e:
+        return f"the engine could not record the tree as applied ({e.one_line()}); run `dancegrpo-npu apply --force`"
+    if outcome.changed:  # cannot happen after check_with_engine; say so if it ever does
+        return f"apply rewrote {', '.join(outcome.changed)}; the previous files are in {outcome.saved}"
+    return "the patched tree is recorded as applied with the new series (`dancegrpo-npu status` is clean)"
 
 
 def overlay_edits(project: Project, overlay: list[str]) -> tuple[list[str], list[str]]:

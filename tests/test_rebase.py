@@ -479,3 +479,48 @@ def test_archive_made_tree_cannot_be_rebased(world, tmp_path):
     shutil.rmtree(project.workdir)
     fetch(project, source=str(archive))
     assert "made from an archive" in error_of(start_rebase, project, "main")
+
+
+def test_patch_after_a_merged_one_on_the_same_file_applies_as_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", DATE)
+    history, base = base_history(tmp_path / "upstream")
+    specs = [
+        PatchSpec("0001-a.patch", "a", {"fastvideo/train.py": set_line(10, "a = 1")}),
+        PatchSpec("0002-b.patch", "b", {"fastvideo/train.py": set_line(50, "b = 2")}),
+    ]
+    project = find_project(make_project(tmp_path / "project", history, base, specs))
+    history.edit_line("fastvideo/train.py", 12, "near_a = True")
+    history.commit("near a")
+    result = start_rebase(project, "main")
+    assert re.search(r"0001-a.patch\s+3-way merged", result.report)
+    assert re.search(r"0002-b.patch\s+applied as is", result.report)  # the index was left fresh
+
+
+def test_delete_and_add_conflicts(tmp_path, monkeypatch):
+    """A patch deleting a file upstream changed, and one adding a file upstream added too."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", DATE)
+    history, base = base_history(tmp_path / "upstream")
+    specs = [
+        PatchSpec("0001-drop-flux.patch", "drop", {"fastvideo/models/flux.py": None}),
+        PatchSpec("0002-add-npu.patch", "add", {"fastvideo/npu.py": lambda o: "NPU = 'ours'\n"}),
+    ]
+    project = find_project(make_project(tmp_path / "project", history, base, specs))
+    history.edit_line("fastvideo/models/flux.py", 3, "changed = True")
+    history.write("fastvideo/npu.py", "NPU = 'upstream'\n")
+    history.commit("upstream changes flux.py and adds npu.py")
+    tree = project.workdir.parent / "DanceGRPO.rebase"
+
+    result = start_rebase(project, "main")
+    assert "fastvideo/models/flux.py: changed upstream, deleted by the patch" in result.report
+    git(tree, "rm", "-q", "fastvideo/models/flux.py")  # still drop it
+    result = continue_rebase(project)
+    assert result.status == "stopped"
+    assert "fastvideo/npu.py: added both upstream and by the patch" in result.report
+    text = (tree / "fastvideo/npu.py").read_text()
+    assert "<<<<<<< upstream" in text and "NPU = 'upstream'" in text and ">>>>>>> 0002-add-npu.patch" in text
+    (tree / "fastvideo/npu.py").write_text("NPU = 'upstream'\nNPU_OURS = 'ours'\n")
+    assert continue_rebase(project).status == "done"
+    assert "+++ /dev/null" in diff_of(project, "0001-drop-flux.patch")
+    assert "+NPU_OURS = 'ours'" in diff_of(project, "0002-add-npu.patch")
+    refetch(project.root)
+    assert verified(project.root)

@@ -8,6 +8,8 @@ patches/series holds, the empty one included.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from dancegrpo_npu.apply import apply_worktree, touched_files
+from dancegrpo_npu.export import export_edits
 from dancegrpo_npu.fetch import fetch
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase import abort_rebase, start_rebase
 from dancegrpo_npu.series import load_series
+from dancegrpo_npu.status import inspect
 from dancegrpo_npu.upstream_log import format_log, upstream_log
 from rebase_helpers import TESTS, project_state, tree_state, verified
 
@@ -120,3 +124,46 @@ def test_onto_the_commit_before_a_change_to_a_patched_file(tmp_path, upstream_so
     assert project_state(project.root)["upstream.lock"] == before["upstream.lock"]
     refetch(project, upstream_source)
     assert tree_state(project.workdir) == before_tree
+
+
+def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source):
+    """A hand fix in the real patched tree is exported; an upstream change inside its
+    context then makes the rebase 3-way merge it (in the sparse, assets-less checkout)."""
+    project = real_project(tmp_path, upstream_source)
+    rel = FALLBACK_FILE
+    path = project.workdir / rel
+    lines = path.read_text().splitlines(keepends=True)
+    n = next(i for i, ln in enumerate(lines) if ln.startswith("def main("))  # a line no patch is likely to touch
+    lines[n] = lines[n].rstrip("\n") + "  # hand fix\n"
+    path.write_text("".join(lines))
+
+    result = export_edits(project, "hand-fix", description="A hand fix made on the cluster")
+    assert result.files == (f"M {rel}",)
+    assert verified(project.root) and not inspect(project).edits
+
+    # upstream moves: the line two below the fix changes (inside the patch's context)
+    work = project.workdir
+    locked = load_lock(project.lock_path).commit
+    upstream_text = git(work, "show", f"{locked}:{rel}").split("\n")
+    upstream_text[n + 2] += "  # upstream change"
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=work, input="\n".join(upstream_text),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"), GIT_AUTHOR_NAME="up", GIT_AUTHOR_EMAIL="up@x",
+               GIT_COMMITTER_NAME="up", GIT_COMMITTER_EMAIL="up@x")
+    subprocess.run(["git", "read-tree", locked], cwd=work, env=env, check=True)
+    subprocess.run(["git", "update-index", "--cacheinfo", f"100644,{blob},{rel}"], cwd=work, env=env, check=True)
+    tree = subprocess.run(["git", "write-tree", "--missing-ok"], cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    moved = subprocess.run(["git", "commit-tree", tree, "-p", locked, "-m", "upstream: a change near the fix"], cwd=work,
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    result = start_rebase(project, moved)
+    assert result.status == "done", result.report
+    assert re.search(r"hand-fix.patch\s+3-way merged", result.report)
+    assert "verified:" in result.report
+    text = (project.patches_dir / result_patch_name(project)).read_text()
+    assert "+" + lines[n].rstrip("\n") in text and "  # upstream change" in text
+    assert "Description: A hand fix made on the cluster" in text
+
+
+def result_patch_name(project) -> str:
+    return next(p.path.name for p in load_series(project.patches_dir) if "hand-fix" in p.name)

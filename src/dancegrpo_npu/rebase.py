@@ -3,8 +3,8 @@
 The series becomes a patch queue (one commit per patch on the locked commit, as
 ``gbp pq`` does) in a separate checkout, ``<workdir>.rebase``; the user's patched
 tree is never touched.  Each patch is re-applied on REF: as is (``git apply``,
-which also finds context that moved), else by git's 3-way merge
-(``cherry-pick`` of its queue commit, which follows renames).  A conflict stops
+which also finds context that moved), else by git's 3-way merge of its queue
+commit, file by file, following files upstream renamed (merge3).  A conflict stops
 the rebase with markers in that checkout and a report; ``--continue``,
 ``--skip`` and ``--abort`` go on from there, also after a crash.  At the end
 every patch is regenerated against REF, the lock is rewritten, the new series is
@@ -22,11 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitcmd import Git, choose_source, fetch_commit, last_line, open_workdir_repo, remove_tree, scratch_clone
+from dancegrpo_npu.gitcmd import Git, choose_source, fetch_commit, open_workdir_repo, remove_tree, scratch_clone
 from dancegrpo_npu.apply import check_head
 from dancegrpo_npu.lock import load_lock
+from dancegrpo_npu.merge3 import merge_patch
 from dancegrpo_npu.patchqueue import (
-    JUNK_PATHSPECS, apply_args, build_queue, changed_files, commit_message, hunks_by_file, snapshot_worktree,
+    JUNK_PATHSPECS, apply_args, build_queue, changed_files, commit_message, snapshot_worktree,
 )
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.rebase_finish import complete, finish, overlay_files
@@ -61,34 +62,22 @@ def paths_for(project: Project) -> tuple[Git, RebasePaths]:
 # --- moving one patch ------------------------------------------------------------
 
 
-def move_patch(tree: Git, patch: Patch, queued: str) -> Step | Stop:
+def move_patch(tree: Git, patch: Patch, queued: str, onto: str) -> Step | Stop:
     """Apply ``patch`` on the rebase tree's HEAD and commit it, or stop."""
     r = tree.run("apply", "--index", "--verbose", *apply_args(patch.diff), "-", input=patch.diff, check=False)
     if r.returncode == 0:
         offsets = [int(x) for x in re.findall(r"\(offset (-?\d+) lines?\)", r.stderr)]
         outcome, detail = ("moved", "by " + ", ".join(f"{o:+d}" for o in offsets) + " lines") if offsets else ("applied", "")
     else:
-        pick = tree.run("cherry-pick", "--no-commit", queued, check=False)
-        conflicts = tree.run("diff", "--name-only", "--diff-filter=U", "-z").stdout.decode("utf-8").split("\0")
-        conflicts = [c for c in conflicts if c]
-        if conflicts:
-            return Stop("conflict", tuple(conflicts))
-        if pick.returncode != 0:
-            raise DancegrpoError(
-                f"git could not merge {patch.name}: {last_line(pick.stderr)}",
-                f"inspect {tree.cwd}; `dancegrpo-npu rebase --abort` restores everything",
-            )
-        outcome, detail = "merged", followed_renames(tree, patch)
+        labels = (f"upstream {short(onto)}", f"before {patch.name} (what it was written against)", patch.name)
+        merged = merge_patch(tree, f"{queued}^", queued, labels)
+        if merged.conflicts:
+            return Stop("conflict", merged.conflicts)
+        outcome = "merged"
+        detail = "; ".join(f"{a} is now {b} upstream" for a, b in merged.renamed)
     if tree.ok("diff", "--cached", "--quiet", "HEAD"):
         return Stop("empty")
     return Step(patch.name, outcome, detail, commit_step(tree, patch))
-
-
-def followed_renames(tree: Git, patch: Patch) -> str:
-    written = {c.path for c in changed_files(tree, "HEAD", tree.out("write-tree"))}
-    wanted = set(hunks_by_file(patch.diff))
-    gone, new = sorted(wanted - written), sorted(written - wanted)
-    return f"{', '.join(gone)} is now {', '.join(new)} upstream" if gone and new else ""
 
 
 def commit_step(tree: Git, patch: Patch) -> str:
@@ -97,8 +86,6 @@ def commit_step(tree: Git, patch: Patch) -> str:
     staged = tree.out("write-tree", "--missing-ok")
     commit = tree.out("commit-tree", staged, "-p", "HEAD", "-F", "-", input=commit_message(patch))
     tree.run("update-ref", "-m", f"dancegrpo-npu rebase: {patch.name}", "HEAD", commit)
-    tree.run("update-ref", "-d", "CHERRY_PICK_HEAD", check=False)
-    tree.git_path("MERGE_MSG").unlink(missing_ok=True)
     return commit
 
 
@@ -118,7 +105,7 @@ def run_loop(project: Project, paths: RebasePaths, state: RebaseState, main: Git
     patches = load_series(paths.backup / "patches")
     while state.current < len(state.names):
         i = state.current
-        result = move_patch(tree, patches[i], state.queue[i])
+        result = move_patch(tree, patches[i], state.queue[i], state.new_commit)
         if isinstance(result, Stop):
             state = save_state(paths, replace(state, phase="stopped", stop=result.why, conflicts=result.conflicts))
             report = conflict_report(

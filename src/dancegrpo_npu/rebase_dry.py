@@ -54,7 +54,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         )
         stops: list[str] = []
         for i, patch in enumerate(patches):
-            result = move_patch(tree, patch, queue[i])
+            result = move_patch(tree, patch, queue[i], fetched.commit)
             if isinstance(result, Stop):
                 stopped = replace(state, stop=result.why, conflicts=result.conflicts)
                 if not stops:

@@ -374,7 +374,7 @@ def test_dry_run_reports_and_changes_nothing(world):
     result = dry_run(project, "main")
 
     assert result.status == "stopped"
-    assert "0001-train-device.patch  WOULD STOP: conflict" in result.report
+    assert re.search(r"0001-train-device.patch\s+WOULD STOP: conflict", result.report)
     assert "Force CUDA" in result.report
     assert re.search(r"0002-utils.patch\s+3-way merged", result.report)
     assert "Nothing was changed." in result.report

@@ -66,12 +66,13 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
                 reset_tree(tree, state.tip)
                 result = Step(patch.name, "skipped", f"WOULD STOP: {'conflict' if result.why == 'conflict' else 'no change left'}")
             state = state.with_step(result)
+        width = max((len(p.name) for p in patches), default=0)
         lines = [
             f"dancegrpo-npu rebase --dry-run: {short(lock.commit)} -> {short(fetched.commit)} ({onto}: {fetched.note})",
             f"  upstream: {tree.out('rev-list', '--count', f'{lock.commit}..{fetched.commit}')} commit(s) gained, "
             f"{tree.out('rev-list', '--count', f'{fetched.commit}..{lock.commit}')} left behind",
             "Patches:",
-            *[f"  {s.name}  {describe(s) if s.outcome != 'skipped' else s.detail}" for s in state.steps],
+            *[f"  {s.name:<{width}}  {describe(s) if s.outcome != 'skipped' else s.detail}" for s in state.steps],
         ]
         if not patches:
             lines.append("  (the series is empty)")

@@ -8,6 +8,7 @@ patches/series holds, the empty one included.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -131,9 +132,17 @@ def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source)
     context then makes the rebase 3-way merge it (in the sparse, assets-less checkout)."""
     project = real_project(tmp_path, upstream_source)
     rel = FALLBACK_FILE
-    path = project.workdir / rel
+    work = project.workdir
+    locked = load_lock(project.lock_path).commit
+    path = work / rel
     lines = path.read_text().splitlines(keepends=True)
-    n = next(i for i, ln in enumerate(lines) if ln.startswith("def main("))  # a line no patch is likely to touch
+    upstream_text = subprocess.run(["git", "show", f"{locked}:{rel}"], cwd=work, capture_output=True, text=True,
+                                   check=True).stdout.split("\n")  # exactly, final newline included
+    # the middle of the longest stretch the series leaves alone, far from every hunk of it
+    same = difflib.SequenceMatcher(None, [ln.rstrip("\n") for ln in lines], upstream_text, autojunk=False)
+    block = max(same.get_matching_blocks(), key=lambda b: b.size)
+    assert block.size > 20
+    n, u = block.a + block.size // 2, block.b + block.size // 2  # the same line, patched tree / upstream
     lines[n] = lines[n].rstrip("\n") + "  # hand fix\n"
     path.write_text("".join(lines))
 
@@ -142,10 +151,7 @@ def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source)
     assert verified(project.root) and not inspect(project).edits
 
     # upstream moves: the line two below the fix changes (inside the patch's context)
-    work = project.workdir
-    locked = load_lock(project.lock_path).commit
-    upstream_text = git(work, "show", f"{locked}:{rel}").split("\n")
-    upstream_text[n + 2] += "  # upstream change"
+    upstream_text[u + 2] += "  # upstream change"
     blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=work, input="\n".join(upstream_text),
                           capture_output=True, text=True, check=True).stdout.strip()
     env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"), GIT_AUTHOR_NAME="up", GIT_AUTHOR_EMAIL="up@x",

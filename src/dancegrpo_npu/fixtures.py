@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.lock import sha256_file
 
 FIXTURES_VERSION = 1
 STAMP_NAME = "fixtures.stamp.json"
@@ -156,7 +157,7 @@ def is_current(dest: Path, params: str | None = None) -> bool:
         stamp = json.loads((Path(dest) / STAMP_NAME).read_text())
         if stamp.get("params_sha256") != (params or params_sha256()) or not stamp.get("files"):
             return False
-        return all(_sha256_file(Path(dest) / rel) == digest for rel, digest in stamp["files"].items())
+        return all(sha256_file(Path(dest) / rel) == digest for rel, digest in stamp["files"].items())
     except (OSError, ValueError, AttributeError, TypeError):
         return False
 
@@ -178,10 +179,10 @@ def ensure_hpsv2_vocab() -> Path:
             "run ./scripts/bootstrap.sh (it installs hpsv2==1.2.0 without its pins, see the README)",
         )
     target = Path(next(iter(hps_spec.submodule_search_locations))) / "src" / "open_clip" / BPE_NAME
-    if target.is_file() and _sha256_file(target) == BPE_SHA256:
+    if target.is_file() and sha256_file(target) == BPE_SHA256:
         return target
     source = Path(next(iter(clip_spec.submodule_search_locations))) / BPE_NAME
-    if not source.is_file() or _sha256_file(source) != BPE_SHA256:
+    if not source.is_file() or sha256_file(source) != BPE_SHA256:
         raise DancegrpoError(
             f"{source} is missing or is not OpenAI CLIP's BPE vocabulary (sha256 {BPE_SHA256[:12]}...)",
             "reinstall open_clip_torch",
@@ -200,7 +201,7 @@ def clip_bpe_path() -> Path:
     """open_clip_torch's copy of CLIP's BPE vocabulary (checked)."""
     spec = importlib.util.find_spec("open_clip")
     path = Path(next(iter(spec.submodule_search_locations))) / BPE_NAME if spec else None
-    if path is None or not path.is_file() or _sha256_file(path) != BPE_SHA256:
+    if path is None or not path.is_file() or sha256_file(path) != BPE_SHA256:
         raise DancegrpoError(
             f"CLIP's BPE vocabulary ({BPE_NAME}) was not found in open_clip_torch",
             "install open_clip_torch (pip install 'dancegrpo-npu[flux]')",
@@ -283,7 +284,7 @@ def _build_and_swap(dest: Path, params: str) -> None:
     try:
         _build_into(staging)
         files = {
-            p.relative_to(staging).as_posix(): _sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()
+            p.relative_to(staging).as_posix(): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()
         }
         stamp = {"version": FIXTURES_VERSION, "params_sha256": params, "files": files}
         (staging / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
@@ -368,10 +369,3 @@ def _copy_atomic(source: Path, target: Path) -> None:
     finally:
         tmp.unlink(missing_ok=True)
 
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

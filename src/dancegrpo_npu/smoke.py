@@ -286,14 +286,73 @@ def format_result(result: SmokeResult) -> str:
     return "\n".join(lines)
 
 
+PASSED_NAME = "smoke-passed.json"
+
+
+def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
+    """What a smoke result depends on: the verified tree (lock, series, overlay), the
+    fixtures' parameters, the smoke's own code and options.  None when the tree is not
+    exactly lock + series + overlay (then nothing can be reused)."""
+    import hashlib
+
+    from dancegrpo_npu.fixtures import params_sha256
+    from dancegrpo_npu.series import series_sha256
+    from dancegrpo_npu.status import verify_tree
+
+    try:
+        report = verify_tree(project)
+    except DancegrpoError:
+        return None
+    overlay = sorted(p for p in project.overlay_dir.rglob("*") if p.is_file()) if project.overlay_dir.is_dir() else []
+    h = hashlib.sha256()
+    for part in (report.lock.commit, series_sha256(list(_series(project))), params_sha256(),
+                 Path(__file__).read_text(), repr((options.nproc, options.lora, options.device))):
+        h.update(part.encode() + b"\0")
+    for path in overlay:
+        h.update(path.relative_to(project.overlay_dir).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _series(project: Project):
+    from dancegrpo_npu.series import load_series
+
+    return load_series(project.patches_dir)
+
+
+def previous_pass(project: Project, key: str | None) -> Path | None:
+    """The run directory of an earlier pass with the same inputs, if it is still there."""
+    try:
+        record = json.loads((project.build_dir / PASSED_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    run_dir = Path(record.get("run_dir", ""))
+    return run_dir if key and record.get("inputs_sha256") == key and (run_dir / "summary.json").is_file() else None
+
+
+def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
+    from dancegrpo_npu.lock import write_atomic
+
+    if key:
+        write_atomic(project.build_dir / PASSED_NAME, json.dumps({"inputs_sha256": key, "run_dir": str(result.run_dir)}))
+
+
 def _cmd_smoke(args) -> int:
     project = project_from_args(args)
     options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose)
     check_options(options)
+    key = inputs_sha256(project, options)
+    if args.if_needed:
+        earlier = previous_pass(project, key)
+        if earlier:
+            print(f"smoke: already passed for this tree, series, overlay and fixtures (record: {earlier}); "
+                  "`dancegrpo-npu smoke` runs it again")
+            return 0
     what = "LoRA" if options.lora else "full"
     print(f"smoke: {what} FLUX GRPO, {STEPS} steps at 64x64, 4 sampling steps, 2 generations, HPSv2 reward, "
           f"strict mode; {options.nproc} process(es), device {options.device}", flush=True)
-    print(format_result(run_smoke(project, options)))
+    result = run_smoke(project, options)
+    print(format_result(result))
+    record_pass(project, key, result)
     return 0
 
 
@@ -311,4 +370,7 @@ def register(sub, common) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
+    p.add_argument("--if-needed", action="store_true",
+                   help="do nothing if a smoke run with the same options already passed on this exact tree, "
+                   "series, overlay and fixtures (what ./scripts/bootstrap.sh uses to stay idempotent)")
     p.set_defaults(func=_cmd_smoke)

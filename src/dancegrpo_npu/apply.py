@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.edits import Edit, find_edits, save_edits
+from dancegrpo_npu.edits import Edit, find_edits, save_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, is_git_repo, ls_tree
 from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
@@ -179,7 +179,7 @@ def _stage_and_swap(
     built = build(upstream_from_git(wt.root, tree), patches, overlay, staging / "tree")
     check_assets(fetched, built.files)
     old = set(applied.files) if applied else set()
-    edits = find_edits(wt, applied, tree, set(built.files) | old)
+    edits = find_edits(wt, applied, tree, set(built.files) | old, target_states(built.files))
     blocking = [e for e in edits if e.blocking]
     if blocking and not force:
         raise _edits_error(blocking, wt)

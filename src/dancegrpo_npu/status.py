@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from dancegrpo_npu.apply import check_head, upstream_from_git
-from dancegrpo_npu.edits import Edit, current_state, find_edits
+from dancegrpo_npu.edits import Edit, current_state, find_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import blob_id, ls_tree, status_paths
 from dancegrpo_npu.lock import Lock, load_lock
@@ -71,7 +71,7 @@ def inspect(project: Project) -> Report:
             expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
         except DancegrpoError as e:
             problem, expected = e.one_line(), {}
-        edits = find_edits(wt, applied, tree, set())
+        edits = find_edits(wt, applied, tree, set(), target_states(expected))
         edited = {e.path for e in edits if e.blocking}
         untracked = tuple(e.path for e in edits if not e.blocking)
 

@@ -140,10 +140,10 @@ def check_assets(fetched: Fetched, paths) -> None:
 
 
 def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
-    lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
-    overlay = read_overlay(project.overlay_dir)
-    with session(project.workdir, checkpoint) as (wt, fetched):
+    lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
+    with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
+        patches = read_series(project.patches_dir)
+        overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)
         tree = ls_tree(wt.root, head)
         check_series_against_lock(lock, patches, tree, wt.root)

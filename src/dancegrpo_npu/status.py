@@ -25,6 +25,7 @@ from dancegrpo_npu.lock import Lock, load_lock
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import describe_rebase
+from dancegrpo_npu.series import TODO_MARK, is_todo, todo_warning
 from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
 from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
 
@@ -50,6 +51,7 @@ class Report:
     untracked: tuple[str, ...]
     differences: tuple[str, ...]  # differences from the exact tree, "path (how)"
     rebase: str | None = None  # the rebase in progress and what to run
+    todo: str | None = None  # warning: patches whose Description: is still a TODO stub
 
     @property
     def exact(self) -> bool:
@@ -69,7 +71,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
             head = check_head(wt, fetched, lock)
         except DancegrpoError as e:
             states = tuple(PatchState(p.name, p.description, "not applied") for p in patches)
-            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase)
+            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase, todo_warning(patches))
         tree = ls_tree(wt.root, head)
         problem = None
         try:
@@ -99,7 +101,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
 
         ov_state, ov_detail = _overlay_state(wt.root, overlay)
         differences = [] if problem else _differences(wt.root, tree, expected)
-        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase)
+        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
 
 
 def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
@@ -191,7 +193,10 @@ def _cmd_status(args) -> int:
     width = max((len(p.name) for p in r.patches), default=0)
     for p in r.patches:
         detail = f"  [{p.detail}]" if p.detail else ""
-        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}")
+        todo = f"  {TODO_MARK}" if is_todo(p.description) else ""
+        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}{todo}")
+    if r.todo:
+        print(r.todo)
     for name in r.dropped:
         print(f"  {'dropped':<12} {name}  (applied last time, no longer in the series; `apply` removes it)")
     print(f"overlay    {r.overlay}")

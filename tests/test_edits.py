@@ -169,3 +169,45 @@ def test_files_upstream_gitignore_ignores_never_block(tmp_path):
     assert s.apply().noop
     assert inspect(s.project).exact
     assert (s.tree / "train.log").read_text() == "log\n"
+
+
+def _edit_then_put_in_series(s):
+    """The user edits train.py and creates new.py by hand, then the series is changed to
+    make exactly those files (what `dancegrpo-npu export` does)."""
+    edited = TRAIN.replace("line 9\n", "line 9 npu\n").replace("line 30\n", "line 30 hand fix\n")
+    (s.tree / "fastvideo/train.py").write_text(edited)
+    (s.tree / "fastvideo/new.py").write_text("NEW = 1\n")
+    series = _series(s)
+    series["0003-hand.patch"] = s.patch("hand", {"fastvideo/train.py": edited, "fastvideo/new.py": "NEW = 1\n"})
+    series["0001-train.patch"] = s.patch("train", {"fastvideo/utils/load.py": "changed\n"})  # train.py now only in 0003
+    s.set_series(series)
+    return edited
+
+
+def test_file_already_as_apply_would_write_it_is_no_edit(tmp_path):
+    s = _applied(tmp_path)
+    edited = _edit_then_put_in_series(s)
+    r = inspect(s.project)
+    assert not [e for e in r.edits if e.blocking]  # status: no local edits, only patches to apply
+    out = s.apply()  # no --force needed, and nothing saved
+    assert out.saved is None and not (s.tree / ".git/dancegrpo-npu/saved").exists()
+    assert set(out.changed) == {"fastvideo/utils/load.py"}  # the rest was already so
+    assert (s.tree / "fastvideo/train.py").read_text() == edited
+    assert inspect(s.project).exact and s.apply().noop
+
+
+def test_genuine_edits_are_still_refused_and_saved_beside_ones_that_match(tmp_path):
+    s = _applied(tmp_path)
+    _edit_then_put_in_series(s)
+    (s.tree / "README.md").write_text("a genuine edit\n")
+    (s.tree / "fastvideo/utils/load.py").write_text("not what the new 0001 writes\n")
+    text = refused(s.apply, "local edits")
+    assert "README.md (modified)" in text and "fastvideo/utils/load.py (modified)" in text
+    assert "train.py" not in text and "new.py" not in text
+    blocking = {e.path for e in inspect(s.project).edits if e.blocking}
+    assert blocking == {"README.md", "fastvideo/utils/load.py"}
+    out = s.apply(force=True)
+    saved = out.saved / "local-edits.patch"
+    assert "a genuine edit" in saved.read_text() and "not what the new 0001" in saved.read_text()
+    assert not (out.saved / "files/fastvideo/train.py").exists()  # nothing to save: the series makes it
+    assert inspect(s.project).exact

@@ -44,6 +44,7 @@ def assert_tree_is_series(tmp_path, history, base, project):
     assert [p.state for p in report.patches] == ["applied"] * len(report.patches)
     assert not report.edits
     assert apply_worktree(project).noop
+    assert not (project.workdir / ".git/dancegrpo-npu/saved").exists()  # export keeps no redundant copy
 
 
 def test_modified_file_becomes_a_patch(world, tmp_path):

@@ -106,3 +106,22 @@ def test_unreadable_series_is_a_clear_error(tmp_path):
     (tmp_path / "dir").mkdir()
     with pytest.raises(DancegrpoError, match="cannot be read"):
         read_series_names(tmp_path / "dir")
+
+
+def test_todo_description_is_flagged_not_refused(tmp_path, capsys):
+    from dancegrpo_npu.cli import main
+    from dancegrpo_npu.series import todo_warning
+
+    stub = "Description: TODO: say in one line what this patch changes\n TODO: say why\nAuthor: x\n---\n"
+    d = write(tmp_path, ["0001-done.patch", "0002-stub.patch"], {"0001-done.patch": HEADER.encode() + DIFF, "0002-stub.patch": stub.encode() + DIFF})
+    patches = load_series(d)  # loads: a TODO is no error
+    assert [p.unfinished for p in patches] == [False, True]
+    assert "0002-stub.patch" in todo_warning(patches) and "0001" not in todo_warning(patches)
+    assert todo_warning(patches[:1]) is None
+    (tmp_path / "upstream.lock").write_text('[upstream]\nurl = "x"\ncommit = "' + "a" * 40 + '"\n')
+    assert main(["-C", str(tmp_path), "series"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].endswith("Make x say b")
+    assert "0002-stub.patch" in lines[1] and lines[1].endswith("[TODO: write its Description:]")
+    assert err.count("\n") == 1 and err.startswith("dancegrpo-npu: warning: 1 patch(es) still have a TODO Description: 0002-stub.patch")

@@ -158,3 +158,23 @@ def test_status_rolls_an_interrupted_apply_forward(tmp_path):
         s.apply(checkpoint=kill)
     assert inspect(s.project).exact
     assert run_git(s.tree, "rev-parse", "HEAD").decode().strip() == s.up.commit
+
+
+def test_todo_description_is_a_warning_in_status(tmp_path, capsys):
+    from synthetic_upstream import dep3
+
+    s = setup(tmp_path, _series)
+    series = _series(s)
+    series["0003-stub.patch"] = dep3("TODO: say in one line what this patch changes", s.diff({"scripts/run.sh": "#!/bin/sh\necho npu\n"}))
+    s.set_series(series)
+    s.apply()  # a TODO does not stop apply
+    r = inspect(s.project)
+    assert r.exact and "0003-stub.patch" in r.todo and "0001" not in r.todo
+    rc, out, _ = _cli(s, "status", capsys=capsys)
+    assert rc == 0
+    line = next(l for l in out.splitlines() if "0003-stub.patch" in l)
+    assert line.lstrip().startswith("applied") and line.endswith("[TODO: write its Description:]")
+    assert "warning: 1 patch(es) still have a TODO Description: 0003-stub.patch" in out
+    assert "verdict    exactly lock + series + overlay" in out
+    s.set_series(_series(s))
+    assert inspect(s.project).todo is None

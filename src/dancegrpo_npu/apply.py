@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.edits import Edit, find_edits, save_edits
+from dancegrpo_npu.edits import Edit, find_edits, save_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, is_git_repo, ls_tree
 from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
@@ -140,10 +140,10 @@ def check_assets(fetched: Fetched, paths) -> None:
 
 
 def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
-    lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
-    overlay = read_overlay(project.overlay_dir)
-    with session(project.workdir, checkpoint) as (wt, fetched):
+    lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
+    with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
+        patches = read_series(project.patches_dir)
+        overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)
         tree = ls_tree(wt.root, head)
         check_series_against_lock(lock, patches, tree, wt.root)
@@ -179,7 +179,7 @@ def _stage_and_swap(
     built = build(upstream_from_git(wt.root, tree), patches, overlay, staging / "tree")
     check_assets(fetched, built.files)
     old = set(applied.files) if applied else set()
-    edits = find_edits(wt, applied, tree, set(built.files) | old)
+    edits = find_edits(wt, applied, tree, set(built.files) | old, target_states(built.files))
     blocking = [e for e in edits if e.blocking]
     if blocking and not force:
         raise _edits_error(blocking, wt)

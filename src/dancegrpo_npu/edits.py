@@ -8,6 +8,11 @@ git does not ignore are edits only when they are in the way of a path apply writ
 otherwise apply leaves them alone (status lists them, verify fails on them).
 Ignored files (upstream's .gitignore, and the run/data patterns fetch puts in
 .git/info/exclude) are never looked at.
+
+A path whose content is already exactly what apply is about to write there (the
+``targets`` of ``find_edits``) is no edit: nothing of it would be lost.  This is the
+tree after ``dancegrpo-npu export`` put the user's edits into the series, or after a
+patch was changed to match the tree.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ class Edit:
 
     def __str__(self) -> str:
         return f"{self.path} ({self.kind})"
+
+
+def target_states(files: dict) -> dict[str, object]:
+    """What apply will write (path -> FileState | None), in ``file_state``'s terms."""
+    return {p: None if fs is None else ("file", (blob_id(fs.data), fs.executable)) for p, fs in files.items()}
 
 
 def expected_state(path: str, applied: Applied | None, head: dict[str, TreeEntry]):
@@ -69,8 +79,18 @@ def _kind(want, have, known: bool) -> str | None:
     return "modified"
 
 
-def find_edits(wt: WorkTree, applied: Applied | None, head: dict[str, TreeEntry], will_write: set[str]) -> list[Edit]:
-    """Every local edit, each marked blocking when apply would overwrite or remove it."""
+def find_edits(
+    wt: WorkTree,
+    applied: Applied | None,
+    head: dict[str, TreeEntry],
+    will_write: set[str],
+    targets: dict[str, object] | None = None,
+) -> list[Edit]:
+    """Every local edit, each marked blocking when apply would overwrite or remove it.
+
+    ``targets``: what apply will make of paths (path -> ``file_state`` terms, None for
+    deleted); a path already exactly so is not an edit, whatever the last apply wrote."""
+    targets = targets or {}
     known = set(applied.files) if applied else set()
     candidates = set(known) | set(status_paths(wt.root))
     for path in will_write:  # new paths and their parents may hold files git ignores
@@ -81,7 +101,7 @@ def find_edits(wt: WorkTree, applied: Applied | None, head: dict[str, TreeEntry]
     while True:  # a path restored because of an edit may put untracked files in the way
         write_dirs = {"/".join(p.split("/")[:i]) for p in restore for i in range(1, p.count("/") + 1)}
         for path in sorted(candidates):
-            edit = _edit_at(wt.root, path, applied, head, known, restore, write_dirs)
+            edit = _edit_at(wt.root, path, applied, head, known, restore, write_dirs, targets)
             if edit is not None:
                 edits[path] = edit
         grown = restore | {e.path for e in edits.values() if e.blocking}
@@ -90,11 +110,14 @@ def find_edits(wt: WorkTree, applied: Applied | None, head: dict[str, TreeEntry]
         restore = grown
 
 
-def _edit_at(root: Path, path: str, applied, head, known, restore: set[str], write_dirs: set[str]) -> Edit | None:
+def _edit_at(root: Path, path: str, applied, head, known, restore: set[str], write_dirs: set[str], targets: dict) -> Edit | None:
     if path in write_dirs and path not in head and path not in known:
         have = file_state(root / path)
         return Edit(path, "in the way", True) if have is not None and have[0] != "dir" else None
-    kind = _kind(expected_state(path, applied, head), current_state(root, path), path in known or path in head)
+    have = current_state(root, path)
+    if path in targets and have == targets[path]:
+        return None  # already what apply writes: nothing to lose
+    kind = _kind(expected_state(path, applied, head), have, path in known or path in head)
     if kind is None:
         return None
     parts = path.split("/")

@@ -146,16 +146,15 @@ def record_applied(project: Project) -> str:
     """Let the engine record the tree as applied with the new series (its files are already
     what the series makes), so `status` shows no local edits and `apply` is a no-op.
 
-    The engine's apply counts any change since its last apply as a local edit, even one
-    equal to what it would write, so this goes through ``--force``, which first keeps a
-    copy of those (now exported) edits under .git/dancegrpo-npu/saved/.
+    A plain apply: files already equal to what it writes are no local edits to it, so it
+    neither refuses nor saves a copy; any other edit (made meanwhile) keeps it refusing.
     """
     try:
-        outcome = apply_worktree(project, force=True)
+        outcome = apply_worktree(project)
     except DancegrpoError as e:
-        return f"the engine could not record the tree as applied ({e.one_line()}); run `dancegrpo-npu apply --force`"
+        return f"the engine could not record the tree as applied ({e.one_line()})"
     if outcome.changed:  # cannot happen after check_with_engine; say so if it ever does
-        return f"apply rewrote {', '.join(outcome.changed)}; the previous files are in {outcome.saved}"
+        return f"apply rewrote {', '.join(outcome.changed)} to what the series makes"
     return "the patched tree is recorded as applied with the new series (`dancegrpo-npu status` is clean)"
 
 

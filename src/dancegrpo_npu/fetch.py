@@ -35,6 +35,7 @@ from dancegrpo_npu.gitutil import git, is_git_repo, last_error_line, ls_tree, mi
 from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.rebase_state import refuse_mid_swap
 from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
@@ -275,7 +276,7 @@ def _member_name(name: str) -> str:
 
 
 def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint, say) -> FetchOutcome:
-    with session(project.workdir, checkpoint) as (wt, fetched):
+    with session(project.workdir, checkpoint, mid_swap_ok=True) as (wt, fetched):
         head = rev_parse(wt.root, "HEAD")
         if head != fetched.head:
             raise DancegrpoError(
@@ -287,6 +288,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
             if with_assets and not fetched.with_assets:
                 return FetchOutcome("assets added", _add_assets(wt, fetched))
             return FetchOutcome("up to date", fetched)
+        refuse_mid_swap(wt.root)  # moving to a lock a rebase is still replacing
         applied = load_applied(wt)
         tree = ls_tree(wt.root, head)
         edits = [e for e in find_edits(wt, applied, tree, set(applied.files) if applied else set()) if e.blocking]

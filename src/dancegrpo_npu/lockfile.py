@@ -76,8 +76,8 @@ def locked_tree(project: Project, lock: Lock) -> tuple[object, dict[str, TreeEnt
 def refresh_lock(project: Project, check: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """(old [files], new [files]); writes the lock unless ``check`` (then raises if stale)."""
     lock = load_lock(project.lock_path)
+    repo, tree = locked_tree(project, lock)  # refused while a rebase swaps the series in
     patches = read_series(project.patches_dir)
-    repo, tree = locked_tree(project, lock)
     new = compute_files(repo, tree, patches)
     old = dict(lock.files)
     if check:

@@ -250,3 +250,46 @@ def keep_orig(paths: RebasePaths) -> None:
     if paths.orig.exists():
         shutil.rmtree(paths.orig)
     os.replace(tmp, paths.orig)
+
+
+# --- what the engine's other verbs need to know ------------------------------------
+
+SWAP_PHASES = ("swapping", "done")
+
+
+def rebase_in_progress(workdir: Path) -> RebaseState | None:
+    """The rebase in progress on the work tree ``workdir`` (no lock taken; read only)."""
+    return load_state(RebasePaths(Path(workdir) / ".git", Path(workdir)))
+
+
+def what_to_run(state: RebaseState) -> str:
+    """The rebase commands that go on from ``state``."""
+    if state.phase == "stopped" and state.stop in ("conflict", "empty"):
+        return f"resolve it in {state.tree}, then `dancegrpo-npu rebase --continue` (or `--skip` the patch, or `--abort`)"
+    return "run `dancegrpo-npu rebase --continue` to finish it, or `dancegrpo-npu rebase --abort` to undo it"
+
+
+def describe_rebase(workdir: Path) -> str | None:
+    """One line for ``status``: the rebase in progress and what to run (None: none)."""
+    try:
+        state = rebase_in_progress(workdir)
+    except DancegrpoError as e:
+        return f"a rebase is in progress but its state is damaged ({e.message}); {e.hint}"
+    if state is None:
+        return None
+    where = f"{state.phase}: {state.stop}" if state.stop else state.phase
+    if state.phase in SWAP_PHASES:
+        where += ", patches/ and upstream.lock are being replaced"
+    return f"a rebase onto {state.onto} ({state.new_commit[:12]}) is in progress ({where}); {what_to_run(state)}"
+
+
+def refuse_mid_swap(workdir: Path) -> None:
+    """Raise while a rebase is replacing the series and lock (its swap phases): they may
+    be half old, half new, so no engine verb may read them until it is finished or
+    undone.  Before the swap the project is untouched, and nothing is refused."""
+    state = rebase_in_progress(workdir)
+    if state is not None and state.phase in SWAP_PHASES:
+        raise DancegrpoError(
+            f"a rebase is replacing patches/ and upstream.lock (it is {state.phase}); the series may be half old, half new",
+            "run `dancegrpo-npu rebase --continue` to finish it, or `dancegrpo-npu rebase --abort` to undo it",
+        )

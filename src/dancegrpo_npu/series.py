@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,11 @@ class Patch:
         """The first line of ``Description:`` (the patch's one-line summary)."""
         text = self.header.get("Description") or self.header.get("Subject") or ""
         return text.split("\n", 1)[0].strip()
+
+    @property
+    def unfinished(self) -> bool:
+        """Its ``Description:`` still starts with ``TODO`` (the stub ``export`` writes)."""
+        return is_todo(self.description)
 
     @property
     def sha256(self) -> str:
@@ -160,6 +166,25 @@ def series_sha256(patches: list[Patch]) -> str:
     return h.hexdigest()
 
 
+TODO_MARK = "[TODO: write its Description:]"
+
+
+def is_todo(description: str) -> bool:
+    return description.startswith("TODO")
+
+
+def todo_warning(patches: list[Patch]) -> str | None:
+    """A warning naming the patches whose Description: is still a TODO stub (they apply
+    like any other; the why of a patch is what a reviewer and a rebase need)."""
+    todo = [p.name for p in patches if p.unfinished]
+    if not todo:
+        return None
+    return (
+        f"warning: {len(todo)} patch(es) still have a TODO Description: {', '.join(todo)}; "
+        "say what each changes and why (DEP-3 header in patches/) before committing"
+    )
+
+
 def format_header(fields: dict[str, str]) -> str:
     """A DEP-3 header from fields (multi-line values indented; empty lines as ' .')."""
     out = []
@@ -176,7 +201,9 @@ def register(sub, common) -> None:
         parents=[common],
         help="list the patches in order with their one-line descriptions",
         description="List patches/series in order, each with the first line of its DEP-3 "
-        "Description: header. Read top to bottom, it is the port in brief.",
+        "Description: header. Read top to bottom, it is the port in brief. A patch whose "
+        "Description: still starts with TODO (the stub `export` writes) is flagged, with a "
+        "warning; it applies like any other.",
     )
     p.set_defaults(func=_cmd_series)
 
@@ -190,5 +217,8 @@ def _cmd_series(args) -> int:
         print("patches/series is empty")
     width = max((len(p.name) for p in patches), default=0)
     for i, p in enumerate(patches, 1):
-        print(f"{i:3d}  {p.name:<{width}}  {p.description}")
+        print(f"{i:3d}  {p.name:<{width}}  {p.description}" + (f"  {TODO_MARK}" if p.unfinished else ""))
+    warning = todo_warning(patches)
+    if warning:
+        print(f"dancegrpo-npu: {warning}", file=sys.stderr)
     return 0

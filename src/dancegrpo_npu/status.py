@@ -1,7 +1,8 @@
 """``dancegrpo-npu status`` and ``dancegrpo-npu verify``.
 
 status: the locked commit, each patch (applied / not applied / drifted), the overlay
-(present / missing / modified), and every local edit, file by file.
+(present / missing / modified), and every local edit, file by file; and a rebase in
+progress, if any, with what to run (verify refuses while one swaps the series in).
 
 verify: exit 0 only when the work tree is exactly lock + series + overlay: at the
 locked commit, every file the series and overlay decide byte-identical (and with the
@@ -17,12 +18,14 @@ import os
 from dataclasses import dataclass
 
 from dancegrpo_npu.apply import check_head, upstream_from_git
-from dancegrpo_npu.edits import Edit, current_state, find_edits
+from dancegrpo_npu.edits import Edit, current_state, find_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import blob_id, ls_tree, status_paths
 from dancegrpo_npu.lock import Lock, load_lock
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.rebase_state import describe_rebase
+from dancegrpo_npu.series import TODO_MARK, is_todo, todo_warning
 from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
 from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
 
@@ -47,23 +50,28 @@ class Report:
     edits: tuple[Edit, ...]  # differences from what the last apply wrote
     untracked: tuple[str, ...]
     differences: tuple[str, ...]  # differences from the exact tree, "path (how)"
+    rebase: str | None = None  # the rebase in progress and what to run
+    todo: str | None = None  # warning: patches whose Description: is still a TODO stub
 
     @property
     def exact(self) -> bool:
         return self.problem is None and not self.differences
 
 
-def inspect(project: Project) -> Report:
+def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
+    """The state of the work tree; ``mid_swap_ok`` (status) reads a series that a rebase
+    is swapping in, which verify refuses."""
     lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
-    overlay = read_overlay(project.overlay_dir)
-    with session(project.workdir) as (wt, fetched):
+    with session(project.workdir, mid_swap_ok=mid_swap_ok) as (wt, fetched):
+        patches = read_series(project.patches_dir)
+        overlay = read_overlay(project.overlay_dir)
         applied = load_applied(wt)
+        rebase = describe_rebase(wt.root)
         try:
             head = check_head(wt, fetched, lock)
         except DancegrpoError as e:
             states = tuple(PatchState(p.name, p.description, "not applied") for p in patches)
-            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), ())
+            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase, todo_warning(patches))
         tree = ls_tree(wt.root, head)
         problem = None
         try:
@@ -71,7 +79,7 @@ def inspect(project: Project) -> Report:
             expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
         except DancegrpoError as e:
             problem, expected = e.one_line(), {}
-        edits = find_edits(wt, applied, tree, set())
+        edits = find_edits(wt, applied, tree, set(), target_states(expected))
         edited = {e.path for e in edits if e.blocking}
         untracked = tuple(e.path for e in edits if not e.blocking)
 
@@ -93,7 +101,7 @@ def inspect(project: Project) -> Report:
 
         ov_state, ov_detail = _overlay_state(wt.root, overlay)
         differences = [] if problem else _differences(wt.root, tree, expected)
-        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences))
+        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
 
 
 def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
@@ -152,7 +160,7 @@ def register(sub, common) -> None:
         help="show the locked commit, each patch, the overlay and local edits",
         description="Show the locked upstream commit, each patch of the series (applied / not "
         "applied / drifted), the overlay (present / missing / modified) and every local edit in "
-        "the work tree, file by file.",
+        "the work tree, file by file; first, a rebase in progress and what to run to go on.",
     )
     p.set_defaults(func=_cmd_status)
     v = sub.add_parser(
@@ -171,8 +179,10 @@ def _cmd_status(args) -> int:
     from dancegrpo_npu.project import project_from_args
 
     project = project_from_args(args)
-    r = inspect(project)
+    r = inspect(project, mid_swap_ok=True)
     where = display_path(project.workdir)
+    if r.rebase:
+        print(f"rebase     {r.rebase}")
     print(f"upstream   {r.lock.commit} ({r.lock.url}); lock records {len(r.lock.files)} file(s)")
     f = r.fetched
     extra = ", archive commit " + f.head[:12] if f.kind == "archive" else ""
@@ -183,7 +193,10 @@ def _cmd_status(args) -> int:
     width = max((len(p.name) for p in r.patches), default=0)
     for p in r.patches:
         detail = f"  [{p.detail}]" if p.detail else ""
-        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}")
+        todo = f"  {TODO_MARK}" if is_todo(p.description) else ""
+        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}{todo}")
+    if r.todo:
+        print(r.todo)
     for name in r.dropped:
         print(f"  {'dropped':<12} {name}  (applied last time, no longer in the series; `apply` removes it)")
     print(f"overlay    {r.overlay}")

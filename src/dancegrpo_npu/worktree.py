@@ -160,9 +160,17 @@ def load_applied(wt: WorkTree) -> Applied | None:
 
 
 @contextmanager
-def session(workdir: Path, checkpoint: Checkpoint = _no_checkpoint) -> Iterator[tuple[WorkTree, Fetched]]:
+def session(
+    workdir: Path, checkpoint: Checkpoint = _no_checkpoint, mid_swap_ok: bool = False
+) -> Iterator[tuple[WorkTree, Fetched]]:
     """The fetched work tree, held against other engine commands, with any interrupted
-    apply finished first (every engine command starts here)."""
+    apply finished first (every engine command starts here).
+
+    Refused while a rebase is swapping in a new series and lock (they may be mixed),
+    unless ``mid_swap_ok``: for a command that does not read them (status reports the
+    rebase instead; fetch checks only when it would move the tree to the lock)."""
+    from dancegrpo_npu.rebase_state import refuse_mid_swap
+
     wt = WorkTree(workdir)
     if not is_git_repo(workdir):
         raise DancegrpoError(f"no upstream work tree at {workdir}", "run `dancegrpo-npu fetch` first")
@@ -172,6 +180,8 @@ def session(workdir: Path, checkpoint: Checkpoint = _no_checkpoint) -> Iterator[
             f"{workdir} is a git checkout that dancegrpo-npu fetch did not make",
             "move it away (or pass another --workdir) and run `dancegrpo-npu fetch`",
         )
+    if not mid_swap_ok:
+        refuse_mid_swap(workdir)
     with hold(wt):
         roll_forward(wt, checkpoint)
         yield wt, fetched

@@ -157,3 +157,31 @@ def test_a_failing_run_is_one_clear_error(patched_tree, monkeypatch):
     assert "No API key configured" in err.value.message
     assert err.value.hint.startswith("see ") and "stderr.log" in err.value.hint
     assert "\n" not in err.value.one_line()
+
+
+def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path):
+    """bootstrap.sh's rerun skips the smoke only for the same tree, series, overlay, fixtures and options."""
+    project = patched_tree.project
+    opts = smoke.SmokeOptions(device="cpu")
+    key = smoke.inputs_sha256(project, opts)
+    assert key and key == smoke.inputs_sha256(project, opts)
+    assert key != smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=True))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    passed = project.build_dir / smoke.PASSED_NAME
+    try:
+        smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
+        assert smoke.previous_pass(project, key) == run_dir
+        assert smoke.previous_pass(project, "0" * 64) is None
+        trainer = patched_tree.tree / "fastvideo" / "train_grpo_flux.py"
+        original = trainer.read_bytes()
+        try:
+            trainer.write_bytes(original + b"# a local edit\n")
+            assert smoke.inputs_sha256(project, opts) is None  # not the tree that passed
+        finally:
+            trainer.write_bytes(original)
+        (run_dir / "summary.json").unlink()
+        assert smoke.previous_pass(project, key) is None  # the record is gone: run again
+    finally:
+        passed.unlink(missing_ok=True)

@@ -185,3 +185,21 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
         assert smoke.previous_pass(project, key) is None  # the record is gone: run again
     finally:
         passed.unlink(missing_ok=True)
+
+
+def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
+    """A LoRA smoke after the full one must not make bootstrap's full smoke run again."""
+    project = patched_tree.project
+    keys = [smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=lora)) for lora in (False, True)]
+    runs = []
+    for i, key in enumerate(keys):
+        run_dir = tmp_path / f"run{i}"
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text("{}")
+        runs.append(run_dir)
+    try:
+        for key, run_dir in zip(keys, runs):
+            smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
+        assert [smoke.previous_pass(project, k) for k in keys] == runs
+    finally:
+        (project.build_dir / smoke.PASSED_NAME).unlink(missing_ok=True)

@@ -319,21 +319,28 @@ def _series(project: Project):
     return load_series(project.patches_dir)
 
 
-def previous_pass(project: Project, key: str | None) -> Path | None:
-    """The run directory of an earlier pass with the same inputs, if it is still there."""
+def _passes(project: Project) -> dict:
     try:
         record = json.loads((project.build_dir / PASSED_NAME).read_text())
     except (OSError, ValueError):
-        return None
-    run_dir = Path(record.get("run_dir", ""))
-    return run_dir if key and record.get("inputs_sha256") == key and (run_dir / "summary.json").is_file() else None
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def previous_pass(project: Project, key: str | None) -> Path | None:
+    """The run directory of an earlier pass with the same inputs, if it is still there."""
+    run_dir = Path(_passes(project).get(key or "", "") or "/nonexistent")
+    return run_dir if key and (run_dir / "summary.json").is_file() else None
 
 
 def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
+    """Remember a pass (one entry per set of inputs: full, LoRA, 1 or 2 ranks...)."""
     from dancegrpo_npu.lock import write_atomic
 
     if key:
-        write_atomic(project.build_dir / PASSED_NAME, json.dumps({"inputs_sha256": key, "run_dir": str(result.run_dir)}))
+        passes = {k: v for k, v in _passes(project).items() if Path(v, "summary.json").is_file()}
+        passes[key] = str(result.run_dir)
+        write_atomic(project.build_dir / PASSED_NAME, json.dumps(passes, indent=1))
 
 
 def _cmd_smoke(args) -> int:

@@ -14,7 +14,7 @@ from dancegrpo_npu.doctor import FAIL, FLUX_LAYOUT, PASS, SKIP, DoctorOptions, f
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.versions import base_version, table_row
 
-FAKE_NPU = Path(__file__).parent / "fakes"
+FAKE_NPU = Path(__file__).parent / "fake_npu"
 
 
 def flux_weights(tree: Path) -> None:
@@ -146,8 +146,8 @@ def test_npu_branch_finds_torch_npu_cann_and_devices(project, fake_npu, monkeypa
 @pytest.mark.fake_npu
 def test_npu_branch_all_reduce_runs_hccl_workers_and_reports_their_failure(project, fake_npu, monkeypatch):
     """The workers are real child processes that import the fake; HCCL cannot work with it."""
-    monkeypatch.setenv("FAKE_TORCH_NPU_DEVICES", "2")
-    opts = npu_options(fake_npu, environ={"FAKE_TORCH_NPU_DEVICES": "2"}, skip=("matmul",), timeout=120)
+    monkeypatch.setenv("FAKE_NPU_COUNT", "2")
+    opts = npu_options(fake_npu, environ={"FAKE_NPU_COUNT": "2"}, skip=("matmul",), timeout=120)
     checks = by_name(run_checks(project, opts))
     assert checks["devices"].detail.startswith("2 NPU(s)")
     ar = checks["all_reduce"]

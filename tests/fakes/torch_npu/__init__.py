@@ -1,26 +1,17 @@
-"""FAKE torch_npu, for dancegrpo-npu's tests only.  This is NOT Huawei's torch_npu.
+"""A FAKE ``torch_npu`` for tests.  It is not Huawei's torch_npu and runs nothing on an NPU.
 
-It has no NPU kernels and runs nothing on an NPU.  It exists so that the port's NPU-only
-code paths (``dancegrpo-npu doctor``'s NPU branch, device selection, HCCL,
+It exists so that the port's NPU-only code paths (device selection, HCCL,
 ``transfer_to_npu`` ordering, ``npu_fusion_attention``) can be exercised on machines
-without an Ascend NPU.  Every result obtained with it is a CPU result (or a failure): it
-never stands for an NPU measurement.
+without an Ascend NPU.  Every result obtained with it is a CPU result: it never
+stands for an NPU measurement.
 
 What it imitates, from torch_npu's documentation:
 
-* ``torch_npu.__version__``: ``FAKE_TORCH_NPU_VERSION`` when set, else the base version of
-  the installed torch (so that, by default, it "matches" torch);
 * importing it registers the ``npu`` device type (``rename_privateuse1_backend``) and
-  the ``torch.npu`` device module: ``is_available``, ``device_count``, ``set_device``,
-  ``current_device``, ``get_device_name``, ``get_device_properties`` (``name``,
-  ``total_memory``), ``get_amp_supported_dtype`` (so ``torch.autocast("npu")`` can be
+  the ``torch.npu`` device module (``is_available``, ``device_count``, ``set_device``,
+  ``current_device``, ``get_amp_supported_dtype`` - so ``torch.autocast("npu")`` can be
   constructed; autocast then changes nothing, no kernel here is an NPU kernel);
-* the NPUs present are ``FAKE_TORCH_NPU_DEVICES`` (default 8) Ascend910B3 with 64 GiB;
-  ``ASCEND_RT_VISIBLE_DEVICES`` is honoured the way the real runtime does (logical ids
-  0..n-1 over the listed NPUs; naming an NPU that is not present is an error);
-* compute on an "npu" tensor fails (no kernel is registered for the backend), as it must;
-* the ``hccl`` process-group backend is registered, and creating it fails with a
-  "fake torch_npu" error: no collective runs on this fake;
+  ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see;
 * ``npu_fusion_attention(query, key, value, head_num, input_layout, ..., atten_mask,
   scale, keep_prob)`` for the ``BSND`` and ``BNSD`` layouts, where ``atten_mask`` is
   boolean, True means "do not attend", and its shape is one the documentation lists
@@ -31,23 +22,19 @@ What it imitates, from torch_npu's documentation:
 * ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
   and whether CUDA was initialised (``transfer_state``), so tests can check the order.
 
-``calls`` records what the code under test asked of the fake.  Tests that use it are
-marked ``fake_npu``.
+Tests that use it are marked ``fake_npu``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import sys
 import types
 
 import torch
-import torch.distributed as dist
 
 __fake__ = True
-__version__ = os.environ.get("FAKE_TORCH_NPU_VERSION") or re.match(r"\d+\.\d+\.\d+", torch.__version__).group(0)
+__version__ = "0.0.0+fake"
 
 if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # a torch_npu whose CANN libraries are not found
     raise ImportError("libascendcl.so: cannot open shared object file: No such file or directory (FAKE)")
@@ -55,49 +42,13 @@ if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # a torch_npu whose CANN libraries 
 calls: list[tuple[str, dict]] = []  # what the code under test asked of the fake
 transfer_state: dict | None = None  # set by importing torch_npu.contrib.transfer_to_npu
 
-DEVICE_NAME = "Ascend910B3"
-DEVICE_MEMORY = 64 * 2**30
-
-
-def _present() -> int:
-    return int(os.environ.get("FAKE_TORCH_NPU_DEVICES", "8"))
-
-
-def _visible() -> list[int]:
-    """The physical NPUs the process sees, in logical order (ASCEND_RT_VISIBLE_DEVICES)."""
-    value = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
-    if value is None:
-        return list(range(_present()))
-    ids = [int(x) for x in value.split(",") if x.strip()]
-    if any(i >= _present() for i in ids):
-        raise RuntimeError("fake torch_npu: ASCEND_RT_VISIBLE_DEVICES names a device that is not present")
-    return ids
-
 
 def _device_count() -> int:
-    return len(_visible())
-
-
-def _index(device) -> int:
-    if isinstance(device, str):
-        device = torch.device(device)
-    index = device.index if isinstance(device, torch.device) else int(device)
-    index = 0 if index is None else index
-    if not 0 <= index < _device_count():
-        raise RuntimeError(f"fake torch_npu: invalid device {index} ({_device_count()} NPUs)")
-    return index
-
-
-class _Properties:
-    def __init__(self, name: str, total_memory: int):
-        self.name = name
-        self.total_memory = total_memory
+    return int(os.environ.get("FAKE_TORCH_NPU_DEVICES", "8"))
 
 
 class _FakeNpuModule(types.ModuleType):
     """Stands in for ``torch.npu`` (FAKE)."""
-
-    __fake__ = True
 
     def __init__(self):
         super().__init__("torch.npu")
@@ -110,20 +61,14 @@ class _FakeNpuModule(types.ModuleType):
         return _device_count()
 
     def set_device(self, device) -> None:
-        index = _index(device)
+        index = device.index if isinstance(device, torch.device) else int(device)
+        if not 0 <= index < _device_count():
+            raise RuntimeError(f"fake torch_npu: invalid device {index} ({_device_count()} NPUs)")
         calls.append(("set_device", {"device": device}))
         self._current = index
 
     def current_device(self) -> int:
         return self._current
-
-    def get_device_name(self, device=None) -> str:
-        _index(self._current if device is None else device)
-        return DEVICE_NAME
-
-    def get_device_properties(self, device=None) -> _Properties:
-        _index(self._current if device is None else device)
-        return _Properties(DEVICE_NAME, DEVICE_MEMORY)
 
     def get_amp_supported_dtype(self) -> list:
         return [torch.float16, torch.bfloat16]  # what torch.autocast("npu") asks the device module
@@ -132,19 +77,7 @@ class _FakeNpuModule(types.ModuleType):
 npu = _FakeNpuModule()
 if torch._C._get_privateuse1_backend_name() == "privateuseone":
     torch.utils.rename_privateuse1_backend("npu")
-if hasattr(torch, "npu"):  # imported again in one process (the doctor tests re-import the fake)
-    torch.npu = npu
-    sys.modules["torch.npu"] = npu
-else:
-    torch._register_device_module("npu", npu)  # sets torch.npu, as torch_npu does
-
-
-def _hccl(*args, **kwargs):
-    raise RuntimeError("fake torch_npu: HCCL is not imitated, no collective runs on this fake")
-
-
-if dist.is_available() and "hccl" not in dist.Backend.backend_list:
-    dist.Backend.register_backend("hccl", _hccl, devices=["npu"])  # as torch_npu registers HCCL
+torch._register_device_module("npu", npu)  # sets torch.npu, as torch_npu does
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,

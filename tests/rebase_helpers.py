@@ -106,6 +106,17 @@ def base_history(path: Path) -> tuple[History, str]:
 # --- a project on top of it -------------------------------------------------------------
 
 
+def set_line(n, text):
+    """An edit for PatchSpec: line ``n`` (1-based) becomes ``text``."""
+
+    def edit(old):
+        lines = old.splitlines(keepends=True)
+        lines[n - 1] = text + "\n"
+        return "".join(lines)
+
+    return edit
+
+
 @dataclass(frozen=True)
 class PatchSpec:
     name: str

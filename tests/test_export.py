@@ -11,16 +11,7 @@ from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase import start_rebase
 from dancegrpo_npu.status import inspect
-from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, sha256_at, verified
-
-
-def set_line(n, text):
-    def edit(old):
-        lines = old.splitlines(keepends=True)
-        lines[n - 1] = text + "\n"
-        return "".join(lines)
-
-    return edit
+from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, sha256_at, verified
 
 
 SPECS = [

@@ -16,19 +16,11 @@ from dancegrpo_npu.rebase import abort_rebase, continue_rebase, skip_patch, star
 from dancegrpo_npu.rebase_dry import dry_run
 from dancegrpo_npu.series import load_series
 from rebase_helpers import (
-    PatchSpec, base_history, code_file, git, make_project, project_state, refetch, run_cli, tree_state, verified,
+    PatchSpec, base_history, code_file, git, make_project, project_state, refetch, run_cli, set_line, tree_state,
+    verified,
 )
 
 DATE = "1767225600"  # 2026-01-01, via SOURCE_DATE_EPOCH
-
-
-def set_line(n, text):
-    def edit(old):
-        lines = old.splitlines(keepends=True)
-        lines[n - 1] = text + "\n"
-        return "".join(lines)
-
-    return edit
 
 
 def chain(*edits):

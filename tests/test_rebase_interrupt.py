@@ -7,18 +7,9 @@ import re
 
 import pytest
 
-from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, tree_state
+from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, tree_state
 
 DATE = {"SOURCE_DATE_EPOCH": "1767225600"}
-
-
-def set_line(n, text):
-    def edit(old):
-        lines = old.splitlines(keepends=True)
-        lines[n - 1] = text + "\n"
-        return "".join(lines)
-
-    return edit
 
 
 SPECS = [

@@ -12,18 +12,9 @@ from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase import start_rebase
 from dancegrpo_npu.rebase_state import describe_rebase, rebase_in_progress, refuse_mid_swap
 from dancegrpo_npu.status import inspect
-from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, verified
+from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, verified
 
 DATE = {"SOURCE_DATE_EPOCH": "1767225600"}
-
-
-def set_line(n, text):
-    def edit(old):
-        lines = old.splitlines(keepends=True)
-        lines[n - 1] = text + "\n"
-        return "".join(lines)
-
-    return edit
 
 
 SPECS = [

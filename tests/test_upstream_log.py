@@ -7,16 +7,7 @@ import pytest
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.upstream_log import format_log, upstream_log
-from rebase_helpers import PatchSpec, base_history, git, make_project, project_state, run_cli
-
-
-def set_line(n, text):
-    def edit(old):
-        lines = old.splitlines(keepends=True)
-        lines[n - 1] = text + "\n"
-        return "".join(lines)
-
-    return edit
+from rebase_helpers import PatchSpec, base_history, git, make_project, project_state, run_cli, set_line
 
 
 SPECS = [

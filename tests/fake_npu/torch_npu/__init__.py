@@ -7,6 +7,12 @@ with ASCEND_RT_VISIBLE_DEVICES honoured the way the real runtime does (logical i
 NPUs present).  The NPUs "present" are FAKE_NPU_COUNT (default 8) Ascend910B3 with 64 GiB.
 Compute on an "npu" device fails, as it must: no result obtained with this fake is an NPU
 result.
+
+Why a second fake beside tests/fakes/torch_npu: that one registers the "npu" device with torch
+(privateuse1 renamed, device module, HCCL), which cannot be undone, so it is only imported in
+the subprocesses the overlay and patch tests start.  This one registers nothing with torch, so
+doctor's tests can import it inside the pytest process without changing torch for the tests
+that run after them (merging the two broke the fixtures and smoke tests that way).
 """
 
 import os

@@ -350,7 +350,9 @@ def test_overlay_symlink_is_refused(tmp_path):
 def test_git_format_patch_output_applies(tmp_path):
     """What `git format-patch` writes (mail header, diffstat, signature) is a valid patch."""
     s = setup(tmp_path, fetch=False)
-    run = lambda *a: subprocess.run(["git", "-C", os.fspath(s.up.path), *a], check=True, capture_output=True).stdout
+    # an identity of its own: the test must not depend on the user's git configuration
+    git = ["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C", os.fspath(s.up.path)]
+    run = lambda *a: subprocess.run([*git, *a], check=True, capture_output=True).stdout
     (s.up.path / "README.md").write_text("# Changed upstream-style\n")
     run("commit", "-qam", "Say it differently", "--author", "Dev <dev@example.invalid>")
     mail = run("format-patch", "-1", "--stdout", "HEAD")

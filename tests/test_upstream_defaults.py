@@ -28,7 +28,7 @@ def upstream_show(tmp_path_factory):
     bare = tmp_path_factory.mktemp("upstream") / "repo.git"
     proc = subprocess.run(["git", "clone", "-q", "--bare", source, str(bare)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"upstream {source} cannot be read: {proc.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"upstream unavailable: {source} cannot be read ({(proc.stderr.strip().splitlines() or ['?'])[-1]})")
 
     def show(path: str) -> str:
         return subprocess.run(

@@ -445,3 +445,15 @@ def test_two_launches_in_the_same_second_get_two_directories(tmp_path):
 
 def test_visible_device_parsing():
     assert ascend.check_visible_devices("2, 3", 2, 4) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "name, hidden",
+    [("WANDB_API_KEY", True), ("HF_TOKEN", True), ("AWS_SECRET_ACCESS_KEY", True), ("MY_PASSWORD", True),
+     ("GITHUB_ACCESSTOKEN", True), ("TOKENIZERS_PARALLELISM", False), ("KEYBOARD_LAYOUT", False),
+     ("HCCL_CONNECT_TIMEOUT", False)],
+)
+def test_only_secret_looking_variables_are_redacted(name, hidden):
+    from dancegrpo_npu.launch_env import recorded_value
+
+    assert (recorded_value(name, "v") == "<redacted>") is hidden

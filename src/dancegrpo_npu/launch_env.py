@@ -125,7 +125,8 @@ def _command_lines(command: tuple[str, ...], script: str) -> list[str]:
     return lines
 
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
+# Whole name parts, so WANDB_API_KEY and HF_TOKEN are hidden but TOKENIZERS_PARALLELISM is not.
+_SECRET = re.compile(r"(?:^|_)(?:[A-Z]*KEY|[A-Z]*TOKEN|SECRET|PASSW(?:OR)?D?|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
 
 
 def recorded_value(name: str, value: str) -> str:

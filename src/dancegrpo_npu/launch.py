@@ -221,7 +221,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--strict",
         action="store_true",
         default=d(False),
-        help="DANCEGRPO_NPU_STRICT=1: fail instead of falling back when an NPU path is missing",
+        help="DANCEGRPO_NPU_STRICT=1: stop at the first op that makes a complex or float64 tensor on the model path (the NPU runs neither), naming op and module; slow, for checking",
     )
     p.add_argument(
         "--env",

@@ -34,16 +34,25 @@ say() { printf '==> %s\n' "$*"; }
 die() { printf 'bootstrap.sh: error: %s\n' "$*" >&2; exit 1; }
 
 # --- 1. Python -----------------------------------------------------------------
+is_supported_python() {
+  "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)' 2>/dev/null
+}
 pick_python() {
   local c
-  for c in ${PYTHON:-} python3.11 python3.10 python3; do
-    command -v "$c" >/dev/null 2>&1 || continue
-    if "$c" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)' 2>/dev/null; then
-      echo "$c"; return 0
+  if [ -n "${PYTHON:-}" ]; then
+    command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON is not an interpreter on this machine"
+    is_supported_python "$PYTHON" ||
+      die "PYTHON=$PYTHON is not Python 3.10 or 3.11 (torch_npu and the pinned stack support those)"
+    PICKED_PYTHON=$PYTHON
+    return
+  fi
+  for c in python3.11 python3.10 python3; do
+    if command -v "$c" >/dev/null 2>&1 && is_supported_python "$c"; then
+      PICKED_PYTHON=$c
+      return
     fi
-    [ -n "${PYTHON:-}" ] && die "PYTHON=$PYTHON is not Python 3.10 or 3.11 (torch_npu and the pinned stack support those)"
   done
-  return 1
+  die "no Python 3.10 or 3.11 found; install one or set PYTHON=/path/to/python3.11"
 }
 
 # --- 2. Which torch pair ---------------------------------------------------------
@@ -90,9 +99,9 @@ setup_stamp() {
 
 install_deps() {
   if [ ! -x "$VENV/bin/python" ]; then
-    local py; py=$(pick_python) || die "no Python 3.10 or 3.11 found; install one or set PYTHON=/path/to/python3.11"
-    say "creating $VENV with $py"
-    "$py" -m venv "$VENV"
+    pick_python
+    say "creating $VENV with $PICKED_PYTHON"
+    "$PICKED_PYTHON" -m venv "$VENV"
   fi
   local stamp_file="$VENV/.dancegrpo-npu-setup" want
   want=$(setup_stamp)

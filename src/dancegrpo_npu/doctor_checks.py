@@ -182,7 +182,6 @@ def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
         present = ascend.davinci_count(opts.dev_dir)
         try:
             if visible is not None:
-                ascend.parse_visible_devices(visible)
                 bad = [i for i in ascend.parse_visible_devices(visible) if i >= present]
                 if bad:
                     return Check(

@@ -457,3 +457,18 @@ def test_only_secret_looking_variables_are_redacted(name, hidden):
     from dancegrpo_npu.launch_env import recorded_value
 
     assert (recorded_value(name, "v") == "<redacted>") is hidden
+
+
+def test_fingerprint_git_head_reads_head_or_says_none(tmp_path):
+    from dancegrpo_npu.fingerprint import git_head
+
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    subprocess.run(["git", "-C", str(tmp_path / "repo"), *ident, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path / "repo"), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert git_head(tmp_path / "repo") == head
+    assert git_head(tmp_path / "missing") is None
+    (tmp_path / "plain").mkdir()
+    assert git_head(tmp_path / "plain") is None

@@ -48,14 +48,6 @@ NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault("ASCEND_LAUNCH_BLOCKING", "0", "asynchronous launch; set 1 to find the operator that failed"),
 )
 
-# The variables a user may want to set per cluster; launch never sets them unasked.
-NPU_ENV_DOCUMENTED = (
-    ("ASCEND_RT_VISIBLE_DEVICES", "the NPUs this node uses (default: 0..nproc-1)"),
-    ("HCCL_EXEC_TIMEOUT", "seconds a collective may wait for a slow rank before HCCL aborts it"),
-    ("HCCL_SOCKET_IFNAME", "the network interface HCCL uses between nodes (--ifname sets it)"),
-    ("HCCL_IF_IP", "the IP address HCCL uses on this node, when the interface has several"),
-)
-
 
 def davinci_count(dev_dir: Path = Path("/dev")) -> int:
     """How many NPUs this host shows: the /dev/davinci<N> nodes (davinci_manager is not one)."""

@@ -28,6 +28,7 @@ from dancegrpo_npu.doctor_checks import (
 )
 from dancegrpo_npu.doctor_compute import check_all_reduce, check_matmul
 from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.upstream_args import SCRIPTS
 
 # What preprocessing (the whole pipeline) and training (transformer, vae) load from FLUX.1-dev.
 FLUX_LAYOUT = (
@@ -39,19 +40,6 @@ FLUX_LAYOUT = (
     "tokenizer",
     "tokenizer_2",
     "scheduler",
-)
-CHECK_NAMES = (
-    "python",
-    "torch",
-    "torch_npu",
-    "cann",
-    "accelerate",
-    "devices",
-    "matmul",
-    "all_reduce",
-    "disk",
-    "tree",
-    "weights",
 )
 
 
@@ -72,7 +60,7 @@ def check_disk(project: Project, opts: DoctorOptions) -> Check:
 def check_tree(project: Project) -> Check:
     from dancegrpo_npu import treecheck
 
-    state = treecheck.tree_state(project, "fastvideo/train_grpo_flux.py")
+    state = treecheck.tree_state(project, SCRIPTS["flux"].relpath)
     status = PASS if state["state"] == "verified" else FAIL
     fix = (
         None
@@ -86,9 +74,10 @@ def check_tree(project: Project) -> Check:
 
 def check_weights(project: Project, opts: DoctorOptions) -> Check:
     tree = project.workdir
-    flux = opts.flux_dir or tree / "data" / "flux"
-    hps = opts.hps_ckpt or tree / "hps_ckpt" / "HPS_v2.1_compressed.pt"
-    clip = opts.hps_open_clip_ckpt or tree / "hps_ckpt" / "open_clip_pytorch_model.bin"
+    defaults = dict(SCRIPTS["flux"].defaults)  # where launch points the trainer by default
+    flux = opts.flux_dir or tree / defaults["--pretrained_model_name_or_path"]
+    hps = opts.hps_ckpt or tree / defaults["--hps_ckpt"]
+    clip = opts.hps_open_clip_ckpt or tree / defaults["--hps_open_clip_ckpt"]
     problems = []
     if not flux.is_dir():
         problems.append(f"FLUX.1-dev directory {flux} is missing")
@@ -109,25 +98,29 @@ def check_weights(project: Project, opts: DoctorOptions) -> Check:
     return Check("weights", PASS, f"FLUX.1-dev at {flux}; HPS at {hps}; open_clip at {clip}")
 
 
+# Each check as (name, fn(project, opts, facts)), in the order doctor runs them: facts found by
+# an earlier check (torch, the device kind) feed the later ones.
+STEPS = (
+    ("python", lambda project, opts, facts: check_python()),
+    ("torch", lambda project, opts, facts: check_torch(facts)),
+    ("torch_npu", lambda project, opts, facts: check_torch_npu(facts, opts)),
+    ("cann", lambda project, opts, facts: check_cann(facts, opts)),
+    ("accelerate", lambda project, opts, facts: check_accelerate(facts)),
+    ("devices", lambda project, opts, facts: check_devices(facts, opts)),
+    ("matmul", lambda project, opts, facts: check_matmul(facts)),
+    ("all_reduce", lambda project, opts, facts: check_all_reduce(facts, opts)),
+    ("disk", lambda project, opts, facts: check_disk(project, opts)),
+    ("tree", lambda project, opts, facts: check_tree(project)),
+    ("weights", lambda project, opts, facts: check_weights(project, opts)),
+)
+CHECK_NAMES = tuple(name for name, _ in STEPS)
+
+
 def run_checks(project: Project, opts: DoctorOptions) -> list[Check]:
     facts = Facts()
-    steps = (
-        ("python", check_python),
-        ("torch", lambda: check_torch(facts)),
-        ("torch_npu", lambda: check_torch_npu(facts, opts)),
-        ("cann", lambda: check_cann(facts, opts)),
-        ("accelerate", lambda: check_accelerate(facts)),
-        ("devices", lambda: check_devices(facts, opts)),
-        ("matmul", lambda: check_matmul(facts)),
-        ("all_reduce", lambda: check_all_reduce(facts, opts)),
-        ("disk", lambda: check_disk(project, opts)),
-        ("tree", lambda: check_tree(project)),
-        ("weights", lambda: check_weights(project, opts)),
-    )
-    results = []
-    for name, fn in steps:
-        results.append(Check(name, SKIP, "skipped by --skip") if name in opts.skip else fn())
-    return results
+    return [
+        Check(name, SKIP, "skipped by --skip") if name in opts.skip else fn(project, opts, facts) for name, fn in STEPS
+    ]
 
 
 def format_report(checks: list[Check]) -> str:

@@ -56,7 +56,7 @@ def check_python() -> Check:
     v = sys.version_info
     text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
     if (v.major, v.minor) < MIN_PYTHON:
-        return Check("python", FAIL, text, "use Python 3.10 or newer (README, Running on Ascend 910B)")
+        return Check("python", FAIL, text, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (README, Running on Ascend 910B)")
     return Check("python", PASS, text)
 
 
@@ -182,7 +182,6 @@ def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
         present = ascend.davinci_count(opts.dev_dir)
         try:
             if visible is not None:
-                ascend.parse_visible_devices(visible)
                 bad = [i for i in ascend.parse_visible_devices(visible) if i >= present]
                 if bad:
                     return Check(

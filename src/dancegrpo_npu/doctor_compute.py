@@ -8,11 +8,11 @@ workers, so a hang is caught by a timeout and a crash by its exit code.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 from dancegrpo_npu.doctor_checks import FAIL, PASS, SKIP, Check, DoctorOptions, Facts
+from dancegrpo_npu.launch import free_port
 
 # One rank of the all_reduce check, run as `python -c ALLREDUCE_WORKER BACKEND KIND` with
 # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set.  Self-contained: the child imports only torch
@@ -76,9 +76,7 @@ def check_all_reduce(facts: Facts, opts: DoctorOptions) -> Check:
         return Check("all_reduce", SKIP, "no device to run on (see devices)")
     backend = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[facts.kind]
     world = facts.count if facts.kind != "cpu" else 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(world):
         env = {

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 from dancegrpo_npu import __version__, ascend
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.gitutil import rev_parse
 from dancegrpo_npu.project import Project
 
 PACKAGES = (
@@ -118,16 +120,15 @@ def nvidia_driver() -> str | None:
 
 
 def git_head(tree: Path) -> str | None:
+    """The tree's HEAD commit, or None (no tree, not a repository, no git)."""
     try:
-        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        return rev_parse(tree, "HEAD")
+    except (OSError, DancegrpoError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def upstream_facts(project: Project) -> dict:
     """Locked commit, the tree's HEAD, the series hash: read through the project's own modules."""
-    from dancegrpo_npu.errors import DancegrpoError
     from dancegrpo_npu.lock import load_lock
     from dancegrpo_npu.series import load_series, series_sha256
 

@@ -36,15 +36,11 @@ def parse_env_assignment(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _npu_profile(spec: LaunchSpec, dev_dir: Path) -> bool:
+def _npu_profile(spec: LaunchSpec, npus: int) -> bool:
     """Whether the job runs on NPUs as far as the launcher can tell (without importing torch)."""
     if spec.device == "npu":
         return True
-    return (
-        spec.device == "auto"
-        and ascend.davinci_count(dev_dir) > 0
-        and importlib.util.find_spec("torch_npu") is not None
-    )
+    return spec.device == "auto" and npus > 0 and importlib.util.find_spec("torch_npu") is not None
 
 
 def plan_environment(
@@ -76,9 +72,10 @@ def plan_environment(
         "offline",
         "no network on most clusters; WANDB_MODE=online to sync (wandb >= 0.31 ignores WANDB_DISABLED)",
     )
-    npu = _npu_profile(spec, dev_dir)
+    npus = ascend.davinci_count(dev_dir)
+    npu = _npu_profile(spec, npus)
     if npu:
-        if ascend.davinci_count(dev_dir) == 0:
+        if npus == 0:
             raise DancegrpoError(
                 f"--device npu, but this host shows no NPU ({dev_dir}/davinci* missing)",
                 "run on a 910B node (in a container, map the NPUs with --device /dev/davinciN), or use --device cpu|cuda",
@@ -95,9 +92,7 @@ def plan_environment(
         if name != "PYTHONPATH":
             entries[name] = (value, "--env")
     if npu:
-        ascend.check_visible_devices(
-            entries["ASCEND_RT_VISIBLE_DEVICES"][0], spec.nproc_per_node, ascend.davinci_count(dev_dir)
-        )
+        ascend.check_visible_devices(entries["ASCEND_RT_VISIBLE_DEVICES"][0], spec.nproc_per_node, npus)
     for name, (value, _) in entries.items():
         env[name] = value
     return env, [(n, v, why) for n, (v, why) in entries.items()], "npu" if npu else spec.device

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,13 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     key = smoke.inputs_sha256(project, opts)
     assert key and key == smoke.inputs_sha256(project, opts)
     assert key != smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=True))
+    cache = project.overlay_dir / "fastvideo" / "__pycache__"  # what importing overlay/ leaves
+    cache.mkdir()
+    try:
+        (cache / "device.cpython-311.pyc").write_bytes(b"\0")
+        assert smoke.inputs_sha256(project, opts) == key  # byte-code is not an input, as for apply
+    finally:
+        shutil.rmtree(cache)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "summary.json").write_text("{}")

@@ -42,16 +42,12 @@ def built(tmp_path_factory) -> fx.Fixtures:
 
 
 @pytest.fixture(scope="module")
-def upstream_dataset_tree(tmp_path_factory) -> Path:
-    """A scratch checkout of upstream's dataset module at the locked commit.
-
-    Stands in for the ``upstream_source`` fixture of tests/conftest.py until that
-    exists on main.
-    """
+def upstream_dataset_tree(upstream_source, tmp_path_factory) -> Path:
+    """Upstream's own (unpatched: 0009 changes it) dataset module at the locked commit."""
     from dancegrpo_npu.lock import load_lock
 
     lock = load_lock(ROOT / "upstream.lock")
-    source = os.environ.get("DANCEGRPO_SOURCE") or lock.url
+    source = upstream_source
     if source.endswith((".tar.gz", ".tgz")):
         pytest.skip(f"upstream unavailable: this test clones git sources only, DANCEGRPO_SOURCE is {source}")
     dest = tmp_path_factory.mktemp("upstream") / "DanceGRPO"

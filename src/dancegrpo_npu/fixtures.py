@@ -295,18 +295,13 @@ def _build_and_swap(dest: Path, params: str) -> None:
 
 def _build_into(root: Path) -> None:
     """Everything but the stamp, into the empty directory ``root``."""
-    ensure_hpsv2_vocab()
-    bpe = clip_bpe_path()
-    with _offline():
-        _build_offline_into(root, bpe)
-
-
-def _build_offline_into(root: Path, bpe: Path) -> None:
     import torch
 
     from dancegrpo_npu import tiny_models
 
-    with torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
+    ensure_hpsv2_vocab()
+    bpe = clip_bpe_path()
+    with _offline(), torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
         _write_all(fixtures_at(root), bpe, tiny_models)
 
 

@@ -182,6 +182,9 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
         smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
         assert smoke.previous_pass(project, key) == run_dir
         assert smoke.previous_pass(project, "0" * 64) is None
+        damaged = json.loads(passed.read_text())
+        passed.write_text(json.dumps({**damaged, "0" * 64: 1}))  # a hand-edited record is no traceback
+        assert smoke.previous_pass(project, "0" * 64) is None and smoke.previous_pass(project, key) == run_dir
         trainer = patched_tree.tree / "fastvideo" / "train_grpo_flux.py"
         original = trainer.read_bytes()
         try:

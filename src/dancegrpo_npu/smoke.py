@@ -314,18 +314,19 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
     return h.hexdigest()
 
 
-def _passes(project: Project) -> dict:
+def _passes(project: Project) -> dict[str, str]:
+    """inputs_sha256 -> run directory of each remembered pass (a damaged record is empty)."""
     try:
         record = json.loads((project.build_dir / PASSED_NAME).read_text())
     except (OSError, ValueError):
         return {}
-    return record if isinstance(record, dict) else {}
+    return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
 
 
 def previous_pass(project: Project, key: str | None) -> Path | None:
     """The run directory of an earlier pass with the same inputs, if it is still there."""
-    run_dir = Path(_passes(project).get(key or "", "") or "/nonexistent")
-    return run_dir if key and (run_dir / "summary.json").is_file() else None
+    run_dir = _passes(project).get(key) if key else None
+    return Path(run_dir) if run_dir and Path(run_dir, "summary.json").is_file() else None
 
 
 def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu import fixtures as fx
 from dancegrpo_npu.errors import DancegrpoError
@@ -33,12 +34,6 @@ def tree_hashes(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> fx.Fixtures:
-    # One path per session: the first module to ask builds, the others reuse it.
-    return fx.build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,7 @@
 
     PYTHONPATH=src python bench/fixtures_build.py [DEST]
 
-Prints figures measured in this one run (wall seconds, 2 cores here: ~3 s of
-imports, ~1-2 s of building, ~0.03 s to confirm a built directory is current).
+Prints the figures measured in this one run (wall seconds; the size on disk).
 """
 
 from __future__ import annotations

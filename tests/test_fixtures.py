@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu import fixtures as fx
 from dancegrpo_npu.errors import DancegrpoError
@@ -36,22 +37,12 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> fx.Fixtures:
-    # One path per session: the first module to ask builds, the others reuse it.
-    return fx.build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")
-
-
-@pytest.fixture(scope="module")
-def upstream_dataset_tree(tmp_path_factory) -> Path:
-    """A scratch checkout of upstream's dataset module at the locked commit.
-
-    Stands in for the ``upstream_source`` fixture of tests/conftest.py until that
-    exists on main.
-    """
+def upstream_dataset_tree(upstream_source, tmp_path_factory) -> Path:
+    """Upstream's own (unpatched: 0009 changes it) dataset module at the locked commit."""
     from dancegrpo_npu.lock import load_lock
 
     lock = load_lock(ROOT / "upstream.lock")
-    source = os.environ.get("DANCEGRPO_SOURCE") or lock.url
+    source = upstream_source
     if source.endswith((".tar.gz", ".tgz")):
         pytest.skip(f"upstream unavailable: this test clones git sources only, DANCEGRPO_SOURCE is {source}")
     dest = tmp_path_factory.mktemp("upstream") / "DanceGRPO"

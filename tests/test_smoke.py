@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
+from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu import smoke
 from dancegrpo_npu.errors import DancegrpoError
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
-
-
-@pytest.fixture(scope="session")
-def session_fixtures(tmp_path_factory):
-    from dancegrpo_npu.fixtures import build_fixtures
-
-    # the same path test_fixtures.py uses: one build per session
-    return build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")
 
 
 def write_metrics(run_dir: Path, rows) -> None:
@@ -64,36 +58,36 @@ def test_no_metrics_file_points_at_the_logs(tmp_path):
     assert "wrote no" in err.value.message and str(tmp_path / "logs") in err.value.hint
 
 
-def test_trainer_args_are_upstreams_recipe_shrunk(session_fixtures):
-    args = smoke.trainer_args(session_fixtures, lora=False)
+def test_trainer_args_are_upstreams_recipe_shrunk(built):
+    args = smoke.trainer_args(built, lora=False)
     value = {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
     assert (value["--h"], value["--w"], value["--sampling_steps"], value["--num_generations"]) == ("64", "64", "4", "2")
     assert value["--max_train_steps"] == value["--checkpointing_steps"] == str(smoke.STEPS)
     samples = int(value["--train_batch_size"]) * int(value["--num_generations"])
     assert samples % int(value["--gradient_accumulation_steps"]) == 0
     assert value["--hps_model"].endswith(".json") and "--use_hpsv2" in args and "--lora_rank" not in args
-    assert "--lora_rank" in smoke.trainer_args(session_fixtures, lora=True)
+    assert "--lora_rank" in smoke.trainer_args(built, lora=True)
 
 
-def test_an_unchanged_checkpoint_is_caught(session_fixtures, tmp_path):
+def test_an_unchanged_checkpoint_is_caught(built, tmp_path):
     from diffusers import FluxTransformer2DModel
 
-    model = FluxTransformer2DModel.from_pretrained(str(session_fixtures.model_dir), subfolder="transformer")
+    model = FluxTransformer2DModel.from_pretrained(str(built.model_dir), subfolder="transformer")
     model.save_pretrained(tmp_path / f"checkpoint-{smoke.STEPS}-0")
-    check = smoke.check_full_checkpoint(tmp_path, session_fixtures.model_dir)
+    check = smoke.check_full_checkpoint(tmp_path, built.model_dir)
     assert (check.changed, check.total) == (0, len(model.state_dict()))
     with torch.no_grad():
         model.proj_out.bias.add_(0.5)
     model.save_pretrained(tmp_path / f"checkpoint-{smoke.STEPS}-0")
-    check = smoke.check_full_checkpoint(tmp_path, session_fixtures.model_dir)
+    check = smoke.check_full_checkpoint(tmp_path, built.model_dir)
     assert check.changed == 1 and check.max_change == pytest.approx(0.5)
 
 
-def test_missing_checkpoints_are_reported(session_fixtures, tmp_path):
+def test_missing_checkpoints_are_reported(built, tmp_path):
     with pytest.raises(DancegrpoError, match="wrote no checkpoint"):
-        smoke.check_full_checkpoint(tmp_path, session_fixtures.model_dir)
+        smoke.check_full_checkpoint(tmp_path, built.model_dir)
     with pytest.raises(DancegrpoError, match="wrote no LoRA checkpoint"):
-        smoke.check_lora_checkpoint(tmp_path, session_fixtures.model_dir)
+        smoke.check_lora_checkpoint(tmp_path, built.model_dir)
 
 
 def test_bad_options_are_refused_before_anything_runs(tmp_path):
@@ -166,6 +160,13 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     key = smoke.inputs_sha256(project, opts)
     assert key and key == smoke.inputs_sha256(project, opts)
     assert key != smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=True))
+    cache = project.overlay_dir / "fastvideo" / "__pycache__"  # what importing overlay/ leaves
+    cache.mkdir()
+    try:
+        (cache / "device.cpython-311.pyc").write_bytes(b"\0")
+        assert smoke.inputs_sha256(project, opts) == key  # byte-code is not an input, as for apply
+    finally:
+        shutil.rmtree(cache)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "summary.json").write_text("{}")
@@ -174,6 +175,9 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
         smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
         assert smoke.previous_pass(project, key) == run_dir
         assert smoke.previous_pass(project, "0" * 64) is None
+        damaged = json.loads(passed.read_text())
+        passed.write_text(json.dumps({**damaged, "0" * 64: 1}))  # a hand-edited record is no traceback
+        assert smoke.previous_pass(project, "0" * 64) is None and smoke.previous_pass(project, key) == run_dir
         trainer = patched_tree.tree / "fastvideo" / "train_grpo_flux.py"
         original = trainer.read_bytes()
         try:

@@ -8,16 +8,11 @@ exact hpsv2 call sequence of upstream's ``train_grpo_flux.py``.
 from __future__ import annotations
 
 import pytest
+from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu import fixtures as fx
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> fx.Fixtures:
-    # One path per session: the first module to ask builds, the others reuse it.
-    return fx.build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")
 
 
 # ---- the FLUX pipeline ------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.lock import sha256_file
+from dancegrpo_npu.lock import sha256_file, write_atomic
 
 FIXTURES_VERSION = 1
 STAMP_NAME = "fixtures.stamp.json"
@@ -171,24 +171,17 @@ def ensure_hpsv2_vocab() -> Path:
     tokenizer.  Idempotent: a present, correct file is left alone.
     """
     hps_spec = importlib.util.find_spec("hpsv2")
-    clip_spec = importlib.util.find_spec("open_clip")
-    if hps_spec is None or clip_spec is None:
-        missing = "hpsv2" if hps_spec is None else "open_clip_torch"
+    if hps_spec is None:
         raise DancegrpoError(
-            f"the HPSv2 reward needs the Python package {missing}, which is not installed",
+            "the HPSv2 reward needs the Python package hpsv2, which is not installed",
             "run ./scripts/bootstrap.sh (it installs hpsv2==1.2.0 without its pins, see the README)",
         )
     target = Path(next(iter(hps_spec.submodule_search_locations))) / "src" / "open_clip" / BPE_NAME
     if target.is_file() and sha256_file(target) == BPE_SHA256:
         return target
-    source = Path(next(iter(clip_spec.submodule_search_locations))) / BPE_NAME
-    if not source.is_file() or sha256_file(source) != BPE_SHA256:
-        raise DancegrpoError(
-            f"{source} is missing or is not OpenAI CLIP's BPE vocabulary (sha256 {BPE_SHA256[:12]}...)",
-            "reinstall open_clip_torch",
-        )
+    source = clip_bpe_path()
     try:
-        _copy_atomic(source, target)
+        write_atomic(target, source.read_bytes())
     except OSError as exc:
         raise DancegrpoError(
             f"cannot write hpsv2's missing vocabulary {target}: {exc.strerror}",
@@ -302,18 +295,13 @@ def _build_and_swap(dest: Path, params: str) -> None:
 
 def _build_into(root: Path) -> None:
     """Everything but the stamp, into the empty directory ``root``."""
-    ensure_hpsv2_vocab()
-    bpe = clip_bpe_path()
-    with _offline():
-        _build_offline_into(root, bpe)
-
-
-def _build_offline_into(root: Path, bpe: Path) -> None:
     import torch
 
     from dancegrpo_npu import tiny_models
 
-    with torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
+    ensure_hpsv2_vocab()
+    bpe = clip_bpe_path()
+    with _offline(), torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
         _write_all(fixtures_at(root), bpe, tiny_models)
 
 
@@ -359,13 +347,4 @@ def _build_lock(dest: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _copy_atomic(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 

@@ -290,47 +290,43 @@ PASSED_NAME = "smoke-passed.json"
 
 
 def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
-    """What a smoke result depends on: the verified tree (lock, series, overlay), the
-    fixtures' parameters, the smoke's own code and options.  None when the tree is not
-    exactly lock + series + overlay (then nothing can be reused)."""
+    """What a smoke result depends on: the verified tree (lock, series, overlay - digested
+    the way apply records them), the fixtures' parameters, the smoke's own code and
+    options.  None when the tree is not exactly lock + series + overlay (then nothing can
+    be reused)."""
     import hashlib
 
+    from dancegrpo_npu.apply import overlay_sha256
     from dancegrpo_npu.fixtures import params_sha256
     from dancegrpo_npu.series import series_sha256
+    from dancegrpo_npu.stage import read_overlay, read_series
     from dancegrpo_npu.status import verify_tree
 
     try:
         report = verify_tree(project)
+        parts = (report.lock.commit, series_sha256(read_series(project.patches_dir)),
+                 overlay_sha256(read_overlay(project.overlay_dir)))
     except DancegrpoError:
         return None
-    overlay = sorted(p for p in project.overlay_dir.rglob("*") if p.is_file()) if project.overlay_dir.is_dir() else []
     h = hashlib.sha256()
-    for part in (report.lock.commit, series_sha256(list(_series(project))), params_sha256(),
-                 Path(__file__).read_text(), repr((options.nproc, options.lora, options.device))):
+    for part in (*parts, params_sha256(), Path(__file__).read_text(), repr((options.nproc, options.lora, options.device))):
         h.update(part.encode() + b"\0")
-    for path in overlay:
-        h.update(path.relative_to(project.overlay_dir).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
-def _series(project: Project):
-    from dancegrpo_npu.series import load_series
-
-    return load_series(project.patches_dir)
-
-
-def _passes(project: Project) -> dict:
+def _passes(project: Project) -> dict[str, str]:
+    """inputs_sha256 -> run directory of each remembered pass (a damaged record is empty)."""
     try:
         record = json.loads((project.build_dir / PASSED_NAME).read_text())
     except (OSError, ValueError):
         return {}
-    return record if isinstance(record, dict) else {}
+    return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
 
 
 def previous_pass(project: Project, key: str | None) -> Path | None:
     """The run directory of an earlier pass with the same inputs, if it is still there."""
-    run_dir = Path(_passes(project).get(key or "", "") or "/nonexistent")
-    return run_dir if key and (run_dir / "summary.json").is_file() else None
+    run_dir = _passes(project).get(key) if key else None
+    return Path(run_dir) if run_dir and Path(run_dir, "summary.json").is_file() else None
 
 
 def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:

@@ -8,13 +8,11 @@ registration) runs in a subprocess through ``run_python``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from snippet import run_snippet
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "overlay"
@@ -31,15 +29,6 @@ def run_python(tmp_path):
 
     def run(code: str, env: dict | None = None, fake_npu: bool = False, check: bool = True, cwd: Path | None = None):
         paths = [str(OVERLAY)] + ([str(FAKES)] if fake_npu else [])
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DANCEGRPO_")}
-        full_env.update({"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"})
-        full_env.update(env or {})
-        script = tmp_path / "snippet.py"  # a file, so that multiprocessing can spawn it
-        script.write_text(textwrap.dedent(code))
-        proc = subprocess.run([sys.executable, str(script)], env=full_env, cwd=cwd or tmp_path,
-                              capture_output=True, text=True, timeout=120)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-        return proc
+        return run_snippet(code, tmp_path, paths, env or {}, cwd=cwd, check=check)
 
     return run

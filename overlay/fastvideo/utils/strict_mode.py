@@ -146,9 +146,3 @@ def enable_strict_mode() -> None:
         stack.enter_context(strict_mode())
         _process_wide = stack
 
-
-def disable_strict_mode() -> None:
-    global _process_wide
-    if _process_wide is not None:
-        stack, _process_wide = _process_wide, None
-        stack.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, last_line
+from dancegrpo_npu.gitutil import TreeEntry
 from dancegrpo_npu.series import Patch
 
 DEFAULT_CONTEXT = 3
@@ -224,16 +225,23 @@ def read_blobs(git: Git, shas: list[str]) -> dict[str, bytes]:
     return out
 
 
-def files_at(git: Git, commit: str, paths: list[str]) -> dict[str, bytes]:
-    """Contents of those ``paths`` that exist at ``commit``."""
+def entries(git: Git, commit: str, paths: list[str]) -> dict[str, TreeEntry]:
+    """The files among ``paths`` that exist at ``commit``: path -> mode and blob."""
     if not paths:
         return {}
-    listing = git.run("ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8")
-    blobs = {}
-    for entry in filter(None, listing.split("\0")):
-        meta, path = entry.split("\t", 1)
-        if meta.split()[1] == "blob" and path in paths:
-            blobs[path] = meta.split()[2]
+    out = git.run("ls-tree", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8", "surrogateescape")
+    found = {}
+    for item in filter(None, out.split("\0")):
+        meta, path = item.split("\t", 1)
+        mode, kind, blob = meta.split()
+        if kind == "blob" and path in paths:
+            found[path] = TreeEntry(mode, blob)
+    return found
+
+
+def files_at(git: Git, commit: str, paths: list[str]) -> dict[str, bytes]:
+    """Contents of those ``paths`` that exist at ``commit``."""
+    blobs = {p: e.blob for p, e in entries(git, commit, paths).items()}
     contents = read_blobs(git, list(blobs.values()))
     return {p: contents[s] for p, s in blobs.items()}
 

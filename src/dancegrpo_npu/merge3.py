@@ -23,8 +23,8 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git
-from dancegrpo_npu.gitutil import TreeEntry
-from dancegrpo_npu.patchqueue import changed_files, entries, read_blobs
+from dancegrpo_npu.gitutil import TreeEntry, cat_blobs
+from dancegrpo_npu.patchqueue import changed_files, entries
 
 _NULL = "0" * 40
 
@@ -56,7 +56,7 @@ def merge_patch(tree: Git, base: str, theirs: str, labels: tuple[str, str, str])
     before, after = entries(tree, base, paths), entries(tree, theirs, paths)
     targets = [renames.get(p, p) for p in paths]
     current = entries(tree, ours, targets)
-    blobs = read_blobs(tree, sorted({e.blob for d in (before, after, current) for e in d.values()}))
+    blobs = cat_blobs(tree.cwd, sorted({e.blob for d in (before, after, current) for e in d.values()}))
     index_lines: list[str] = []
     conflicts: list[str] = []
     for change in changes:

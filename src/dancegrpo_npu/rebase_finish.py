@@ -24,6 +24,7 @@ from dancegrpo_npu.rebase_state import (
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,14 @@ class Staged:
 
 
 def overlay_files(overlay_dir: Path) -> list[str]:
-    """Repository-relative paths of the overlay's files."""
+    """Repository-relative paths of the overlay's files (those the engine copies: stage.read_overlay's skip rules)."""
     if not overlay_dir.is_dir():
         return []
     out = []
     for dirpath, dirnames, filenames in os.walk(overlay_dir):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        dirnames[:] = sorted(d for d in dirnames if d not in OVERLAY_SKIP_DIRS)
         for name in sorted(filenames):
-            if not name.endswith((".pyc", ".pyo")):
+            if not name.endswith(OVERLAY_SKIP_SUFFIXES):
                 out.append((Path(dirpath) / name).relative_to(overlay_dir).as_posix())
     return out
 

@@ -112,18 +112,25 @@ def overlay_collisions(tree: Git, state: RebaseState, overlay_dir: Path) -> list
     return lines
 
 
+def apply_with_engine(git: Git, commit: str, patches: list[Patch], overlay_dir: Path | None, root: Path) -> list[str]:
+    """``commit``'s files that the series touches, written under ``root`` and patched there by
+    the engine (with the overlay, if given); returns the touched paths."""
+    touched = touched_by(patches)
+    for rel, data in files_at(git, commit, touched).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    apply_series_to_dir(root, patches, overlay_dir, upstream_paths=all_paths(git, commit))
+    return touched
+
+
 def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: Path) -> str:
     """Apply the staged series with the engine to REF's files in a scratch tree; it must give the rebased tree."""
     patches = load_series(staged_dir / "patches")
-    touched = touched_by(patches)
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-verify-") as tmp:
         root = Path(tmp) / "tree"
         root.mkdir()
-        for rel, data in files_at(tree, state.new_commit, touched).items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(data)
         overlay = overlay_dir if overlay_dir.is_dir() else None
-        apply_series_to_dir(root, patches, overlay, upstream_paths=all_paths(tree, state.new_commit))
+        touched = apply_with_engine(tree, state.new_commit, patches, overlay, root)
         expected = files_at(tree, state.tip, touched)
         for rel in touched:
             actual = (root / rel).read_bytes() if (root / rel).is_file() else None

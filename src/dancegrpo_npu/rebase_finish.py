@@ -161,9 +161,14 @@ def lock_changes(old: Lock, new: Lock) -> list[str]:
     return lines
 
 
+def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
+    """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
+    left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
+    return right, left
+
+
 def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, extra: list[str], tree: Git) -> str:
-    ahead = tree.out("rev-list", "--count", f"{state.old_commit}..{state.new_commit}")
-    behind = tree.out("rev-list", "--count", f"{state.new_commit}..{state.old_commit}")
+    ahead, behind = gained_and_left(tree, state.old_commit, state.new_commit)
     width = max((len(n) for n in state.names), default=0)
     lines = [
         f"dancegrpo-npu rebase: {short(state.old_commit)} -> {short(state.new_commit)} ({state.onto}: {state.onto_note})",

@@ -516,3 +516,15 @@ def test_delete_and_add_conflicts(tmp_path, monkeypatch):
     assert "+NPU_OURS = 'ours'" in diff_of(project, "0002-add-npu.patch")
     refetch(project.root)
     assert verified(project.root)
+
+
+def test_overlay_files_are_those_the_engine_copies(tmp_path):
+    """The rebase excludes and verifies the overlay files the engine copies, no more: editor
+    backups and caches the engine skips must not make the verification look for them."""
+    from dancegrpo_npu.rebase_finish import overlay_files
+    from dancegrpo_npu.stage import read_overlay
+
+    for rel in ("pkg/mod.py", "pkg/mod.py~", "pkg/.mod.py.swp", "pkg/__pycache__/mod.pyc", ".pytest_cache/x", "top.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x\n")
+    assert sorted(overlay_files(tmp_path)) == sorted(read_overlay(tmp_path)) == ["pkg/mod.py", "top.txt"]

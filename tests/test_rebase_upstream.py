@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from dancegrpo_npu.rebase import abort_rebase, start_rebase
 from dancegrpo_npu.series import load_series
 from dancegrpo_npu.status import inspect
 from dancegrpo_npu.upstream_log import format_log, upstream_log
-from rebase_helpers import TESTS, project_state, tree_state, verified
+from conftest import copy_project
+from rebase_helpers import TESTS, git, project_state, tree_state, verified
 
 pytestmark = pytest.mark.upstream
 REPO = TESTS.parent
@@ -34,24 +34,11 @@ REPO = TESTS.parent
 FALLBACK_FILE = "fastvideo/train_grpo_flux.py"
 
 
-def git(cwd, *args) -> str:
-    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip()}")
-    return r.stdout.strip()
-
-
 def real_project(tmp_path: Path, source: str):
     """A copy of this project's lock, series and overlay; its work tree fetched and patched."""
     if source.endswith((".tar.gz", ".tgz")):
         pytest.skip(f"upstream unavailable: {source} is an archive, which has no history to rebase across")
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy2(REPO / "upstream.lock", root / "upstream.lock")
-    shutil.copytree(REPO / "patches", root / "patches")
-    if (REPO / "overlay").is_dir():
-        shutil.copytree(REPO / "overlay", root / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    project = find_project(root)
+    project = find_project(copy_project(tmp_path / "project"))
     refetch(project, source)
     return project
 

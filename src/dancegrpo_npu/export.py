@@ -19,18 +19,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.apply import apply_series_to_dir, apply_worktree, check_head, touched_files
+from dancegrpo_npu.apply import apply_worktree, check_head
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import ls_tree
 from dancegrpo_npu.gitcmd import Git, open_workdir_repo
 from dancegrpo_npu.lock import load_lock, save_lock, write_atomic
 from dancegrpo_npu.lockfile import compute_files
 from dancegrpo_npu.patchqueue import (
-    DEFAULT_CONTEXT, build_queue, changed_files, context_lines, diff_between, files_at, all_paths, index_abbrev,
+    DEFAULT_CONTEXT, build_queue, changed_files, context_lines, diff_between, index_abbrev,
     patch_text, snapshot_worktree, today,
 )
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.rebase_finish import overlay_files
+from dancegrpo_npu.rebase_finish import apply_with_engine, overlay_files
 from dancegrpo_npu.rebase_state import RebasePaths
 from dancegrpo_npu.series import Patch, format_header, parse_header, read_series_names, split_patch
 from dancegrpo_npu.stage import read_series
@@ -177,13 +177,9 @@ def copy_overlay(project: Project, rels: list[str]) -> None:
 
 def check_with_engine(git: Git, base: str, patches: list[Patch], workdir: Path) -> None:
     """The series with the new patch, applied by the engine to the locked files, must give the tree."""
-    touched = sorted({p for patch in patches for p in touched_files(patch)})
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-check-") as tmp:
         root = Path(tmp)
-        for rel, data in files_at(git, base, touched).items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(data)
-        apply_series_to_dir(root, patches, None, upstream_paths=all_paths(git, base))
+        touched = apply_with_engine(git, base, patches, None, root)
         for rel in touched:
             got = (root / rel).read_bytes() if (root / rel).is_file() else None
             want = (workdir / rel).read_bytes() if (workdir / rel).is_file() else None

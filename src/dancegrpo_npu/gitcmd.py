@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu import gitutil
 from dancegrpo_npu.errors import DancegrpoError
 
+# gitutil.git runs git (LC_ALL=C, no prompts, GIT_DIR & co. cleared, no CRLF conversion);
+# this module adds a fixed identity and the settings below.  (gitutil.git_env does not
+# clear GIT_OBJECT_DIRECTORY / GIT_ALTERNATE_OBJECT_DIRECTORIES inherited from a caller.)
 IDENTITY = {
     "GIT_AUTHOR_NAME": "dancegrpo-npu",
     "GIT_AUTHOR_EMAIL": "dancegrpo-npu@localhost",
@@ -24,13 +27,10 @@ IDENTITY = {
     "GIT_COMMITTER_EMAIL": "dancegrpo-npu@localhost",
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
-    "GIT_TERMINAL_PROMPT": "0",
-    "LC_ALL": "C",
 }
 # Settings that would otherwise change what git writes or run user code.
 NEUTRAL_CONFIG = (
-    "core.autocrlf=false",
-    "core.safecrlf=false",
+    "core.quotepath=true",  # gitutil turns it off; patchqueue.diff_between refuses quoted paths
     "commit.gpgSign=false",
     "apply.whitespace=nowarn",
     "diff.noprefix=false",
@@ -74,23 +74,15 @@ class Git:
         return Git(self.cwd, self.index, objects, alternates)
 
     def run(self, *args: str, input: bytes | None = None, check: bool = True, hint: str | None = None) -> GitResult:
-        env = dict(os.environ, **IDENTITY)
-        for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES"):
-            env.pop(var, None)
+        extra = dict(IDENTITY)
         if self.index is not None:
-            env["GIT_INDEX_FILE"] = str(self.index)
+            extra["GIT_INDEX_FILE"] = str(self.index)
         if self.objects is not None:
-            env["GIT_OBJECT_DIRECTORY"] = str(self.objects)
+            extra["GIT_OBJECT_DIRECTORY"] = str(self.objects)
             if self.alternates is not None:
-                env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.alternates)
-        cmd = ["git"]
-        for setting in NEUTRAL_CONFIG:
-            cmd += ["-c", setting]
-        cmd += list(args)
-        try:
-            proc = subprocess.run(cmd, cwd=self.cwd, input=input, capture_output=True, env=env)
-        except FileNotFoundError:
-            raise DancegrpoError("git is not installed (or not on PATH)", "install git >= 2.25") from None
+                extra["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.alternates)
+        config = [arg for setting in NEUTRAL_CONFIG for arg in ("-c", setting)]
+        proc = gitutil.git(self.cwd, *config, *args, input=input, env=extra, check=False)
         result = GitResult(proc.returncode, proc.stdout, proc.stderr.decode("utf-8", "replace"))
         if check and proc.returncode != 0:
             raise DancegrpoError(

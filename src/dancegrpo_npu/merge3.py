@@ -21,35 +21,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git
-from dancegrpo_npu.patchqueue import changed_files, read_blobs
+from dancegrpo_npu.gitutil import TreeEntry, cat_blobs
+from dancegrpo_npu.patchqueue import changed_files, entries
 
 _NULL = "0" * 40
-
-
-@dataclass(frozen=True)
-class Entry:
-    mode: str
-    blob: str
 
 
 @dataclass(frozen=True)
 class MergeResult:
     conflicts: tuple[str, ...]  # paths left with conflict stages
     renamed: tuple[tuple[str, str], ...]  # (the patch's path, upstream's new path) followed
-
-
-def entries(git: Git, commit: str, paths: list[str]) -> dict[str, Entry]:
-    if not paths:
-        return {}
-    out = git.run("ls-tree", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8", "surrogateescape")
-    found = {}
-    for item in filter(None, out.split("\0")):
-        meta, path = item.split("\t", 1)
-        mode, kind, blob = meta.split()
-        if kind == "blob" and path in paths:
-            found[path] = Entry(mode, blob)
-    return found
 
 
 def upstream_renames(git: Git, base: str, ours: str, paths: list[str]) -> dict[str, str]:
@@ -73,7 +56,7 @@ def merge_patch(tree: Git, base: str, theirs: str, labels: tuple[str, str, str])
     before, after = entries(tree, base, paths), entries(tree, theirs, paths)
     targets = [renames.get(p, p) for p in paths]
     current = entries(tree, ours, targets)
-    blobs = read_blobs(tree, sorted({e.blob for d in (before, after, current) for e in d.values()}))
+    blobs = cat_blobs(tree.cwd, sorted({e.blob for d in (before, after, current) for e in d.values()}))
     index_lines: list[str] = []
     conflicts: list[str] = []
     for change in changes:
@@ -131,8 +114,6 @@ def merge_file(tree: Git, ours: bytes, base: bytes, theirs: bytes, labels: tuple
             "merge-file", "-p", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2], *files, check=False
         )
     if r.returncode < 0 or r.returncode > 127:
-        from dancegrpo_npu.errors import DancegrpoError
-
         raise DancegrpoError(f"git merge-file failed: {r.stderr.strip()}", "--abort restores everything")
     return r.stdout, r.returncode == 0
 
@@ -152,7 +133,7 @@ def stage0(tree: Git, rel: str, mode: str) -> str:
     return f"0 {_NULL}\t{rel}\n{mode} {blob} 0\t{rel}"
 
 
-def unmerged(rel: str, base: Entry | None, ours: Entry | None, theirs: Entry | None) -> list[str]:
+def unmerged(rel: str, base: TreeEntry | None, ours: TreeEntry | None, theirs: TreeEntry | None) -> list[str]:
     """Index lines for a conflict: stage 1 base, 2 upstream, 3 the patch (absent sides left out)."""
     lines = [f"0 {_NULL}\t{rel}"]
     for stage, e in ((1, base), (2, ours), (3, theirs)):

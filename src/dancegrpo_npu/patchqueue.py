@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, last_line
+from dancegrpo_npu.gitutil import TreeEntry, cat_blobs
 from dancegrpo_npu.series import Patch
 
 DEFAULT_CONTEXT = 3
@@ -207,34 +208,24 @@ def diff_between(git: Git, a: str, b: str, context: int, name: str, abbrev: int 
     return b"".join(out)
 
 
-def read_blobs(git: Git, shas: list[str]) -> dict[str, bytes]:
-    """Contents of blobs, read in one ``git cat-file --batch``."""
-    if not shas:
+def entries(git: Git, commit: str, paths: list[str]) -> dict[str, TreeEntry]:
+    """The files among ``paths`` that exist at ``commit``: path -> mode and blob."""
+    if not paths:
         return {}
-    data = git.run("cat-file", "--batch", input=("\n".join(shas) + "\n").encode()).stdout
-    out, pos = {}, 0
-    for sha in shas:
-        nl = data.index(b"\n", pos)
-        header = data[pos:nl].split()
-        if len(header) < 3:
-            raise DancegrpoError(f"git object {sha} is missing", "re-fetch upstream with `dancegrpo-npu fetch`")
-        size = int(header[2])
-        out[sha] = data[nl + 1 : nl + 1 + size]
-        pos = nl + 1 + size + 1
-    return out
+    out = git.run("ls-tree", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8", "surrogateescape")
+    found = {}
+    for item in filter(None, out.split("\0")):
+        meta, path = item.split("\t", 1)
+        mode, kind, blob = meta.split()
+        if kind == "blob" and path in paths:
+            found[path] = TreeEntry(mode, blob)
+    return found
 
 
 def files_at(git: Git, commit: str, paths: list[str]) -> dict[str, bytes]:
     """Contents of those ``paths`` that exist at ``commit``."""
-    if not paths:
-        return {}
-    listing = git.run("ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths).stdout.decode("utf-8")
-    blobs = {}
-    for entry in filter(None, listing.split("\0")):
-        meta, path = entry.split("\t", 1)
-        if meta.split()[1] == "blob" and path in paths:
-            blobs[path] = meta.split()[2]
-    contents = read_blobs(git, list(blobs.values()))
+    blobs = {p: e.blob for p, e in entries(git, commit, paths).items()}
+    contents = cat_blobs(git.cwd, list(blobs.values()))  # the repository's own objects, not a scratch store
     return {p: contents[s] for p, s in blobs.items()}
 
 

@@ -19,7 +19,7 @@ from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.patchqueue import build_queue
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase import RebaseResult, Stop, local_edits, move_patch, reset_tree
-from dancegrpo_npu.rebase_finish import lock_changes, overlay_collisions, regenerate, stage, verify_staged
+from dancegrpo_npu.rebase_finish import gained_and_left, lock_changes, overlay_collisions, regenerate, stage, verify_staged
 from dancegrpo_npu.rebase_report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.rebase_state import RebasePaths, RebaseState, Step
 from dancegrpo_npu.stage import read_series
@@ -67,10 +67,10 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
                 result = Step(patch.name, "skipped", f"WOULD STOP: {'conflict' if result.why == 'conflict' else 'no change left'}")
             state = state.with_step(result)
         width = max((len(p.name) for p in patches), default=0)
+        gained, left = gained_and_left(tree, lock.commit, fetched.commit)
         lines = [
             f"dancegrpo-npu rebase --dry-run: {short(lock.commit)} -> {short(fetched.commit)} ({onto}: {fetched.note})",
-            f"  upstream: {tree.out('rev-list', '--count', f'{lock.commit}..{fetched.commit}')} commit(s) gained, "
-            f"{tree.out('rev-list', '--count', f'{fetched.commit}..{lock.commit}')} left behind",
+            f"  upstream: {gained} commit(s) gained, {left} left behind",
             "Patches:",
             *[f"  {s.name:<{width}}  {describe(s) if s.outcome != 'skipped' else s.detail}" for s in state.steps],
         ]

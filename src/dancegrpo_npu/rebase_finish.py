@@ -24,6 +24,7 @@ from dancegrpo_npu.rebase_state import (
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,14 @@ class Staged:
 
 
 def overlay_files(overlay_dir: Path) -> list[str]:
-    """Repository-relative paths of the overlay's files."""
+    """Repository-relative paths of the overlay's files (those the engine copies: stage.read_overlay's skip rules)."""
     if not overlay_dir.is_dir():
         return []
     out = []
     for dirpath, dirnames, filenames in os.walk(overlay_dir):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        dirnames[:] = sorted(d for d in dirnames if d not in OVERLAY_SKIP_DIRS)
         for name in sorted(filenames):
-            if not name.endswith((".pyc", ".pyo")):
+            if not name.endswith(OVERLAY_SKIP_SUFFIXES):
                 out.append((Path(dirpath) / name).relative_to(overlay_dir).as_posix())
     return out
 
@@ -111,18 +112,25 @@ def overlay_collisions(tree: Git, state: RebaseState, overlay_dir: Path) -> list
     return lines
 
 
+def apply_with_engine(git: Git, commit: str, patches: list[Patch], overlay_dir: Path | None, root: Path) -> list[str]:
+    """``commit``'s files that the series touches, written under ``root`` and patched there by
+    the engine (with the overlay, if given); returns the touched paths."""
+    touched = touched_by(patches)
+    for rel, data in files_at(git, commit, touched).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    apply_series_to_dir(root, patches, overlay_dir, upstream_paths=all_paths(git, commit))
+    return touched
+
+
 def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: Path) -> str:
     """Apply the staged series with the engine to REF's files in a scratch tree; it must give the rebased tree."""
     patches = load_series(staged_dir / "patches")
-    touched = touched_by(patches)
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-verify-") as tmp:
         root = Path(tmp) / "tree"
         root.mkdir()
-        for rel, data in files_at(tree, state.new_commit, touched).items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(data)
         overlay = overlay_dir if overlay_dir.is_dir() else None
-        apply_series_to_dir(root, patches, overlay, upstream_paths=all_paths(tree, state.new_commit))
+        touched = apply_with_engine(tree, state.new_commit, patches, overlay, root)
         expected = files_at(tree, state.tip, touched)
         for rel in touched:
             actual = (root / rel).read_bytes() if (root / rel).is_file() else None
@@ -153,9 +161,14 @@ def lock_changes(old: Lock, new: Lock) -> list[str]:
     return lines
 
 
+def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
+    """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
+    left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
+    return right, left
+
+
 def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, extra: list[str], tree: Git) -> str:
-    ahead = tree.out("rev-list", "--count", f"{state.old_commit}..{state.new_commit}")
-    behind = tree.out("rev-list", "--count", f"{state.new_commit}..{state.old_commit}")
+    ahead, behind = gained_and_left(tree, state.old_commit, state.new_commit)
     width = max((len(n) for n in state.names), default=0)
     lines = [
         f"dancegrpo-npu rebase: {short(state.old_commit)} -> {short(state.new_commit)} ({state.onto}: {state.onto_note})",

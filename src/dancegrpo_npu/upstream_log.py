@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dancegrpo_npu.apply import touched_files
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, choose_source, default_branch, fetch_commit, open_workdir_repo
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import Project, project_from_args
@@ -86,8 +87,6 @@ def upstream_log(project: Project, ref: str | None = None, source: str | None = 
     ref = ref or default_branch(main, src)
     fetched = fetch_commit(main, src, ref, LOG_REF)
     if main.commit_of(lock.commit) is None:
-        from dancegrpo_npu.errors import DancegrpoError
-
         raise DancegrpoError(f"the locked commit {lock.commit[:12]} is not in {project.workdir}", "run `dancegrpo-npu fetch` first")
     commits = read_log(main, lock.commit, fetched.commit, patched_paths(patches))
     return UpstreamLog(lock.commit, fetched.commit, ref, fetched.note, tuple(commits))

@@ -314,7 +314,3 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
 def _already_applied(lines: list[bytes], change: FileChange) -> bool:
     """True when every hunk's result is already in place (the reverse would apply)."""
     return all(_mismatch(lines, _start(h, src=False), h.new, change.path) is None for h in change.hunks)
-
-
-def touched_paths(changes: list[FileChange]) -> list[str]:
-    return [c.path for c in changes]

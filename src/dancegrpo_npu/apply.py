@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dancegrpo_npu.edits import Edit, find_edits, save_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, is_git_repo, ls_tree
+from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev_parse
 from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
@@ -113,8 +113,6 @@ def overlay_sha256(overlay: dict[str, FileState]) -> str:
 
 def check_head(wt: WorkTree, fetched: Fetched, lock: Lock) -> str:
     """HEAD of the work tree, which must stand for the locked commit."""
-    from dancegrpo_npu.gitutil import rev_parse
-
     head = rev_parse(wt.root, "HEAD")
     if fetched.commit != lock.commit or head != fetched.head:
         at = fetched.commit if head == fetched.head else head

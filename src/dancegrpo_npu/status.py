@@ -14,7 +14,6 @@ expected tree afresh (it does not trust applied.json).
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 from dancegrpo_npu.apply import check_head, upstream_from_git

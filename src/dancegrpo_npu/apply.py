@@ -42,6 +42,7 @@ from dancegrpo_npu.worktree import (
     matches,
     new_staging,
     session,
+    shorten,
 )
 
 __all__ = ["apply_series_to_dir", "touched_files", "apply_worktree", "ApplyOutcome"]
@@ -207,9 +208,8 @@ def _untracked(edits: list[Edit]) -> tuple[str, ...]:
 
 
 def _edits_error(blocking: list[Edit], wt: WorkTree) -> DancegrpoError:
-    shown = ", ".join(str(e) for e in blocking[:8]) + (f" and {len(blocking) - 8} more" if len(blocking) > 8 else "")
     return DancegrpoError(
-        f"local edits in {wt.root} that apply would overwrite: {shown}",
+        f"local edits in {wt.root} that apply would overwrite: {shorten(blocking)}",
         "keep them by turning them into a patch, revert them, or run `dancegrpo-npu apply --force`"
         " (it saves them as a patch file first)",
     )

@@ -36,7 +36,7 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import refuse_mid_swap
-from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, write_json
+from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, shorten, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
 # Written into the work tree's .git/info/exclude: what the stock scripts write or read
@@ -293,9 +293,8 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         tree = ls_tree(wt.root, head)
         edits = [e for e in find_edits(wt, applied, tree, set(applied.files) if applied else set()) if e.blocking]
         if edits:
-            shown = ", ".join(str(e) for e in edits[:8]) + (f" and {len(edits) - 8} more" if len(edits) > 8 else "")
             raise DancegrpoError(
-                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shown}",
+                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shorten(edits)}",
                 "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
             )
         say(f"moving the work tree to upstream {lock.commit[:12]} from {src.location} ...")

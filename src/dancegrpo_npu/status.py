@@ -26,7 +26,7 @@ from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import describe_rebase
 from dancegrpo_npu.series import TODO_MARK, is_todo, todo_warning
 from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
-from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
+from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session, shorten
 
 
 @dataclass(frozen=True)
@@ -223,9 +223,8 @@ def verify_tree(project: Project) -> Report:
     if r.problem:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:
-        shown = ", ".join(r.differences[:6]) + (f" and {len(r.differences) - 6} more" if len(r.differences) > 6 else "")
         raise DancegrpoError(
-            f"verify: {where} is not exactly lock + series + overlay: {shown}",
+            f"verify: {where} is not exactly lock + series + overlay: {shorten(r.differences, 6)}",
             "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact",
         )
     return r

@@ -126,6 +126,13 @@ def display_path(path: Path) -> str:
         return os.fspath(path)
 
 
+def shorten(items, limit: int = 8) -> str:
+    """``items`` for a message: the first ``limit`` joined by commas, then "and N more"."""
+    items = [str(i) for i in items]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

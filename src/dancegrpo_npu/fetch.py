@@ -24,10 +24,9 @@ import sys
 import tarfile
 import tempfile
 import textwrap
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from dancegrpo_npu.edits import find_edits
 from dancegrpo_npu.errors import DancegrpoError
@@ -36,7 +35,7 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import refuse_mid_swap
-from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, shorten, write_json
+from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, exclusive, load_applied, session, shorten, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
 # Written into the work tree's .git/info/exclude: what the stock scripts write or read
@@ -110,7 +109,7 @@ def fetch(
 
 def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOutcome:
     workdir.parent.mkdir(parents=True, exist_ok=True)
-    with _held(workdir.parent / f".{workdir.name}.fetch.lock"):
+    with exclusive(workdir.parent / f".{workdir.name}.fetch.lock", f"another fetch into {workdir.parent} is running"):
         if workdir.exists() and any(workdir.iterdir()):
             raise DancegrpoError(f"{workdir} appeared while fetching (another fetch?)", "re-run fetch")
         for stale in workdir.parent.glob(f".{workdir.name}.fetch-*"):  # left by a killed fetch
@@ -145,19 +144,6 @@ def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetc
     fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
     write_json(WorkTree(staging).fetched_path, fetched.to_json())
     return fetched
-
-
-@contextmanager
-def _held(lock_file: Path) -> Iterator[None]:
-    """Only one fresh fetch into a directory at a time."""
-    import fcntl
-
-    with open(lock_file, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DancegrpoError(f"another fetch into {lock_file.parent} is running", "wait for it to finish, then re-run") from None
-        yield
 
 
 def _archive_sha(src: Source, lock: Lock) -> str | None:

@@ -28,8 +28,8 @@ from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev
 from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import Patch, series_sha256
-from dancegrpo_npu.stage import Built, FileState, Upstream, build, read_overlay, read_series, touched_files
+from dancegrpo_npu.series import Patch, load_series, series_sha256
+from dancegrpo_npu.stage import Built, FileState, Upstream, build, read_overlay, touched_files
 from dancegrpo_npu.worktree import (
     display_path,
     Applied,
@@ -141,7 +141,7 @@ def check_assets(fetched: Fetched, paths) -> None:
 def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
     lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
     with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
-        patches = read_series(project.patches_dir)
+        patches = load_series(project.patches_dir)
         overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)
         tree = ls_tree(wt.root, head)

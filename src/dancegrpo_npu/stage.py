@@ -64,14 +64,9 @@ class Built:
     touched_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # patch name -> its paths
 
 
-def read_series(patches_dir: Path) -> list[Patch]:
-    """``series.load_series``, with unreadable files (not UTF-8, a directory, no
-    permission) turned into a one-line error too."""
-    try:
-        return load_series(patches_dir)
-    except (OSError, UnicodeDecodeError) as e:
-        where = getattr(e, "filename", None) or patches_dir / "series"
-        raise DancegrpoError(f"cannot read {where} ({type(e).__name__}: {e})", "fix or restore patches/") from None
+# series.load_series itself turns unreadable files (not UTF-8, a directory, no
+# permission) into one-line errors; this name stays for the modules that import it.
+read_series = load_series
 
 
 def parse_patch(patch: Patch) -> list[FileChange]:

@@ -24,8 +24,8 @@ from dancegrpo_npu.lock import Lock, load_lock
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import describe_rebase
-from dancegrpo_npu.series import TODO_MARK, is_todo, todo_warning
-from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
+from dancegrpo_npu.series import TODO_MARK, is_todo, load_series, todo_warning
+from dancegrpo_npu.stage import build, read_overlay, touched_files
 from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session, shorten
 
 
@@ -62,7 +62,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
     is swapping in, which verify refuses."""
     lock = load_lock(project.lock_path)
     with session(project.workdir, mid_swap_ok=mid_swap_ok) as (wt, fetched):
-        patches = read_series(project.patches_dir)
+        patches = load_series(project.patches_dir)
         overlay = read_overlay(project.overlay_dir)
         applied = load_applied(wt)
         rebase = describe_rebase(wt.root)

@@ -29,7 +29,7 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import Patch, load_series, series_sha256
-from dancegrpo_npu.stage import Built, FileState, Upstream, build, read_overlay, touched_files
+from dancegrpo_npu.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files
 from dancegrpo_npu.worktree import (
     display_path,
     Applied,
@@ -240,13 +240,8 @@ def _targets(wt: WorkTree, tree: dict[str, TreeEntry], built: Built, stage: Path
 
 def _prune_dirs(targets: dict[str, dict | None], tree: dict[str, TreeEntry]) -> list[str]:
     """Directories that only removed files of ours lived in (deepest first)."""
-    upstream_dirs = {p.rsplit("/", i)[0] for p in tree for i in range(1, p.count("/") + 1)}
-    dirs = set()
-    for p, want in targets.items():
-        if want is None:
-            parts = p.split("/")
-            dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    return sorted(dirs - upstream_dirs, key=lambda d: (-d.count("/"), d))
+    dirs = parent_dirs(p for p, want in targets.items() if want is None)
+    return sorted(dirs - parent_dirs(tree), key=lambda d: (-d.count("/"), d))
 
 
 # --- apply onto a scratch tree (for rebase) ----------------------------------------

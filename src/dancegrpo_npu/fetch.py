@@ -35,6 +35,7 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import refuse_mid_swap
+from dancegrpo_npu.stage import parent_dirs
 from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, exclusive, load_applied, session, shorten, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
@@ -291,7 +292,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         verify_files(wt.root, ls_tree(wt.root, new_head), lock)
         ours = [p for p in (applied.files if applied else {}) if p not in tree]  # files apply created
         ops = [{"path": p, "want": None} for p in sorted(ours, key=lambda p: -p.count("/"))]
-        dirs = sorted({p.rsplit("/", i)[0] for p in ours for i in range(1, p.count("/") + 1)}, key=lambda d: -d.count("/"))
+        dirs = sorted(parent_dirs(ours), key=lambda d: -d.count("/"))
         moved = Fetched(lock.commit, new_head, src.location, src.kind, fetched.with_assets, _archive_sha(src, lock))
         commit_journal(wt, None, ops, None, dirs, checkpoint, checkout=moved)
         return FetchOutcome("moved", moved)

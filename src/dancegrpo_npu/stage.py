@@ -50,7 +50,12 @@ class Upstream:
 
     @property
     def dirs(self) -> frozenset[str]:
-        return frozenset(p.rsplit("/", i)[0] for p in self.paths for i in range(1, p.count("/") + 1))
+        return frozenset(parent_dirs(self.paths))
+
+
+def parent_dirs(paths) -> set[str]:
+    """Every directory above the given repo-relative paths ("a/b/c" -> "a", "a/b")."""
+    return {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1)}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.series import Patch, load_series, series_sha256
-from dancegrpo_npu.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files
+from dancegrpo_npu.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files, write_file
 from dancegrpo_npu.worktree import (
     display_path,
     Applied,
@@ -260,10 +260,8 @@ def apply_series_to_dir(root: Path, patches: list[Patch], overlay_dir: Path | No
         dest = root / rel
         if fs is None:
             dest.unlink()
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(fs.data)
-        os.chmod(dest, fs.mode)
+        else:
+            write_file(root, rel, fs)
 
 
 # --- the verb -----------------------------------------------------------------------

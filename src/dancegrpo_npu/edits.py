@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.gitutil import TreeEntry, blob_id, git, hash_data, status_paths
+from dancegrpo_npu.stage import parent_dirs
 from dancegrpo_npu.worktree import Applied, WorkTree, file_state
 
 
@@ -93,13 +94,11 @@ def find_edits(
     targets = targets or {}
     known = set(applied.files) if applied else set()
     candidates = set(known) | set(status_paths(wt.root))
-    for path in will_write:  # new paths and their parents may hold files git ignores
-        parts = path.split("/")
-        candidates.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    candidates |= will_write | parent_dirs(will_write)  # new paths and their parents may hold files git ignores
     edits: dict[str, Edit] = {}
     restore = set(will_write)
     while True:  # a path restored because of an edit may put untracked files in the way
-        write_dirs = {"/".join(p.split("/")[:i]) for p in restore for i in range(1, p.count("/") + 1)}
+        write_dirs = parent_dirs(restore)
         for path in sorted(candidates):
             edit = _edit_at(wt.root, path, applied, head, known, restore, write_dirs, targets)
             if edit is not None:
@@ -120,9 +119,7 @@ def _edit_at(root: Path, path: str, applied, head, known, restore: set[str], wri
     kind = _kind(expected_state(path, applied, head), have, path in known or path in head)
     if kind is None:
         return None
-    parts = path.split("/")
-    ancestors = {"/".join(parts[:i]) for i in range(1, len(parts))}
-    if kind == "untracked" and (path in restore or ancestors & restore or path in write_dirs):
+    if kind == "untracked" and (path in restore or parent_dirs([path]) & restore or path in write_dirs):
         kind = "in the way"
     return Edit(path, kind, kind != "untracked")
 

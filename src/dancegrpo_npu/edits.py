@@ -86,14 +86,16 @@ def find_edits(
     head: dict[str, TreeEntry],
     will_write: set[str],
     targets: dict[str, object] | None = None,
+    status: dict[str, str] | None = None,
 ) -> list[Edit]:
     """Every local edit, each marked blocking when apply would overwrite or remove it.
 
     ``targets``: what apply will make of paths (path -> ``file_state`` terms, None for
-    deleted); a path already exactly so is not an edit, whatever the last apply wrote."""
+    deleted); a path already exactly so is not an edit, whatever the last apply wrote.
+    ``status``: ``status_paths`` of the tree, when the caller has already run it."""
     targets = targets or {}
     known = set(applied.files) if applied else set()
-    candidates = set(known) | set(status_paths(wt.root))
+    candidates = set(known) | set(status_paths(wt.root) if status is None else status)
     candidates |= will_write | parent_dirs(will_write)  # new paths and their parents may hold files git ignores
     edits: dict[str, Edit] = {}
     restore = set(will_write)

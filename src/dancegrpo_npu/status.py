@@ -78,7 +78,8 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
             expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
         except DancegrpoError as e:
             problem, expected = e.one_line(), {}
-        edits = find_edits(wt, applied, tree, set(), target_states(expected))
+        git_status = status_paths(wt.root)  # one `git status` for the edits and the differences
+        edits = find_edits(wt, applied, tree, set(), target_states(expected), git_status)
         edited = {e.path for e in edits if e.blocking}
         untracked = tuple(e.path for e in edits if not e.blocking)
 
@@ -99,7 +100,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         dropped = tuple(n for n in applied_patches if n not in {p.name for p in patches})
 
         ov_state, ov_detail = _overlay_state(wt.root, overlay)
-        differences = [] if problem else _differences(wt.root, tree, expected)
+        differences = [] if problem else _differences(wt.root, tree, expected, git_status)
         return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
 
 
@@ -120,7 +121,7 @@ def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
     return "present", ()
 
 
-def _differences(root, tree, expected) -> list[str]:
+def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
     """Every way the work tree differs from the exact tree ("path (how)")."""
     out = []
     for rel, fs in sorted(expected.items()):
@@ -138,7 +139,7 @@ def _differences(root, tree, expected) -> list[str]:
             out.append(f"{rel} (not patched)")
         else:
             out.append(f"{rel} (differs)")
-    for rel, code in sorted(status_paths(root).items()):
+    for rel in sorted(git_status):
         if rel in expected:
             continue
         entry = tree.get(rel)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.gitutil import TreeEntry, blob_id, git, hash_data, status_paths
+from dancegrpo_npu.gitutil import TreeEntry, blob_id, git, hash_data, hash_files, status_paths
 from dancegrpo_npu.stage import parent_dirs
 from dancegrpo_npu.worktree import Applied, WorkTree, file_state
 
@@ -142,6 +142,7 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
     for path, want in sorted((applied.files if applied else {}).items()):
         base_lines.append(f"0 {zero}\t{path}\n" if want is None else f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}\n")
     removals, additions, copies = [], [], []
+    regular: list[tuple[str, bool]] = []  # edited files (path, executable), hashed in one git call
     for e in edits:
         full = wt.root / e.path
         have = file_state(full)
@@ -154,10 +155,11 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
             removals.append(f"0 {zero}\t{e.path}\n")
             additions.append(f"120000 {hash_data(wt.root, os.fsencode(have[1]))}\t{e.path}\n")
         else:
-            data = full.read_bytes()
             removals.append(f"0 {zero}\t{e.path}\n")
-            additions.append(f"{'100755' if have[1][1] else '100644'} {hash_data(wt.root, data)}\t{e.path}\n")
-            copies.append((e.path, data))
+            regular.append((e.path, have[1][1]))
+            copies.append((e.path, full.read_bytes()))
+    ids = hash_files(wt.root, [wt.root / p for p, _ in regular])
+    additions += [f"{'100755' if executable else '100644'} {blob}\t{p}\n" for (p, executable), blob in zip(regular, ids)]
     wt.saved_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=wt.saved_dir))
     try:

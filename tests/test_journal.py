@@ -36,7 +36,7 @@ def _series(s):
 OVERLAY = {"fastvideo/npu_compat.py": "X = 1\n", "fastvideo/npu/extra/more.py": "Y = 2\n"}
 
 
-def _steps(make, run) -> list[str]:
+def _steps(make, run) -> tuple[list[str], dict]:
     """The checkpoints one uninterrupted run passes, and its final tree."""
     s = make("probe")
     seen: list[str] = []
@@ -71,19 +71,21 @@ def _check_every_step(tmp_path, make, run, finish):
         assert not [p for p in WorkTree(s.tree).state_dir.iterdir() if p.name.startswith("staging-")]
 
 
+def _apply(s, checkpoint):
+    s.apply(checkpoint=checkpoint)
+
+
+def _apply_again_exact(s):
+    s.apply()
+    assert s.apply().noop
+    assert inspect(s.project).exact
+
+
 def test_first_apply_killed_at_every_step(tmp_path):
     def make(name):
         return setup(tmp_path / name, _series, overlay=OVERLAY)
 
-    def run(s, checkpoint):
-        s.apply(checkpoint=checkpoint)
-
-    def finish(s):
-        s.apply()
-        assert s.apply().noop
-        assert inspect(s.project).exact
-
-    _check_every_step(tmp_path, make, run, finish)
+    _check_every_step(tmp_path, make, _apply, _apply_again_exact)
 
 
 def test_reapply_of_changed_series_killed_at_every_step(tmp_path):
@@ -97,15 +99,7 @@ def test_reapply_of_changed_series_killed_at_every_step(tmp_path):
         s.set_overlay({"fastvideo/npu_compat.py": "X = 2\n"})
         return s
 
-    def run(s, checkpoint):
-        s.apply(checkpoint=checkpoint)
-
-    def finish(s):
-        s.apply()
-        assert s.apply().noop
-        assert inspect(s.project).exact
-
-    _check_every_step(tmp_path, make, run, finish)
+    _check_every_step(tmp_path, make, _apply, _apply_again_exact)
 
 
 def test_forced_apply_over_edits_killed_at_every_step(tmp_path):
@@ -156,7 +150,7 @@ def test_lock_moving_fetch_killed_at_every_step(tmp_path):
 
 def test_apply_sigkilled_at_every_step(tmp_path):
     """A real SIGKILL in a child process, at each checkpoint; then the CLI finishes."""
-    steps, final = _steps(lambda n: setup(tmp_path / n, _series, overlay=OVERLAY), lambda s, cp: s.apply(checkpoint=cp))
+    steps, final = _steps(lambda n: setup(tmp_path / n, _series, overlay=OVERLAY), _apply)
     src = Path(__file__).resolve().parents[1] / "src"
     for i, step in enumerate(steps):
         s = setup(tmp_path / f"kill{i}", _series, overlay=OVERLAY)

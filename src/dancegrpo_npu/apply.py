@@ -24,12 +24,12 @@ from pathlib import Path
 
 from dancegrpo_npu.edits import Edit, find_edits, save_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, is_git_repo, ls_tree
+from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev_parse
 from dancegrpo_npu.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import Patch, series_sha256
-from dancegrpo_npu.stage import Built, FileState, Upstream, build, read_overlay, read_series, touched_files
+from dancegrpo_npu.series import Patch, load_series, series_sha256
+from dancegrpo_npu.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files, write_file
 from dancegrpo_npu.worktree import (
     display_path,
     Applied,
@@ -42,6 +42,7 @@ from dancegrpo_npu.worktree import (
     matches,
     new_staging,
     session,
+    shorten,
 )
 
 __all__ = ["apply_series_to_dir", "touched_files", "apply_worktree", "ApplyOutcome"]
@@ -113,8 +114,6 @@ def overlay_sha256(overlay: dict[str, FileState]) -> str:
 
 def check_head(wt: WorkTree, fetched: Fetched, lock: Lock) -> str:
     """HEAD of the work tree, which must stand for the locked commit."""
-    from dancegrpo_npu.gitutil import rev_parse
-
     head = rev_parse(wt.root, "HEAD")
     if fetched.commit != lock.commit or head != fetched.head:
         at = fetched.commit if head == fetched.head else head
@@ -142,7 +141,7 @@ def check_assets(fetched: Fetched, paths) -> None:
 def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
     lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
     with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
-        patches = read_series(project.patches_dir)
+        patches = load_series(project.patches_dir)
         overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)
         tree = ls_tree(wt.root, head)
@@ -209,9 +208,8 @@ def _untracked(edits: list[Edit]) -> tuple[str, ...]:
 
 
 def _edits_error(blocking: list[Edit], wt: WorkTree) -> DancegrpoError:
-    shown = ", ".join(str(e) for e in blocking[:8]) + (f" and {len(blocking) - 8} more" if len(blocking) > 8 else "")
     return DancegrpoError(
-        f"local edits in {wt.root} that apply would overwrite: {shown}",
+        f"local edits in {wt.root} that apply would overwrite: {shorten(blocking)}",
         "keep them by turning them into a patch, revert them, or run `dancegrpo-npu apply --force`"
         " (it saves them as a patch file first)",
     )
@@ -242,13 +240,8 @@ def _targets(wt: WorkTree, tree: dict[str, TreeEntry], built: Built, stage: Path
 
 def _prune_dirs(targets: dict[str, dict | None], tree: dict[str, TreeEntry]) -> list[str]:
     """Directories that only removed files of ours lived in (deepest first)."""
-    upstream_dirs = {p.rsplit("/", i)[0] for p in tree for i in range(1, p.count("/") + 1)}
-    dirs = set()
-    for p, want in targets.items():
-        if want is None:
-            parts = p.split("/")
-            dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    return sorted(dirs - upstream_dirs, key=lambda d: (-d.count("/"), d))
+    dirs = parent_dirs(p for p, want in targets.items() if want is None)
+    return sorted(dirs - parent_dirs(tree), key=lambda d: (-d.count("/"), d))
 
 
 # --- apply onto a scratch tree (for rebase) ----------------------------------------
@@ -267,10 +260,8 @@ def apply_series_to_dir(root: Path, patches: list[Patch], overlay_dir: Path | No
         dest = root / rel
         if fs is None:
             dest.unlink()
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(fs.data)
-        os.chmod(dest, fs.mode)
+        else:
+            write_file(root, rel, fs)
 
 
 # --- the verb -----------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 import textwrap
 
@@ -83,13 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = common_options(for_subcommand=True)
-    for name in COMMAND_MODULES:
-        if importlib.util.find_spec(f"dancegrpo_npu.{name}") is None:
-            continue
-        module = importlib.import_module(f"dancegrpo_npu.{name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub, common)
+    for name in COMMAND_MODULES:  # every one exists and registers its verb(s)
+        importlib.import_module(f"dancegrpo_npu.{name}").register(sub, common)
     return parser
 
 

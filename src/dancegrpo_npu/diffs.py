@@ -43,7 +43,7 @@ class Hunk:
 
     @property
     def label(self) -> str:
-        return f"hunk #{self.number} ({self.header})"
+        return _label(self.number, self.header)
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,7 @@ def check_symlinks(path: str, symlinks: dict[str, str], who: str) -> None:
 
 def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
     """Every file change of a unified diff, with hunks, paths checked (syntactically)."""
-    lines = diff.split(b"\n")
-    lines = [ln + b"\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    lines = split_lines(diff)
     changes: list[FileChange] = []
     seen: set[str] = set()
     i, git_header, new_mode, section = 0, False, None, ""
@@ -314,7 +313,3 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
 def _already_applied(lines: list[bytes], change: FileChange) -> bool:
     """True when every hunk's result is already in place (the reverse would apply)."""
     return all(_mismatch(lines, _start(h, src=False), h.new, change.path) is None for h in change.hunks)
-
-
-def touched_paths(changes: list[FileChange]) -> list[str]:
-    return [c.path for c in changes]

@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.gitutil import TreeEntry, blob_id, git, hash_data, status_paths
+from dancegrpo_npu.gitutil import TreeEntry, blob_id, git, hash_data, hash_files, status_paths
+from dancegrpo_npu.stage import parent_dirs
 from dancegrpo_npu.worktree import Applied, WorkTree, file_state
 
 
@@ -85,21 +86,21 @@ def find_edits(
     head: dict[str, TreeEntry],
     will_write: set[str],
     targets: dict[str, object] | None = None,
+    status: dict[str, str] | None = None,
 ) -> list[Edit]:
     """Every local edit, each marked blocking when apply would overwrite or remove it.
 
     ``targets``: what apply will make of paths (path -> ``file_state`` terms, None for
-    deleted); a path already exactly so is not an edit, whatever the last apply wrote."""
+    deleted); a path already exactly so is not an edit, whatever the last apply wrote.
+    ``status``: ``status_paths`` of the tree, when the caller has already run it."""
     targets = targets or {}
     known = set(applied.files) if applied else set()
-    candidates = set(known) | set(status_paths(wt.root))
-    for path in will_write:  # new paths and their parents may hold files git ignores
-        parts = path.split("/")
-        candidates.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    candidates = set(known) | set(status_paths(wt.root) if status is None else status)
+    candidates |= will_write | parent_dirs(will_write)  # new paths and their parents may hold files git ignores
     edits: dict[str, Edit] = {}
     restore = set(will_write)
     while True:  # a path restored because of an edit may put untracked files in the way
-        write_dirs = {"/".join(p.split("/")[:i]) for p in restore for i in range(1, p.count("/") + 1)}
+        write_dirs = parent_dirs(restore)
         for path in sorted(candidates):
             edit = _edit_at(wt.root, path, applied, head, known, restore, write_dirs, targets)
             if edit is not None:
@@ -120,9 +121,7 @@ def _edit_at(root: Path, path: str, applied, head, known, restore: set[str], wri
     kind = _kind(expected_state(path, applied, head), have, path in known or path in head)
     if kind is None:
         return None
-    parts = path.split("/")
-    ancestors = {"/".join(parts[:i]) for i in range(1, len(parts))}
-    if kind == "untracked" and (path in restore or ancestors & restore or path in write_dirs):
+    if kind == "untracked" and (path in restore or parent_dirs([path]) & restore or path in write_dirs):
         kind = "in the way"
     return Edit(path, kind, kind != "untracked")
 
@@ -143,6 +142,7 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
     for path, want in sorted((applied.files if applied else {}).items()):
         base_lines.append(f"0 {zero}\t{path}\n" if want is None else f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}\n")
     removals, additions, copies = [], [], []
+    regular: list[tuple[str, bool]] = []  # edited files (path, executable), hashed in one git call
     for e in edits:
         full = wt.root / e.path
         have = file_state(full)
@@ -155,10 +155,11 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
             removals.append(f"0 {zero}\t{e.path}\n")
             additions.append(f"120000 {hash_data(wt.root, os.fsencode(have[1]))}\t{e.path}\n")
         else:
-            data = full.read_bytes()
             removals.append(f"0 {zero}\t{e.path}\n")
-            additions.append(f"{'100755' if have[1][1] else '100644'} {hash_data(wt.root, data)}\t{e.path}\n")
-            copies.append((e.path, data))
+            regular.append((e.path, have[1][1]))
+            copies.append((e.path, full.read_bytes()))
+    ids = hash_files(wt.root, [wt.root / p for p, _ in regular])
+    additions += [f"{'100755' if executable else '100644'} {blob}\t{p}\n" for (p, executable), blob in zip(regular, ids)]
     wt.saved_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=wt.saved_dir))
     try:

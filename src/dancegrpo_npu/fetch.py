@@ -24,10 +24,9 @@ import sys
 import tarfile
 import tempfile
 import textwrap
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from dancegrpo_npu.edits import find_edits
 from dancegrpo_npu.errors import DancegrpoError
@@ -36,7 +35,8 @@ from dancegrpo_npu.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.lockfile import verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import refuse_mid_swap
-from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, write_json
+from dancegrpo_npu.stage import parent_dirs
+from dancegrpo_npu.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, exclusive, load_applied, session, shorten, write_json
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
 # Written into the work tree's .git/info/exclude: what the stock scripts write or read
@@ -110,7 +110,7 @@ def fetch(
 
 def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOutcome:
     workdir.parent.mkdir(parents=True, exist_ok=True)
-    with _held(workdir.parent / f".{workdir.name}.fetch.lock"):
+    with exclusive(workdir.parent / f".{workdir.name}.fetch.lock", f"another fetch into {workdir.parent} is running"):
         if workdir.exists() and any(workdir.iterdir()):
             raise DancegrpoError(f"{workdir} appeared while fetching (another fetch?)", "re-run fetch")
         for stale in workdir.parent.glob(f".{workdir.name}.fetch-*"):  # left by a killed fetch
@@ -145,19 +145,6 @@ def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetc
     fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
     write_json(WorkTree(staging).fetched_path, fetched.to_json())
     return fetched
-
-
-@contextmanager
-def _held(lock_file: Path) -> Iterator[None]:
-    """Only one fresh fetch into a directory at a time."""
-    import fcntl
-
-    with open(lock_file, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DancegrpoError(f"another fetch into {lock_file.parent} is running", "wait for it to finish, then re-run") from None
-        yield
 
 
 def _archive_sha(src: Source, lock: Lock) -> str | None:
@@ -293,9 +280,8 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         tree = ls_tree(wt.root, head)
         edits = [e for e in find_edits(wt, applied, tree, set(applied.files) if applied else set()) if e.blocking]
         if edits:
-            shown = ", ".join(str(e) for e in edits[:8]) + (f" and {len(edits) - 8} more" if len(edits) > 8 else "")
             raise DancegrpoError(
-                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shown}",
+                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shorten(edits)}",
                 "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
             )
         say(f"moving the work tree to upstream {lock.commit[:12]} from {src.location} ...")
@@ -306,7 +292,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         verify_files(wt.root, ls_tree(wt.root, new_head), lock)
         ours = [p for p in (applied.files if applied else {}) if p not in tree]  # files apply created
         ops = [{"path": p, "want": None} for p in sorted(ours, key=lambda p: -p.count("/"))]
-        dirs = sorted({p.rsplit("/", i)[0] for p in ours for i in range(1, p.count("/") + 1)}, key=lambda d: -d.count("/"))
+        dirs = sorted(parent_dirs(ours), key=lambda d: -d.count("/"))
         moved = Fetched(lock.commit, new_head, src.location, src.kind, fetched.with_assets, _archive_sha(src, lock))
         commit_journal(wt, None, ops, None, dirs, checkpoint, checkout=moved)
         return FetchOutcome("moved", moved)

@@ -17,7 +17,6 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 
 _GIT_CONFIG = ("-c", "core.autocrlf=false", "-c", "core.safecrlf=false", "-c", "core.quotepath=false")
-EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitutil import TreeEntry, cat_blobs, ls_tree, rev_parse
 from dancegrpo_npu.lock import Lock, load_lock, save_lock, sha256_bytes
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.series import Patch
-from dancegrpo_npu.stage import read_series, touched_files
-from dancegrpo_npu.worktree import session
+from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.stage import touched_files
+from dancegrpo_npu.worktree import session, shorten
 
 _REFRESH = "run `dancegrpo-npu lock` to rewrite [files] for the locked commit"
 
@@ -77,7 +77,7 @@ def refresh_lock(project: Project, check: bool = False) -> tuple[dict[str, str],
     """(old [files], new [files]); writes the lock unless ``check`` (then raises if stale)."""
     lock = load_lock(project.lock_path)
     repo, tree = locked_tree(project, lock)  # refused while a rebase swaps the series in
-    patches = read_series(project.patches_dir)
+    patches = load_series(project.patches_dir)
     new = compute_files(repo, tree, patches)
     old = dict(lock.files)
     if check:
@@ -94,7 +94,7 @@ def describe_change(old: dict[str, str], new: dict[str, str]) -> str:
     removed = sorted(set(old) - set(new))
     changed = sorted(r for r in set(old) & set(new) if old[r] != new[r])
     parts = [f"+{r}" for r in added] + [f"-{r}" for r in removed] + [f"~{r}" for r in changed]
-    return ", ".join(parts[:8]) + (f" and {len(parts) - 8} more" if len(parts) > 8 else "") if parts else "no change"
+    return shorten(parts) if parts else "no change"
 
 
 def register(sub, common) -> None:

@@ -50,7 +50,12 @@ class Upstream:
 
     @property
     def dirs(self) -> frozenset[str]:
-        return frozenset(p.rsplit("/", i)[0] for p in self.paths for i in range(1, p.count("/") + 1))
+        return frozenset(parent_dirs(self.paths))
+
+
+def parent_dirs(paths) -> set[str]:
+    """Every directory above the given repo-relative paths ("a/b/c" -> "a", "a/b")."""
+    return {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/") + 1)}
 
 
 @dataclass(frozen=True)
@@ -64,14 +69,9 @@ class Built:
     touched_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # patch name -> its paths
 
 
-def read_series(patches_dir: Path) -> list[Patch]:
-    """``series.load_series``, with unreadable files (not UTF-8, a directory, no
-    permission) turned into a one-line error too."""
-    try:
-        return load_series(patches_dir)
-    except (OSError, UnicodeDecodeError) as e:
-        where = getattr(e, "filename", None) or patches_dir / "series"
-        raise DancegrpoError(f"cannot read {where} ({type(e).__name__}: {e})", "fix or restore patches/") from None
+# series.load_series itself turns unreadable files (not UTF-8, a directory, no
+# permission) into one-line errors; this name stays for the modules that import it.
+read_series = load_series
 
 
 def parse_patch(patch: Patch) -> list[FileChange]:
@@ -128,7 +128,7 @@ def build(
     state: dict[str, FileState | None] = {t: pristine.get(t) for t in touched}
     if stage_dir is not None:
         for path, fs in pristine.items():
-            _write(stage_dir, path, fs)
+            write_file(stage_dir, path, fs)
     created: set[str] = set()
     for patch, changes in parsed:
         ng_items = _patch_ng_items(patch) if stage_dir is not None else {}
@@ -157,7 +157,7 @@ def build(
         _check_new_path(rel, state, upstream.paths, updirs, f"overlay/{rel}")
         state[rel] = fs
         if stage_dir is not None:
-            _write(stage_dir, rel, fs)
+            write_file(stage_dir, rel, fs)
     if stage_dir is not None:
         _check_stage(stage_dir, state)
     return Built(
@@ -180,7 +180,8 @@ def _check_new_path(path: str, state: dict[str, FileState | None], paths: frozen
         raise DancegrpoError(f"{who}: cannot create {path}: it is a directory upstream", "choose another path")
 
 
-def _write(root: Path, rel: str, fs: FileState) -> None:
+def write_file(root: Path, rel: str, fs: FileState) -> None:
+    """Write ``fs`` at ``root/rel`` with its mode, making parent directories."""
     dest = root / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(fs.data)
@@ -261,7 +262,7 @@ def _patch_ng_one(stage: Path, name: str, item, change: FileChange, before: File
         detail = "; ".join(log.messages[-2:]) if not ok else "its output differs from the exact hunks"
         raise DancegrpoError(f"{where}: patch-ng failed ({detail})", "report this as an engine bug; the work tree is unchanged")
     if got != after.data:
-        _write(stage, change.path, after)
+        write_file(stage, change.path, after)
     os.chmod(dest, after.mode)
 
 

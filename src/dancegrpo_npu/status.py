@@ -14,7 +14,6 @@ expected tree afresh (it does not trust applied.json).
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 from dancegrpo_npu.apply import check_head, upstream_from_git
@@ -25,9 +24,9 @@ from dancegrpo_npu.lock import Lock, load_lock
 from dancegrpo_npu.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase_state import describe_rebase
-from dancegrpo_npu.series import TODO_MARK, is_todo, todo_warning
-from dancegrpo_npu.stage import build, read_overlay, read_series, touched_files
-from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session
+from dancegrpo_npu.series import TODO_MARK, is_todo, load_series, todo_warning
+from dancegrpo_npu.stage import build, read_overlay, touched_files
+from dancegrpo_npu.worktree import Fetched, display_path, load_applied, session, shorten
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
     is swapping in, which verify refuses."""
     lock = load_lock(project.lock_path)
     with session(project.workdir, mid_swap_ok=mid_swap_ok) as (wt, fetched):
-        patches = read_series(project.patches_dir)
+        patches = load_series(project.patches_dir)
         overlay = read_overlay(project.overlay_dir)
         applied = load_applied(wt)
         rebase = describe_rebase(wt.root)
@@ -79,7 +78,8 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
             expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
         except DancegrpoError as e:
             problem, expected = e.one_line(), {}
-        edits = find_edits(wt, applied, tree, set(), target_states(expected))
+        git_status = status_paths(wt.root)  # one `git status` for the edits and the differences
+        edits = find_edits(wt, applied, tree, set(), target_states(expected), git_status)
         edited = {e.path for e in edits if e.blocking}
         untracked = tuple(e.path for e in edits if not e.blocking)
 
@@ -100,7 +100,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         dropped = tuple(n for n in applied_patches if n not in {p.name for p in patches})
 
         ov_state, ov_detail = _overlay_state(wt.root, overlay)
-        differences = [] if problem else _differences(wt.root, tree, expected)
+        differences = [] if problem else _differences(wt.root, tree, expected, git_status)
         return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
 
 
@@ -121,7 +121,7 @@ def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
     return "present", ()
 
 
-def _differences(root, tree, expected) -> list[str]:
+def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
     """Every way the work tree differs from the exact tree ("path (how)")."""
     out = []
     for rel, fs in sorted(expected.items()):
@@ -139,7 +139,7 @@ def _differences(root, tree, expected) -> list[str]:
             out.append(f"{rel} (not patched)")
         else:
             out.append(f"{rel} (differs)")
-    for rel, code in sorted(status_paths(root).items()):
+    for rel in sorted(git_status):
         if rel in expected:
             continue
         entry = tree.get(rel)
@@ -224,9 +224,8 @@ def verify_tree(project: Project) -> Report:
     if r.problem:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:
-        shown = ", ".join(r.differences[:6]) + (f" and {len(r.differences) - 6} more" if len(r.differences) > 6 else "")
         raise DancegrpoError(
-            f"verify: {where} is not exactly lock + series + overlay: {shown}",
+            f"verify: {where} is not exactly lock + series + overlay: {shorten(r.differences, 6)}",
             "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact",
         )
     return r

@@ -126,6 +126,13 @@ def display_path(path: Path) -> str:
         return os.fspath(path)
 
 
+def shorten(items, limit: int = 8) -> str:
+    """``items`` for a message: the first ``limit`` joined by commas, then "and N more"."""
+    items = [str(i) for i in items]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -190,16 +197,22 @@ def session(
 @contextmanager
 def hold(wt: WorkTree) -> Iterator[None]:
     """An exclusive advisory lock on the work tree's engine state."""
+    wt.state_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(wt.state_dir / "lock", f"another dancegrpo-npu command is working on {wt.root}"):
+        yield
+
+
+@contextmanager
+def exclusive(lock_file: Path, busy: str) -> Iterator[None]:
+    """Hold an flock on ``lock_file`` (the kernel drops it if the process dies); if
+    another process holds it, refuse at once with ``busy`` rather than wait."""
     import fcntl
 
-    wt.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(wt.state_dir / "lock", "a") as f:
+    with open(lock_file, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DancegrpoError(
-                f"another dancegrpo-npu command is working on {wt.root}", "wait for it to finish, then re-run"
-            ) from None
+            raise DancegrpoError(busy, "wait for it to finish, then re-run") from None
         try:
             yield
         finally:

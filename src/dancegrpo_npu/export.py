@@ -32,8 +32,7 @@ from dancegrpo_npu.patchqueue import (
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.rebase_finish import apply_with_engine, overlay_files
 from dancegrpo_npu.rebase_state import RebasePaths
-from dancegrpo_npu.series import Patch, format_header, parse_header, read_series_names, split_patch
-from dancegrpo_npu.stage import read_series
+from dancegrpo_npu.series import Patch, format_header, load_series, parse_header, read_series_names, split_patch
 from dancegrpo_npu.worktree import session
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -91,7 +90,7 @@ def export_edits(project: Project, name: str, description: str | None = None, co
     if RebasePaths(main.git_dir(), project.workdir).state_dir.exists():
         raise DancegrpoError("a rebase is in progress", "finish it (`dancegrpo-npu rebase --continue`) or --abort it, then export")
     lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
+    patches = load_series(project.patches_dir)
     names = read_series_names(project.series_path)
     target = project.patches_dir / patch_file_name(name, names)
     overlay = overlay_files(project.overlay_dir)

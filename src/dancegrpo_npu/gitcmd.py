@@ -18,8 +18,7 @@ from dancegrpo_npu import gitutil
 from dancegrpo_npu.errors import DancegrpoError
 
 # gitutil.git runs git (LC_ALL=C, no prompts, GIT_DIR & co. cleared, no CRLF conversion);
-# this module adds a fixed identity and the settings below.  (gitutil.git_env does not
-# clear GIT_OBJECT_DIRECTORY / GIT_ALTERNATE_OBJECT_DIRECTORIES inherited from a caller.)
+# this module adds a fixed identity and the settings below.
 IDENTITY = {
     "GIT_AUTHOR_NAME": "dancegrpo-npu",
     "GIT_AUTHOR_EMAIL": "dancegrpo-npu@localhost",

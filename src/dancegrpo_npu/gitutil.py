@@ -33,6 +33,8 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
     env.pop("GIT_INDEX_FILE", None)
+    env.pop("GIT_OBJECT_DIRECTORY", None)  # e.g. inherited inside a git hook
+    env.pop("GIT_ALTERNATE_OBJECT_DIRECTORIES", None)
     if extra:
         env.update(extra)
     return env

@@ -36,7 +36,6 @@ from dancegrpo_npu.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
 from dancegrpo_npu.series import Patch, load_series
-from dancegrpo_npu.stage import read_series
 from dancegrpo_npu.worktree import session
 
 
@@ -173,7 +172,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
                 "finish it with `dancegrpo-npu rebase --continue`, `--skip` or `--abort`",
             )
         lock = load_lock(project.lock_path)
-        patches = read_series(project.patches_dir)
+        patches = load_series(project.patches_dir)
         with session(project.workdir) as (wt, fetched):
             if fetched.kind == "archive":
                 raise DancegrpoError(

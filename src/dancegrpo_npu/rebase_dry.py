@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.series import load_series
 from dancegrpo_npu.gitcmd import choose_source, fetch_commit, open_workdir_repo, scratch_clone
 from dancegrpo_npu.apply import check_head
 from dancegrpo_npu.lock import load_lock
@@ -22,14 +23,13 @@ from dancegrpo_npu.rebase import RebaseResult, Stop, local_edits, move_patch, re
 from dancegrpo_npu.rebase_finish import gained_and_left, lock_changes, overlay_collisions, regenerate, stage, verify_staged
 from dancegrpo_npu.rebase_report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.rebase_state import RebasePaths, RebaseState, Step
-from dancegrpo_npu.stage import read_series
 from dancegrpo_npu.worktree import session
 
 
 def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseResult:
     main = open_workdir_repo(project.workdir)
     lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
+    patches = load_series(project.patches_dir)
     with session(project.workdir) as (wt, fetched):
         check_head(wt, fetched, lock)
         if fetched.kind == "archive":

@@ -24,8 +24,6 @@ Phases: ``starting`` (tree being made) -> ``applying`` (patch by patch) <->
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -134,19 +132,12 @@ def checkpoint(name: str) -> None:
         os.kill(os.getpid(), 9)
 
 
-@contextlib.contextmanager
 def exclusive(paths: RebasePaths):
     """Hold the rebase lock (released by the kernel if the process dies)."""
+    from dancegrpo_npu.worktree import exclusive as hold
+
     paths.base.mkdir(parents=True, exist_ok=True)
-    with open(paths.lock_file, "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DancegrpoError(
-                f"another dancegrpo-npu rebase is running on {paths.workdir}",
-                "wait for it to finish, then run the command again",
-            ) from None
-        yield
+    return hold(paths.lock_file, f"another dancegrpo-npu rebase is running on {paths.workdir}")
 
 
 def load_state(paths: RebasePaths) -> RebaseState | None:

@@ -298,13 +298,13 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
 
     from dancegrpo_npu.apply import overlay_sha256
     from dancegrpo_npu.fixtures import params_sha256
-    from dancegrpo_npu.series import series_sha256
-    from dancegrpo_npu.stage import read_overlay, read_series
+    from dancegrpo_npu.series import load_series, series_sha256
+    from dancegrpo_npu.stage import read_overlay
     from dancegrpo_npu.status import verify_tree
 
     try:
         report = verify_tree(project)
-        parts = (report.lock.commit, series_sha256(read_series(project.patches_dir)),
+        parts = (report.lock.commit, series_sha256(load_series(project.patches_dir)),
                  overlay_sha256(read_overlay(project.overlay_dir)))
     except DancegrpoError:
         return None

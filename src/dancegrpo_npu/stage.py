@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from dancegrpo_npu.diffs import FileChange, apply_exact, check_symlinks, parse_diff
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.series import Patch, load_series
+from dancegrpo_npu.series import Patch
 
 # Files in overlay/ that are never part of it (byte-code caches, editor droppings).
 OVERLAY_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
@@ -68,10 +68,6 @@ class Built:
     overlay: frozenset[str]  # paths the overlay adds
     touched_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # patch name -> its paths
 
-
-# series.load_series itself turns unreadable files (not UTF-8, a directory, no
-# permission) into one-line errors; this name stays for the modules that import it.
-read_series = load_series
 
 
 def parse_patch(patch: Patch) -> list[FileChange]:

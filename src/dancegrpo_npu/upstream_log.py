@@ -15,8 +15,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.gitcmd import Git, choose_source, default_branch, fetch_commit, open_workdir_repo
 from dancegrpo_npu.lock import load_lock
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.series import Patch
-from dancegrpo_npu.stage import read_series
+from dancegrpo_npu.series import Patch, load_series
 
 LOG_REF = "refs/dancegrpo-npu/upstream-log"
 _SEP_COMMIT, _SEP_FIELD = "\x1e", "\x1f"
@@ -82,7 +81,7 @@ def read_log(git: Git, old: str, new: str, touched: dict[str, tuple[str, ...]]) 
 def upstream_log(project: Project, ref: str | None = None, source: str | None = None) -> UpstreamLog:
     main = open_workdir_repo(project.workdir)
     lock = load_lock(project.lock_path)
-    patches = read_series(project.patches_dir)
+    patches = load_series(project.patches_dir)
     src = choose_source(source, lock.url)
     ref = ref or default_branch(main, src)
     fetched = fetch_commit(main, src, ref, LOG_REF)

@@ -77,6 +77,7 @@ if rank == 0:
     result["checkpoint_shifted_by_1"] = all(torch.allclose(loaded[k], base[k] + 1) for k in base)
     result["ema_shifted_by_0.1"] = all(torch.allclose(ema.ema_state_dict_rank0[k], base[k] + 0.1, atol=1e-6) for k in base)
     print("RESULT " + json.dumps(result))
+dist.barrier()  # rank 1 must not tear the group down while rank 0 still reads the checkpoint
 dist.destroy_process_group()
 '''
 

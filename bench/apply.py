@@ -24,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.fspath(ROOT / "src"))
 
-from dancegrpo_npu.apply import apply_worktree  # noqa: E402
+from dancegrpo_npu.engine.apply import apply_worktree  # noqa: E402
 from dancegrpo_npu.errors import DancegrpoError  # noqa: E402
-from dancegrpo_npu.fetch import fetch  # noqa: E402
-from dancegrpo_npu.lockfile import refresh_lock  # noqa: E402
+from dancegrpo_npu.engine.fetch import fetch  # noqa: E402
+from dancegrpo_npu.engine.lockfile import refresh_lock  # noqa: E402
 from dancegrpo_npu.project import find_project  # noqa: E402
-from dancegrpo_npu.status import inspect  # noqa: E402
+from dancegrpo_npu.engine.status import inspect  # noqa: E402
 
 TARGET_S = 1.0
 

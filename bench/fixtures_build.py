@@ -20,7 +20,7 @@ def main() -> int:
     import hpsv2.src.open_clip  # noqa: F401
     import torch  # noqa: F401
 
-    from dancegrpo_npu.fixtures import build_fixtures, is_current
+    from dancegrpo_npu.smoke.fixtures import build_fixtures, is_current
 
     t1 = time.perf_counter()
     was_current = is_current(dest)

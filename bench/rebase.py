@@ -91,10 +91,10 @@ def main() -> int:
     os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")
 
     from dancegrpo_npu.project import find_project
-    from dancegrpo_npu.rebase import start_rebase
-    from dancegrpo_npu.rebase_dry import dry_run
-    from dancegrpo_npu.series import load_series
-    from dancegrpo_npu.upstream_log import upstream_log
+    from dancegrpo_npu.rebase.command import start_rebase
+    from dancegrpo_npu.rebase.dry_run import dry_run
+    from dancegrpo_npu.engine.series import load_series
+    from dancegrpo_npu.rebase.upstream_log import upstream_log
 
     with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-bench-rebase-") as tmp:
         t0 = time.perf_counter()

@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "npu"))
     args = parser.parse_args()
 
-    from dancegrpo_npu.fixtures import build_fixtures
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
     from dancegrpo_npu.project import find_project
 
     project = find_project(args.project)

@@ -122,7 +122,7 @@ install_deps() {
   } 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   # The hpsv2 wheel lacks the BPE vocabulary its tokenizer opens at import; it is the
   # same file open_clip ships (copied, checked by sha256).
-  "$VENV/bin/python" -c 'from dancegrpo_npu.fixtures import ensure_hpsv2_vocab as e; e()' ||
+  "$VENV/bin/python" -c 'from dancegrpo_npu.smoke.fixtures import ensure_hpsv2_vocab as e; e()' ||
     die "could not complete hpsv2's installation (see above)"
   # hpsv2's open_clip does `from turtle import forward`, so it needs Tk.
   "$VENV/bin/python" -c 'import tkinter' 2>/dev/null ||

@@ -30,7 +30,7 @@ def pytest_configure(config):
 
 def _probe_source() -> tuple[str | None, str]:
     """(source, "") when the real upstream can be fetched, else (None, why not)."""
-    from dancegrpo_npu.lock import load_lock
+    from dancegrpo_npu.engine.lock import load_lock
 
     env = os.environ.get("DANCEGRPO_SOURCE")
     if env:
@@ -38,7 +38,7 @@ def _probe_source() -> tuple[str | None, str]:
         if env.endswith((".tar.gz", ".tgz")):
             if not path.is_file():
                 return None, f"DANCEGRPO_SOURCE={env} does not exist"
-            from dancegrpo_npu.lock import sha256_file
+            from dancegrpo_npu.engine.lock import sha256_file
 
             try:
                 want = load_lock(PROJECT_ROOT / "upstream.lock").archive_sha256
@@ -97,8 +97,8 @@ def copy_project(dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def patched_tree(upstream_source, tmp_path_factory) -> PatchedTree:
-    from dancegrpo_npu.apply import apply_worktree
-    from dancegrpo_npu.fetch import fetch
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
     root = copy_project(tmp_path_factory.mktemp("patched") / "project")

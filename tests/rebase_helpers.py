@@ -164,7 +164,7 @@ def make_project(root: Path, history: History, commit: str, specs: list[PatchSpe
                  context: int = 3) -> Path:
     """Project at ``root`` (lock, patches, overlay) and its work tree ``root/build/DanceGRPO``,
     fetched and patched by the engine."""
-    from dancegrpo_npu.lock import Lock, save_lock
+    from dancegrpo_npu.engine.lock import Lock, save_lock
 
     root.mkdir(parents=True)
     make_series(history, commit, specs, root / "patches", context)
@@ -178,17 +178,17 @@ def make_project(root: Path, history: History, commit: str, specs: list[PatchSpe
 
 def lock_files(root: Path, history: History, commit: str) -> dict[str, str]:
     """[files] for the series in ``root/patches`` at ``commit`` (the engine's rule)."""
-    from dancegrpo_npu.gitutil import ls_tree
-    from dancegrpo_npu.lockfile import compute_files
-    from dancegrpo_npu.series import load_series
+    from dancegrpo_npu.vcs.gitutil import ls_tree
+    from dancegrpo_npu.engine.lockfile import compute_files
+    from dancegrpo_npu.engine.series import load_series
 
     return compute_files(history.path, ls_tree(history.path, commit), load_series(root / "patches"))
 
 
 def refetch(root: Path) -> None:
     """What a user runs after changing the lock: ``dancegrpo-npu fetch`` then ``apply``."""
-    from dancegrpo_npu.apply import apply_worktree
-    from dancegrpo_npu.fetch import fetch
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
     project = find_project(root)
@@ -199,7 +199,7 @@ def refetch(root: Path) -> None:
 def verified(root: Path) -> bool:
     """``dancegrpo-npu verify``: the work tree is exactly lock + series + overlay."""
     from dancegrpo_npu.project import find_project
-    from dancegrpo_npu.status import inspect
+    from dancegrpo_npu.engine.status import inspect
 
     report = inspect(find_project(root))
     return report.exact

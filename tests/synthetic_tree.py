@@ -106,7 +106,7 @@ def trust_synthetic_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     Tests of the launcher therefore replace only the verdict, keeping the presence checks; the
     verify path itself is tested separately (test_launch.py, fake status module).
     """
-    from dancegrpo_npu import treecheck
+    from dancegrpo_npu.engine import treecheck
 
     real = treecheck.tree_state
 

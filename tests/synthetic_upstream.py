@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.lock import Lock, save_lock, sha256_bytes
+from dancegrpo_npu.engine.lock import Lock, save_lock, sha256_bytes
 from dancegrpo_npu.project import Project, find_project
 
 IDENTITY = {
@@ -149,9 +149,9 @@ def write_series(root: Path, patches: dict[str, bytes]) -> None:
 
 
 def touched_hashes(up: Upstream, patches: dict[str, bytes], commit: str) -> dict[str, str]:
-    from dancegrpo_npu.diffs import parse_diff
+    from dancegrpo_npu.engine.diffs import parse_diff
     from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.series import split_patch
+    from dancegrpo_npu.engine.series import split_patch
 
     tracked = set(run_git(up.path, "ls-tree", "-r", "--name-only", commit).decode().split("\n"))
     files = {}
@@ -211,7 +211,7 @@ class Setup:
         return dep3(description, self.diff(changes, **kw))
 
     def set_series(self, patches: dict[str, bytes], refresh_lock: bool = True) -> None:
-        from dancegrpo_npu.lock import load_lock
+        from dancegrpo_npu.engine.lock import load_lock
 
         write_series(self.project.root, patches)
         if refresh_lock:
@@ -225,13 +225,13 @@ class Setup:
             _write(self.project.overlay_dir, rel, content)
 
     def fetch(self, **kw):
-        from dancegrpo_npu.fetch import fetch
+        from dancegrpo_npu.engine.fetch import fetch
 
         kw.setdefault("source", self.up.url())
         return fetch(self.project, **kw)
 
     def apply(self, **kw):
-        from dancegrpo_npu.apply import apply_worktree
+        from dancegrpo_npu.engine.apply import apply_worktree
 
         return apply_worktree(self.project, **kw)
 

@@ -17,19 +17,19 @@ from dancegrpo_npu.errors import DancegrpoError
 
 # Verb modules, in the order --help lists them.
 COMMAND_MODULES = (
-    "fetch",
-    "apply",
-    "status",
-    "series",
-    "lockfile",
-    "upstream_log",
-    "rebase",
-    "export",
-    "smoke",
-    "launch",
-    "doctor",
-    "runs",
-    "plot",
+    "engine.fetch",
+    "engine.apply",
+    "engine.status",
+    "engine.series",
+    "engine.lockfile",
+    "rebase.upstream_log",
+    "rebase.command",
+    "rebase.export",
+    "smoke.command",
+    "run.launch",
+    "doctor.command",
+    "run.runs",
+    "run.plot",
 )
 
 DESCRIPTION = textwrap.dedent(

@@ -17,8 +17,8 @@ pytest.importorskip("diffusers")
 @pytest.mark.slow
 @pytest.mark.upstream
 def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path):
-    from dancegrpo_npu.fixtures import build_fixtures
-    from dancegrpo_npu.launch import LaunchSpec, launch
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.run.launch import LaunchSpec, launch
 
     fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures")
     out = tmp_path / "rl_embeddings"

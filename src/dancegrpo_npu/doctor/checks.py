@@ -1,0 +1,235 @@
+"""doctor's checks of the software stack: Python, torch, torch_npu, CANN, accelerate, devices.
+
+Each returns a Check (PASS / FAIL / SKIP, what was found, the fix).  ``Facts`` carries what
+an earlier check found (torch, whether this is an NPU run, the devices) to the later ones.
+torch and torch_npu are imported here, inside the checks, never when the CLI starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dancegrpo_npu.run import ascend
+from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, base_version, table_row
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    device: str = "auto"  # what training will use: npu makes the NPU checks mandatory
+    flux_dir: Path | None = None  # default: <tree>/data/flux
+    hps_ckpt: Path | None = None  # default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt
+    hps_open_clip_ckpt: Path | None = None  # default: <tree>/hps_ckpt/open_clip_pytorch_model.bin
+    min_free_gb: float = 50.0
+    timeout: float = 180.0
+    skip: tuple[str, ...] = ()
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    dev_dir: Path = Path("/dev")
+    driver_file: Path = ascend.DRIVER_VERSION_FILE
+
+
+@dataclass
+class Facts:
+    """What earlier checks found, for the later ones."""
+
+    torch: object = None
+    npu: bool = False  # torch_npu imported and the run is meant for NPUs
+    kind: str = "cpu"  # npu | cuda | cpu: where the compute checks run
+    count: int = 0
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
+    if (v.major, v.minor) < MIN_PYTHON:
+        return Check("python", FAIL, text, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (README, Running on Ascend 910B)")
+    return Check("python", PASS, text)
+
+
+def check_torch(facts: Facts) -> Check:
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        return Check(
+            "torch",
+            FAIL,
+            f"import torch failed: {type(e).__name__}: {e}",
+            "install the torch build the README's version table names for this machine",
+        )
+    facts.torch = torch
+    return Check("torch", PASS, torch.__version__)
+
+
+def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
+    want_npu = opts.device == "npu"
+    if importlib.util.find_spec("torch_npu") is None:
+        if want_npu:
+            return Check(
+                "torch_npu",
+                FAIL,
+                "torch_npu is not installed",
+                f"pip install torch-npu=={KNOWN_GOOD['torch_npu']} (matching your torch; README version table)",
+            )
+        return Check("torch_npu", SKIP, "not installed: no NPU stack on this machine, the CUDA/CPU checks run instead")
+    if facts.torch is None:
+        return Check("torch_npu", FAIL, "torch does not import", "fix torch first")
+    try:
+        import torch_npu
+    except Exception as e:  # noqa: BLE001
+        return Check(
+            "torch_npu",
+            FAIL,
+            f"import torch_npu failed: {type(e).__name__}: {e}",
+            "source /usr/local/Ascend/ascend-toolkit/set_env.sh, then check torch/torch_npu/CANN versions (README table)",
+        )
+    npu_version = getattr(torch_npu, "__version__", "?")
+    torch_version = facts.torch.__version__
+    built_for, have = base_version(npu_version), base_version(torch_version)
+    if built_for != have:
+        return Check(
+            "torch_npu",
+            FAIL,
+            f"torch_npu {npu_version} is built for torch {built_for}, but torch is {torch_version}",
+            f"install the pair: torch=={built_for} with torch_npu {npu_version}, or the torch_npu built for torch {have}",
+        )
+    facts.npu = opts.device in ("auto", "npu")
+    note = "" if table_row(npu_version) else " (not a row of the README's table: untested here)"
+    return Check("torch_npu", PASS, f"{npu_version} matches torch {torch_version}{note}")
+
+
+def check_cann(facts: Facts, opts: DoctorOptions) -> Check:
+    home = ascend.cann_home(opts.environ)
+    needed = facts.npu or opts.device == "npu"
+    if home is None:
+        if needed:
+            return Check(
+                "cann",
+                FAIL,
+                "ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH are not set",
+                "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN's environment) in this shell",
+            )
+        return Check("cann", SKIP, "CANN not in the environment (not needed off NPU)")
+    if not home.is_dir():
+        return Check(
+            "cann",
+            FAIL,
+            f"{home} (from ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH) does not exist",
+            "source the set_env.sh of an installed toolkit",
+        )
+    version, source = ascend.cann_version(home)
+    if version is None:
+        return Check(
+            "cann",
+            FAIL,
+            f"no ascend_toolkit_install.info with a version under {home}",
+            "reinstall the CANN toolkit, or source the right set_env.sh",
+        )
+    driver = ascend.driver_version(opts.driver_file) or "unknown"
+    detail = f"CANN {version} ({source}); driver {driver}"
+    npu_version = _module_version("torch_npu")
+    row = table_row(npu_version) if npu_version else None
+    if row and not version.upper().startswith(row[2].upper()):
+        detail += f"; note: Ascend's table pairs torch_npu {row[0]} with CANN {row[2]}"
+    return Check("cann", PASS, detail)
+
+
+def _module_version(name: str) -> str | None:
+    module = sys.modules.get(name)
+    return getattr(module, "__version__", None) if module else None
+
+
+def check_accelerate(facts: Facts) -> Check:
+    """accelerate picks its backend from torch.cuda.is_available(), which transfer_to_npu makes True."""
+    try:
+        import importlib.metadata as md
+
+        version = md.version("accelerate")
+    except Exception:  # noqa: BLE001
+        return Check("accelerate", SKIP, "not installed")
+    if not facts.npu:
+        return Check("accelerate", PASS, f"{version}")
+    ok = tuple(int(x) for x in re.findall(r"\d+", version)[:2]) >= (0, 34)
+    if not ok:
+        return Check(
+            "accelerate",
+            FAIL,
+            f"{version} picks nccl under transfer_to_npu (accelerate issue #3020)",
+            "pip install 'accelerate>=1.0.1'",
+        )
+    return Check("accelerate", PASS, f"{version} (checks NPU before CUDA, so hccl under transfer_to_npu)")
+
+
+def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
+    torch = facts.torch
+    if torch is None:
+        return Check("devices", FAIL, "torch does not import", "fix torch first")
+    if facts.npu:
+        visible = opts.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        present = ascend.davinci_count(opts.dev_dir)
+        try:
+            if visible is not None:
+                bad = [i for i in ascend.parse_visible_devices(visible) if i >= present]
+                if bad:
+                    return Check(
+                        "devices",
+                        FAIL,
+                        f"ASCEND_RT_VISIBLE_DEVICES={visible} names device {bad[0]}; this host shows {present} NPU(s)",
+                        "list only existing NPUs (npu-smi info)",
+                    )
+            n = torch.npu.device_count()
+            names = [
+                f"{torch.npu.get_device_name(i)} {torch.npu.get_device_properties(i).total_memory / 2**30:.0f} GiB"
+                for i in range(n)
+            ]
+        except Exception as e:  # noqa: BLE001
+            return Check(
+                "devices",
+                FAIL,
+                f"NPU query failed: {type(e).__name__}: {e}",
+                "check `npu-smi info`, the driver, and ASCEND_RT_VISIBLE_DEVICES",
+            )
+        if n == 0:
+            return Check(
+                "devices",
+                FAIL,
+                "torch_npu sees no NPU",
+                "check `npu-smi info`; in a container map /dev/davinci* and the driver",
+            )
+        facts.kind, facts.count = "npu", n
+        shown = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        return Check("devices", PASS, f"{n} NPU(s){shown}: " + "; ".join(f"{i}: {s}" for i, s in enumerate(names)))
+    if opts.device == "npu":
+        return Check(
+            "devices",
+            FAIL,
+            "no NPU stack here (torch_npu missing or failed)",
+            "run doctor on the 910B node, with CANN's set_env.sh sourced",
+        )
+    if opts.device in ("auto", "cuda") and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        names = [
+            f"{torch.cuda.get_device_name(i)} {torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB"
+            for i in range(n)
+        ]
+        facts.kind, facts.count = "cuda", n
+        return Check("devices", PASS, f"no NPU on this machine; {n} CUDA GPU(s): " + "; ".join(names))
+    if opts.device == "cuda":
+        return Check(
+            "devices", FAIL, "torch sees no CUDA GPU", "check nvidia-smi and the torch build (a +cpu build has no CUDA)"
+        )
+    facts.kind, facts.count = "cpu", 1
+    return Check("devices", PASS, f"no NPU or GPU on this machine: the CPU checks run instead ({os.cpu_count()} cores)")

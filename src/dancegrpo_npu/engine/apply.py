@@ -1,0 +1,310 @@
+"""``dancegrpo-npu apply``: the series, then the overlay, onto the fetched work tree,
+atomically.
+
+The series is applied to a staging copy (pristine files from git HEAD) by
+``stage.build``; only when every patch and the overlay succeeded are the files
+swapped into the work tree, through the write-ahead journal of ``worktree``.  On any
+failure the work tree is byte-identical to before.  Local edits are never lost:
+apply refuses while there are any, and ``--force`` saves them first.
+
+For the rebase helper: ``apply_series_to_dir`` (exact, path-checked, in place, on a
+scratch tree) and ``touched_files``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits, target_states
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev_parse
+from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_bytes
+from dancegrpo_npu.engine.lockfile import check_series_against_lock
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.engine.series import Patch, load_series, series_sha256
+from dancegrpo_npu.engine.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files, write_file
+from dancegrpo_npu.engine.worktree import (
+    display_path,
+    Applied,
+    Checkpoint,
+    Fetched,
+    WorkTree,
+    _no_checkpoint,
+    commit_journal,
+    load_applied,
+    matches,
+    new_staging,
+    session,
+    shorten,
+)
+
+__all__ = ["apply_series_to_dir", "touched_files", "apply_worktree", "ApplyOutcome"]
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    noop: bool
+    changed: tuple[str, ...]  # paths written or removed in the work tree
+    patches: int
+    overlay: int
+    saved: Path | None  # where local edits were saved (--force)
+    untracked: tuple[str, ...]  # untracked files left alone
+
+
+# --- what the series applies to -------------------------------------------------------
+
+
+def upstream_from_git(root: Path, tree: dict[str, TreeEntry]) -> Upstream:
+    """Upstream as git HEAD of the work tree has it (never the possibly patched files)."""
+    links = {p: e.blob for p, e in tree.items() if e.mode == "120000"}
+    targets = cat_blobs(root, list(links.values()))
+    symlinks = {p: targets[b].decode("utf-8", "surrogateescape") for p, b in links.items()}
+
+    def read(paths: list[str]) -> dict[str, FileState]:
+        regular = [p for p in paths if p in tree and tree[p].mode != "120000"]
+        blobs = cat_blobs(root, [tree[p].blob for p in regular])
+        return {p: FileState(blobs[tree[p].blob], tree[p].mode == "100755") for p in regular}
+
+    return Upstream(frozenset(tree), symlinks, read)
+
+
+def upstream_from_dir(root: Path, upstream_paths: set[str] | None = None) -> Upstream:
+    """Upstream as the files of a directory (a scratch checkout); .git is skipped."""
+    paths: set[str] = set()
+    symlinks: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        if base == root and ".git" in dirnames:
+            dirnames.remove(".git")
+        for name in dirnames + filenames:
+            full = base / name
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                symlinks[rel] = os.readlink(full)
+                paths.add(rel)
+            elif name in filenames:
+                paths.add(rel)
+    if upstream_paths is not None:
+        paths |= set(upstream_paths)
+
+    def read(wanted: list[str]) -> dict[str, FileState]:
+        out = {}
+        for p in wanted:
+            full = root / p
+            if full.is_file() and not full.is_symlink():
+                out[p] = FileState(full.read_bytes(), bool(full.stat().st_mode & 0o100))
+        return out
+
+    return Upstream(frozenset(paths), symlinks, read)
+
+
+def overlay_sha256(overlay: dict[str, FileState]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(overlay):
+        h.update(f"{rel}\0{int(overlay[rel].executable)}\0{sha256_bytes(overlay[rel].data)}\n".encode())
+    return h.hexdigest()
+
+
+def check_head(wt: WorkTree, fetched: Fetched, lock: Lock) -> str:
+    """HEAD of the work tree, which must stand for the locked commit."""
+    head = rev_parse(wt.root, "HEAD")
+    if fetched.commit != lock.commit or head != fetched.head:
+        at = fetched.commit if head == fetched.head else head
+        raise DancegrpoError(
+            f"the work tree is at upstream {str(at)[:12]}, upstream.lock is at {lock.commit[:12]}",
+            "run `dancegrpo-npu fetch` to move it to the locked commit",
+        )
+    return head
+
+
+def check_assets(fetched: Fetched, paths) -> None:
+    if fetched.with_assets:
+        return
+    for rel in paths:
+        if rel.split("/", 1)[0] == "assets":
+            raise DancegrpoError(
+                f"the series or overlay writes {rel}, but the work tree was fetched without assets/",
+                "run `dancegrpo-npu fetch --with-assets`",
+            )
+
+
+# --- apply onto the work tree ----------------------------------------------------------
+
+
+def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
+    lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
+    with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
+        patches = load_series(project.patches_dir)
+        overlay = read_overlay(project.overlay_dir)
+        head = check_head(wt, fetched, lock)
+        tree = ls_tree(wt.root, head)
+        check_series_against_lock(lock, patches, tree, wt.root)
+        applied = load_applied(wt)
+        signature = (head, series_sha256(patches), overlay_sha256(overlay))
+        if applied is not None and (applied.head, applied.series_sha256, applied.overlay_sha256) == signature:
+            edits = find_edits(wt, applied, tree, set(applied.files))
+            if not any(e.blocking for e in edits):
+                return ApplyOutcome(True, (), len(patches), len(overlay), None, _untracked(edits))
+        staging = new_staging(wt)
+        try:
+            return _stage_and_swap(wt, fetched, lock, patches, overlay, tree, applied, head, signature, staging, force, checkpoint)
+        finally:
+            if not wt.journal_path.exists():  # failed before the commit point: drop the staging copy
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_and_swap(
+    wt: WorkTree,
+    fetched: Fetched,
+    lock: Lock,
+    patches: list[Patch],
+    overlay: dict[str, FileState],
+    tree: dict[str, TreeEntry],
+    applied: Applied | None,
+    head: str,
+    signature: tuple[str, str, str],
+    staging: Path,
+    force: bool,
+    checkpoint: Checkpoint,
+) -> ApplyOutcome:
+    """Build the series in ``staging``, check for local edits, then swap it in."""
+    built = build(upstream_from_git(wt.root, tree), patches, overlay, staging / "tree")
+    check_assets(fetched, built.files)
+    old = set(applied.files) if applied else set()
+    edits = find_edits(wt, applied, tree, set(built.files) | old, target_states(built.files))
+    blocking = [e for e in edits if e.blocking]
+    if blocking and not force:
+        raise _edits_error(blocking, wt)
+    saved = save_edits(wt, blocking, applied, head) if blocking else None
+    if saved:
+        checkpoint("edits saved")
+    targets = _targets(wt, tree, built, staging / "tree", old | {e.path for e in blocking})
+    ops = [{"path": p, "want": w} for p, w in targets.items() if not matches(wt.root / p, w)]
+    # removals first, deepest first; then writes
+    ops.sort(key=lambda op: (op["want"] is not None, -op["path"].count("/") if op["want"] is None else 0, op["path"]))
+    record = Applied(
+        head=head,
+        series_sha256=signature[1],
+        overlay_sha256=signature[2],
+        patches=tuple((p.name, p.sha256) for p in patches),
+        files={p: targets[p] for p in built.files},
+        overlay=tuple(sorted(built.overlay)),
+        created=tuple(sorted(built.created)),
+    )
+    checkpoint("staged")
+    commit_journal(wt, staging, ops, record, _prune_dirs(targets, tree), checkpoint)
+    return ApplyOutcome(False, tuple(op["path"] for op in ops), len(patches), len(overlay), saved, _untracked(edits))
+
+
+def _untracked(edits: list[Edit]) -> tuple[str, ...]:
+    return tuple(e.path for e in edits if not e.blocking)
+
+
+def _edits_error(blocking: list[Edit], wt: WorkTree) -> DancegrpoError:
+    return DancegrpoError(
+        f"local edits in {wt.root} that apply would overwrite: {shorten(blocking)}",
+        "keep them by turning them into a patch, revert them, or run `dancegrpo-npu apply --force`"
+        " (it saves them as a patch file first)",
+    )
+
+
+def _targets(wt: WorkTree, tree: dict[str, TreeEntry], built: Built, stage: Path, restore: set[str]) -> dict[str, dict | None]:
+    """What each path must become: the built files (blobs written to .git), and upstream
+    HEAD for paths the last apply or a local edit changed that the series no longer does."""
+    present = sorted(p for p, fs in built.files.items() if fs is not None)
+    ids = hash_files(wt.root, [stage / p for p in present])
+    targets: dict[str, dict | None] = {p: None for p, fs in built.files.items() if fs is None}
+    targets.update({p: {"blob": b, "exec": built.files[p].executable} for p, b in zip(present, ids)})  # type: ignore[union-attr]
+    back = sorted(p for p in restore if p not in targets)
+    blobs = cat_blobs(wt.root, [tree[p].blob for p in back if p in tree])
+    for p in back:
+        entry = tree.get(p)
+        if entry is None:
+            targets[p] = None
+        elif entry.mode == "120000":
+            targets[p] = {"link": blobs[entry.blob].decode("utf-8", "surrogateescape")}
+        else:
+            dest = stage / p
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(blobs[entry.blob])
+            targets[p] = {"blob": entry.blob, "exec": entry.mode == "100755"}
+    return targets
+
+
+def _prune_dirs(targets: dict[str, dict | None], tree: dict[str, TreeEntry]) -> list[str]:
+    """Directories that only removed files of ours lived in (deepest first)."""
+    dirs = parent_dirs(p for p, want in targets.items() if want is None)
+    return sorted(dirs - parent_dirs(tree), key=lambda d: (-d.count("/"), d))
+
+
+# --- apply onto a scratch tree (for rebase) ----------------------------------------
+
+
+def apply_series_to_dir(root: Path, patches: list[Patch], overlay_dir: Path | None, upstream_paths: set[str] | None = None) -> None:
+    """Apply ``patches`` then ``overlay_dir`` to the files of ``root`` in place: exactly
+    (no fuzz), every path checked, nothing written unless all of it applies.  Raises
+    DancegrpoError naming the patch, file and hunk.  ``upstream_paths`` adds paths that
+    count as upstream's (for the overlay's only-adds rule) beyond the files in ``root``."""
+    root = Path(root)
+    upstream = upstream_from_dir(root, upstream_paths)
+    with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-stage-") as tmp:
+        built = build(upstream, patches, read_overlay(overlay_dir), Path(tmp))
+    for rel, fs in sorted(built.files.items()):
+        dest = root / rel
+        if fs is None:
+            dest.unlink()
+        else:
+            write_file(root, rel, fs)
+
+
+# --- the verb -----------------------------------------------------------------------
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "apply",
+        parents=[common],
+        help="apply patches/series, then overlay/, to the work tree (atomically)",
+        description=textwrap.dedent(
+            """\
+            Apply every patch of patches/series in order, exactly (no fuzz, no offset), then
+            add the files of overlay/, to the work tree fetched by `dancegrpo-npu fetch`.
+
+            The series is applied to a staging copy first; the work tree changes only when
+            every patch and the overlay succeeded, and an interrupted apply is finished by
+            the next dancegrpo-npu command.  Re-applying an unchanged series is a no-op.
+
+            Local edits (files that differ from what the last apply wrote, or from upstream)
+            make apply refuse and name them.  --force saves them first, as a git-format patch
+            plus copies, under <workdir>/.git/dancegrpo-npu/saved/<time>/, then re-applies.
+            Untracked files outside the series' paths are left alone."""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--force", action="store_true", help="save local edits as a patch file, then re-apply over them")
+    p.set_defaults(func=_cmd_apply)
+
+
+def _cmd_apply(args) -> int:
+    from dancegrpo_npu.project import project_from_args
+
+    project = project_from_args(args)
+    outcome = apply_worktree(project, force=args.force)
+    where = display_path(project.workdir)
+    if outcome.saved is not None:
+        print(f"saved local edits to {display_path(outcome.saved / 'local-edits.patch')} (copies in files/ beside it)")
+    if outcome.noop:
+        print(f"{where}: series ({outcome.patches} patch(es)) and overlay ({outcome.overlay} file(s)) already applied; nothing to do")
+    else:
+        print(f"{where}: applied {outcome.patches} patch(es) and {outcome.overlay} overlay file(s); {len(outcome.changed)} path(s) changed")
+    if outcome.untracked:
+        listed = ", ".join(outcome.untracked[:5]) + (" ..." if len(outcome.untracked) > 5 else "")
+        print(f"note: {len(outcome.untracked)} untracked file(s) left alone, not part of the tree: {listed}")
+    return 0

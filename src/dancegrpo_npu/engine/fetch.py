@@ -1,0 +1,368 @@
+"""``dancegrpo-npu fetch``: upstream at the locked commit into the work tree.
+
+Sources, first found wins: ``--source``, ``$DANCEGRPO_SOURCE``, the lock's url.  A
+source is a git URL (git's own ``url.<base>.insteadOf`` mirrors apply), a local git
+directory, or a ``.tar.gz`` of the tree whose sha256 must equal the lock's
+``archive_sha256`` (it is committed locally with a fixed identity and date, and the
+engine records that this commit stands for the locked one).
+
+A new work tree is built in a staging directory beside it and renamed into place
+only once its commit and every file hash of the lock are verified.  An existing work
+tree at the locked commit is left alone (the applied series too).  When the lock has
+moved, the tree is moved in place with a journal (so ignored run data in it is
+kept), and only if it holds no local edits.  ``assets/`` (large media, prompt files)
+is left out with a sparse checkout unless ``--with-assets``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dancegrpo_npu.engine.edits import find_edits
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.vcs.gitutil import git, is_git_repo, last_error_line, ls_tree, missing_objects, rev_parse
+from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_file
+from dancegrpo_npu.engine.lockfile import verify_files
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.engine.rebase_state import refuse_mid_swap
+from dancegrpo_npu.engine.stage import parent_dirs
+from dancegrpo_npu.files import exclusive
+from dancegrpo_npu.engine.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, shorten, write_json
+
+SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
+# Written into the work tree's .git/info/exclude: what the stock scripts write or read
+# in their working directory, so that run data never counts as a local edit.
+EXCLUDE_MARK = "# dancegrpo-npu: run outputs and data, never part of the patched tree\n"
+EXCLUDE = EXCLUDE_MARK + "".join(
+    f"{p}\n"
+    for p in (
+        "/data/", "/hps_ckpt/", "/images/", "/cache_dir/", "/outputs/", "/wandb/", "/runs/", "/log/", "/logs/",
+        "/reward.txt", "/metrics.jsonl", "__pycache__/", "*.py[cod]", "*.egg-info/", ".pytest_cache/",
+    )
+)
+SOURCE_HINT = (
+    "check the URL and the network, configure a mirror with git's url.<base>.insteadOf, or pass"
+    " --source / DANCEGRPO_SOURCE (a git URL, a git directory or a .tar.gz of the tree)"
+)
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "dancegrpo-npu", "GIT_AUTHOR_EMAIL": "dancegrpo-npu@localhost",
+    "GIT_AUTHOR_DATE": "1970-01-01T00:00:00+0000", "GIT_COMMITTER_NAME": "dancegrpo-npu",
+    "GIT_COMMITTER_EMAIL": "dancegrpo-npu@localhost", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00+0000",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "git" | "archive"
+    location: str
+
+
+@dataclass(frozen=True)
+class FetchOutcome:
+    action: str  # "fetched" | "up to date" | "moved" | "assets added"
+    fetched: Fetched
+
+
+def resolve_source(lock: Lock, given: str | None) -> Source:
+    location = given or os.environ.get("DANCEGRPO_SOURCE") or lock.url
+    path = Path(location).expanduser()
+    if location.endswith((".tar.gz", ".tgz")) and "://" not in location:
+        if not path.is_file():
+            raise DancegrpoError(f"source archive {location} does not exist", SOURCE_HINT)
+        return Source("archive", str(path.resolve()))
+    if "://" not in location and not re.match(r"^[\w.-]+@[\w.-]+:", location) and path.exists():
+        if not (path / ".git").exists() and not (path / "HEAD").is_file():
+            raise DancegrpoError(f"source {location} is neither a git repository nor a .tar.gz", SOURCE_HINT)
+        return Source("git", str(path.resolve()))
+    return Source("git", location)
+
+
+def fetch(
+    project: Project,
+    source: str | None = None,
+    with_assets: bool = False,
+    checkpoint=_no_checkpoint,
+    say: Callable[[str], None] = lambda line: None,
+) -> FetchOutcome:
+    """Make ``project.workdir`` upstream at the locked commit; ``say`` gets progress lines."""
+    lock = load_lock(project.lock_path)
+    src = resolve_source(lock, source)
+    workdir = project.workdir
+    if workdir.exists() and not (workdir.is_dir() and not any(workdir.iterdir())):
+        if not is_git_repo(workdir) or not WorkTree(workdir).fetched_path.is_file():
+            raise DancegrpoError(
+                f"{workdir} exists and is not a work tree made by dancegrpo-npu fetch",
+                "move it away, or pass another --workdir",
+            )
+        return _update(project, lock, src, with_assets, checkpoint, say)
+    say(f"fetching upstream {lock.commit[:12]} from {src.location} ...")
+    return _fresh(workdir, lock, src, with_assets)
+
+
+def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOutcome:
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(workdir.parent / f".{workdir.name}.fetch.lock", f"another fetch into {workdir.parent} is running"):
+        if workdir.exists() and any(workdir.iterdir()):
+            raise DancegrpoError(f"{workdir} appeared while fetching (another fetch?)", "re-run fetch")
+        for stale in workdir.parent.glob(f".{workdir.name}.fetch-*"):  # left by a killed fetch
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.fetch-", dir=workdir.parent))
+        try:
+            fetched = _populate(staging, lock, src, with_assets)
+            if workdir.is_dir():
+                workdir.rmdir()  # an empty directory stood there
+            os.rename(staging, workdir)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DancegrpoError(f"cannot put the fetched tree at {workdir} ({e})", "check the directory and its permissions") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return FetchOutcome("fetched", fetched)
+
+
+def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetched:
+    """Fill ``staging`` with the verified work tree; return what fetched.json records."""
+    if src.kind == "archive":
+        git(None, "init", "-q", os.fspath(staging))
+        head = _import_archive(staging, Path(src.location), lock, with_assets)
+    else:
+        proc = git(None, "clone", "-q", "--no-checkout", src.location, os.fspath(staging), check=False)
+        if proc.returncode != 0:
+            raise DancegrpoError(f"cannot fetch upstream from {src.location}: {last_error_line(proc.stderr)}", SOURCE_HINT)
+        head = _find_commit(staging, src, lock.commit)
+    verify_files(staging, ls_tree(staging, head), lock)
+    _checkout(staging, head, with_assets)
+    fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
+    write_json(WorkTree(staging).fetched_path, fetched.to_json())
+    return fetched
+
+
+def _archive_sha(src: Source, lock: Lock) -> str | None:
+    return lock.archive_sha256 if src.kind == "archive" else None
+
+
+def _find_commit(repo: Path, src: Source, commit: str) -> str:
+    """The locked commit in ``repo``, fetching it from the source if needed."""
+    if rev_parse(repo, commit):
+        return commit
+    git(repo, "fetch", "-q", src.location, commit, check=False)
+    if not rev_parse(repo, commit):
+        git(repo, "fetch", "-q", "--tags", src.location, "+refs/heads/*:refs/remotes/origin/*", check=False)
+    if not rev_parse(repo, commit):
+        raise DancegrpoError(
+            f"upstream commit {commit} is not in {src.location}",
+            "check upstream.lock's commit, or pass --source with a repository that has it",
+        )
+    return commit
+
+
+def _checkout(repo: Path, rev: str, with_assets: bool) -> None:
+    if not with_assets:
+        git(repo, "config", "core.sparseCheckout", "true")
+        git(repo, "config", "core.sparseCheckoutCone", "false")
+        (repo / ".git" / "info").mkdir(parents=True, exist_ok=True)
+        (repo / ".git" / "info" / "sparse-checkout").write_text(SPARSE_WITHOUT_ASSETS)
+    proc = git(repo, "checkout", "-q", "-f", "--detach", rev, check=False)
+    if proc.returncode != 0 or rev_parse(repo, "HEAD") != rev:
+        raise DancegrpoError(
+            f"cannot check out upstream {rev[:12]}: {last_error_line(proc.stderr)}",
+            "the source lacks some files (mirrors often lack large assets); fetch without --with-assets"
+            if with_assets else SOURCE_HINT,
+        )
+    exclude = repo / ".git" / "info" / "exclude"
+    text = exclude.read_text() if exclude.exists() else ""
+    if EXCLUDE_MARK not in text:
+        exclude.write_text(text + ("\n" if text and not text.endswith("\n") else "") + EXCLUDE)
+
+
+def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) -> str:
+    """Commit the tree in ``archive`` into ``repo`` (fixed identity and date); its id."""
+    if not lock.archive_sha256:
+        raise DancegrpoError(
+            f"upstream.lock has no archive_sha256, so {archive.name} cannot be checked",
+            f"if this archive is upstream {lock.commit[:12]}, add archive_sha256 = \"{sha256_file(archive)}\" under [upstream]",
+        )
+    digest = sha256_file(archive)
+    if digest != lock.archive_sha256:
+        raise DancegrpoError(
+            f"{archive.name} has sha256 {digest[:16]}…, upstream.lock's archive_sha256 is {lock.archive_sha256[:16]}…",
+            "use the archive of the locked commit, or fetch from git",
+        )
+    with tempfile.TemporaryDirectory(prefix="extract-", dir=repo / ".git") as tmp:
+        tree_dir = Path(tmp) / "tree"
+        _extract(archive, tree_dir, lock, with_assets)
+        env = {"GIT_INDEX_FILE": os.fspath(Path(tmp) / "index"), **_IDENTITY}
+        work = ["--git-dir", os.fspath(repo / ".git"), "--work-tree", os.fspath(tree_dir)]
+        git(tree_dir, *work, "add", "-A", "-f", ".", env=env)
+        tree = git(tree_dir, *work, "write-tree", env=env).stdout.decode().strip()
+        message = f"upstream {lock.commit} from {archive.name}\n\nsha256 {digest}\n"
+        return git(repo, "commit-tree", tree, input=message.encode(), env=env).stdout.decode().strip()
+
+
+def _extract(archive: Path, dest: Path, lock: Lock, with_assets: bool) -> None:
+    """Extract safely: no absolute paths, no '..', no links leaving the tree, no devices;
+    a single top-level directory (GitHub's archives) is stripped."""
+    bad = f"{archive.name} is not a safe archive of the tree"
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            comment = tar.pax_headers.get("comment", "")
+            if re.fullmatch(r"[0-9a-f]{40}", comment) and comment != lock.commit:
+                raise DancegrpoError(f"{archive.name} is an archive of upstream {comment[:12]}, not {lock.commit[:12]}", "use the archive of the locked commit")
+            members = [m for m in tar.getmembers() if _member_name(m.name)]
+            tops = {_member_name(m.name).split("/", 1)[0] for m in members}
+            strip = len(tops) == 1 and all("/" in _member_name(m.name) or m.isdir() for m in members)
+            chosen, links = [], set()
+            for m in members:
+                name = _member_name(m.name)
+                if strip:
+                    if "/" not in name:
+                        continue
+                    name = name.split("/", 1)[1]
+                parts = name.split("/")
+                if m.name.startswith("/") or ".." in parts or "" in parts or ".git" in parts:
+                    raise DancegrpoError(f"{bad}: member {m.name!r}", "use a plain archive of the tree (git archive)")
+                if not (m.isfile() or m.isdir() or m.issym()):
+                    raise DancegrpoError(f"{bad}: {m.name!r} is a hard link or special file", "use a plain archive of the tree (git archive)")
+                if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
+                    raise DancegrpoError(f"{bad}: {m.name!r} lies under a symlink", "use a plain archive of the tree (git archive)")
+                if m.issym():
+                    resolved = os.path.normpath(os.path.join(os.path.dirname(name), m.linkname))
+                    if m.linkname.startswith("/") or resolved == ".." or resolved.startswith("../"):
+                        raise DancegrpoError(f"{bad}: symlink {m.name!r} points out of the tree", "use a plain archive of the tree (git archive)")
+                    links.add(name)
+                if parts[0] == "assets" and not with_assets:
+                    continue
+                m.name = name
+                m.mode = 0o755 if m.isdir() or (m.mode & 0o100) else 0o644
+                m.uid = m.gid = 0
+                m.uname = m.gname = ""
+                chosen.append(m)
+            dest.mkdir(parents=True)
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            for m in chosen:
+                tar.extract(m, dest, **safe)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DancegrpoError(f"cannot read {archive.name} ({e})", "use a .tar.gz of the tree (git archive --format=tar.gz)") from None
+
+
+def _member_name(name: str) -> str:
+    """An archive member's path without leading "./" and trailing "/"."""
+    while name.startswith("./"):
+        name = name[2:]
+    return "" if name == "." else name.rstrip("/")
+
+
+def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint, say) -> FetchOutcome:
+    with session(project.workdir, checkpoint, mid_swap_ok=True) as (wt, fetched):
+        head = rev_parse(wt.root, "HEAD")
+        if head != fetched.head:
+            raise DancegrpoError(
+                f"HEAD of {wt.root} was moved by hand (it is {str(head)[:12]}; fetch left {fetched.head[:12]})",
+                f"check it out again (git -C {wt.root} checkout --detach {fetched.head[:12]}) or move the tree away",
+            )
+        if fetched.commit == lock.commit:
+            verify_files(wt.root, ls_tree(wt.root, head), lock)
+            if with_assets and not fetched.with_assets:
+                return FetchOutcome("assets added", _add_assets(wt, fetched))
+            return FetchOutcome("up to date", fetched)
+        refuse_mid_swap(wt.root)  # moving to a lock a rebase is still replacing
+        applied = load_applied(wt)
+        tree = ls_tree(wt.root, head)
+        edits = [e for e in find_edits(wt, applied, tree, set(applied.files) if applied else set()) if e.blocking]
+        if edits:
+            raise DancegrpoError(
+                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shorten(edits)}",
+                "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
+            )
+        say(f"moving the work tree to upstream {lock.commit[:12]} from {src.location} ...")
+        if src.kind == "archive":
+            new_head = _import_archive(wt.root, Path(src.location), lock, fetched.with_assets)
+        else:
+            new_head = _find_commit(wt.root, src, lock.commit)
+        verify_files(wt.root, ls_tree(wt.root, new_head), lock)
+        ours = [p for p in (applied.files if applied else {}) if p not in tree]  # files apply created
+        ops = [{"path": p, "want": None} for p in sorted(ours, key=lambda p: -p.count("/"))]
+        dirs = sorted(parent_dirs(ours), key=lambda d: -d.count("/"))
+        moved = Fetched(lock.commit, new_head, src.location, src.kind, fetched.with_assets, _archive_sha(src, lock))
+        commit_journal(wt, None, ops, None, dirs, checkpoint, checkout=moved)
+        return FetchOutcome("moved", moved)
+
+
+def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
+    if fetched.kind == "archive":
+        raise DancegrpoError("the work tree was made from an archive without assets/", "move it away and run `dancegrpo-npu fetch --with-assets`")
+    assets = {p: e for p, e in ls_tree(wt.root, fetched.head).items() if p.startswith("assets/")}
+    missing = set(missing_objects(wt.root, [e.blob for e in assets.values()]))
+    if missing:
+        first = sorted(p for p, e in assets.items() if e.blob in missing)
+        raise DancegrpoError(
+            f"cannot add assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
+            "mirrors often lack large files; work without --with-assets, or fetch from a complete source",
+        )
+    proc = git(wt.root, "sparse-checkout", "disable", check=False)
+    if proc.returncode != 0:
+        raise DancegrpoError(f"cannot add assets/: {last_error_line(proc.stderr)}", "re-run fetch --with-assets")
+    updated = Fetched(fetched.commit, fetched.head, fetched.source, fetched.kind, True, fetched.archive_sha256)
+    write_json(wt.fetched_path, updated.to_json())
+    return updated
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "fetch",
+        parents=[common],
+        help="fetch upstream DanceGRPO at the locked commit into the work tree",
+        description=textwrap.dedent(
+            """\
+            Put upstream at the commit upstream.lock pins into the work tree (default
+            build/DanceGRPO), with its full history, and check the commit and the sha256 of
+            every file the lock records.  assets/ is left out unless --with-assets.
+
+            Source: --source, else $DANCEGRPO_SOURCE, else the lock's url (git's
+            url.<base>.insteadOf applies, so a configured mirror is used).  A source is a git
+            URL, a local git directory, or a .tar.gz of the tree whose sha256 equals the
+            lock's archive_sha256.
+
+            A new tree appears only complete and verified.  A tree already at the locked
+            commit is left as it is (the applied series too).  If the lock moved, the tree is
+            moved to the new commit (unpatched; run `dancegrpo-npu apply` next), unless it has
+            local edits, which are named."""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--source", metavar="URL|PATH", help="a git URL, git directory or .tar.gz to fetch from")
+    p.add_argument("--with-assets", action="store_true", help="also check out assets/ (large media and prompt files)")
+    p.set_defaults(func=_cmd_fetch)
+
+
+def _cmd_fetch(args) -> int:
+    from dancegrpo_npu.project import project_from_args
+
+    project = project_from_args(args)
+    def say(line: str) -> None:  # progress for people at a terminal; pipes get only results and errors
+        if sys.stderr.isatty():
+            print(line, file=sys.stderr, flush=True)
+
+    outcome = fetch(project, args.source, args.with_assets, say=say)
+    f = outcome.fetched
+    where = display_path(project.workdir)
+    stands = f" (commit {f.head[:12]} of the archive)" if f.kind == "archive" else ""
+    messages = {
+        "fetched": f"{where}: upstream {f.commit[:12]}{stands} fetched from {f.source}",
+        "up to date": f"{where}: already at upstream {f.commit[:12]}; nothing to do",
+        "moved": f"{where}: moved to upstream {f.commit[:12]}{stands}; run `dancegrpo-npu apply` to patch it",
+        "assets added": f"{where}: assets/ checked out",
+    }
+    print(messages[outcome.action])
+    return 0

@@ -1,0 +1,240 @@
+"""``dancegrpo-npu status`` and ``dancegrpo-npu verify``.
+
+status: the locked commit, each patch (applied / not applied / drifted), the overlay
+(present / missing / modified), and every local edit, file by file; and a rebase in
+progress, if any, with what to run (verify refuses while one swaps the series in).
+
+verify: exit 0 only when the work tree is exactly lock + series + overlay: at the
+locked commit, every file the series and overlay decide byte-identical (and with the
+same executable bit) to what they make of upstream, every other tracked file as
+upstream has it, and no untracked file that git does not ignore.  It computes the
+expected tree afresh (it does not trust applied.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from dancegrpo_npu.engine.apply import check_head, upstream_from_git
+from dancegrpo_npu.engine.edits import Edit, current_state, find_edits, target_states
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.vcs.gitutil import blob_id, ls_tree, status_paths
+from dancegrpo_npu.engine.lock import Lock, load_lock
+from dancegrpo_npu.engine.lockfile import check_series_against_lock
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.engine.rebase_state import describe_rebase
+from dancegrpo_npu.engine.series import TODO_MARK, is_todo, load_series, todo_warning
+from dancegrpo_npu.engine.stage import build, read_overlay, touched_files
+from dancegrpo_npu.engine.worktree import Fetched, display_path, load_applied, session, shorten
+
+
+@dataclass(frozen=True)
+class PatchState:
+    name: str
+    description: str
+    state: str  # "applied" | "not applied" | "drifted"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    lock: Lock
+    fetched: Fetched
+    problem: str | None  # why the tree cannot be exact at all (other commit, bad series)
+    patches: tuple[PatchState, ...]
+    dropped: tuple[str, ...]  # applied last time, no longer in the series
+    overlay: str  # "present" | "missing" | "modified" | "none"
+    overlay_detail: tuple[str, ...]
+    edits: tuple[Edit, ...]  # differences from what the last apply wrote
+    untracked: tuple[str, ...]
+    differences: tuple[str, ...]  # differences from the exact tree, "path (how)"
+    rebase: str | None = None  # the rebase in progress and what to run
+    todo: str | None = None  # warning: patches whose Description: is still a TODO stub
+
+    @property
+    def exact(self) -> bool:
+        return self.problem is None and not self.differences
+
+
+def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
+    """The state of the work tree; ``mid_swap_ok`` (status) reads a series that a rebase
+    is swapping in, which verify refuses."""
+    lock = load_lock(project.lock_path)
+    with session(project.workdir, mid_swap_ok=mid_swap_ok) as (wt, fetched):
+        patches = load_series(project.patches_dir)
+        overlay = read_overlay(project.overlay_dir)
+        applied = load_applied(wt)
+        rebase = describe_rebase(wt.root)
+        try:
+            head = check_head(wt, fetched, lock)
+        except DancegrpoError as e:
+            states = tuple(PatchState(p.name, p.description, "not applied") for p in patches)
+            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase, todo_warning(patches))
+        tree = ls_tree(wt.root, head)
+        problem = None
+        try:
+            check_series_against_lock(lock, patches, tree, wt.root)
+            expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
+        except DancegrpoError as e:
+            problem, expected = e.one_line(), {}
+        git_status = status_paths(wt.root)  # one `git status` for the edits and the differences
+        edits = find_edits(wt, applied, tree, set(), target_states(expected), git_status)
+        edited = {e.path for e in edits if e.blocking}
+        untracked = tuple(e.path for e in edits if not e.blocking)
+
+        states = []
+        applied_patches = dict(applied.patches) if applied else {}
+
+        for p in patches:
+            if p.name not in applied_patches:
+                states.append(PatchState(p.name, p.description, "not applied"))
+            elif applied_patches[p.name] != p.sha256:
+                states.append(PatchState(p.name, p.description, "drifted", "the patch changed since it was applied"))
+            else:
+                hit = sorted(set(touched_files(p)) & edited)
+                if hit:
+                    states.append(PatchState(p.name, p.description, "drifted", "edited since: " + ", ".join(hit)))
+                else:
+                    states.append(PatchState(p.name, p.description, "applied"))
+        dropped = tuple(n for n in applied_patches if n not in {p.name for p in patches})
+
+        ov_state, ov_detail = _overlay_state(wt.root, overlay)
+        differences = [] if problem else _differences(wt.root, tree, expected, git_status)
+        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
+
+
+def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
+    if not overlay:
+        return "none", ()
+    missing, modified = [], []
+    for rel, fs in sorted(overlay.items()):
+        full = root / rel
+        if not full.is_file() or full.is_symlink():
+            missing.append(rel)
+        elif full.read_bytes() != fs.data or bool(full.stat().st_mode & 0o100) != fs.executable:
+            modified.append(rel)
+    if modified:
+        return "modified", tuple(f"{r} (modified)" for r in modified) + tuple(f"{r} (missing)" for r in missing)
+    if missing:
+        return "missing", tuple(f"{r} (missing)" for r in missing)
+    return "present", ()
+
+
+def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
+    """Every way the work tree differs from the exact tree ("path (how)")."""
+    out = []
+    for rel, fs in sorted(expected.items()):
+        have = current_state(root, rel)
+        if fs is None:
+            if have is not None:
+                out.append(f"{rel} (should be deleted)")
+            continue
+        if have == ("file", (blob_id(fs.data), fs.executable)):
+            continue
+        entry = tree.get(rel)
+        if have is None:
+            out.append(f"{rel} (missing)")
+        elif entry is not None and have == ("file", (entry.blob, entry.mode == "100755")):
+            out.append(f"{rel} (not patched)")
+        else:
+            out.append(f"{rel} (differs)")
+    for rel in sorted(git_status):
+        if rel in expected:
+            continue
+        entry = tree.get(rel)
+        have = current_state(root, rel)
+        if entry is None:
+            out.append(f"{rel} (untracked)")
+        elif have is None:
+            out.append(f"{rel} (deleted)")
+        elif have != ("file", (entry.blob, entry.mode == "100755")) and have != ("link", entry.blob):
+            out.append(f"{rel} (modified)")
+    return out
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="show the locked commit, each patch, the overlay and local edits",
+        description="Show the locked upstream commit, each patch of the series (applied / not "
+        "applied / drifted), the overlay (present / missing / modified) and every local edit in "
+        "the work tree, file by file; first, a rebase in progress and what to run to go on.",
+    )
+    p.set_defaults(func=_cmd_status)
+    v = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="exit 0 only if the work tree is exactly lock + series + overlay",
+        description="Check that the work tree is exactly upstream at the locked commit, with the "
+        "series and the overlay applied, and nothing else (no local edit, no untracked file git "
+        "does not ignore).  Exit 0 if so; otherwise exit 1 with a one-line reason.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.set_defaults(func=_cmd_verify)
+
+
+def _cmd_status(args) -> int:
+    from dancegrpo_npu.project import project_from_args
+
+    project = project_from_args(args)
+    r = inspect(project, mid_swap_ok=True)
+    where = display_path(project.workdir)
+    if r.rebase:
+        print(f"rebase     {r.rebase}")
+    print(f"upstream   {r.lock.commit} ({r.lock.url}); lock records {len(r.lock.files)} file(s)")
+    f = r.fetched
+    extra = ", archive commit " + f.head[:12] if f.kind == "archive" else ""
+    print(f"work tree  {where}: fetched from {f.source}{extra}; assets/ {'included' if f.with_assets else 'left out'}")
+    if r.problem:
+        print(f"problem    {r.problem}")
+    print(f"patches    {len(r.patches)} in patches/series")
+    width = max((len(p.name) for p in r.patches), default=0)
+    for p in r.patches:
+        detail = f"  [{p.detail}]" if p.detail else ""
+        todo = f"  {TODO_MARK}" if is_todo(p.description) else ""
+        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}{todo}")
+    if r.todo:
+        print(r.todo)
+    for name in r.dropped:
+        print(f"  {'dropped':<12} {name}  (applied last time, no longer in the series; `apply` removes it)")
+    print(f"overlay    {r.overlay}")
+    for line in r.overlay_detail:
+        print(f"  {line}")
+    blocking = [e for e in r.edits if e.blocking]
+    print(f"local edits {len(blocking) or 'none'}")
+    for e in blocking:
+        print(f"  {e.kind:<12} {e.path}")
+    if r.untracked:
+        print(f"untracked  {len(r.untracked)} file(s) git does not ignore, not part of the tree")
+        for path in r.untracked:
+            print(f"  {path}")
+    print("verdict    " + ("exactly lock + series + overlay" if r.exact else "NOT exactly lock + series + overlay (see above; `dancegrpo-npu verify` says why)"))
+    return 0
+
+
+def verify_tree(project: Project) -> Report:
+    """The tree's report when it is exactly lock + series + overlay; DancegrpoError otherwise.
+
+    Launch and doctor call this before starting anything on the tree.
+    """
+    r = inspect(project)
+    where = display_path(project.workdir)
+    if r.problem:
+        raise DancegrpoError(f"verify: {where}: {r.problem}")
+    if r.differences:
+        raise DancegrpoError(
+            f"verify: {where} is not exactly lock + series + overlay: {shorten(r.differences, 6)}",
+            "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact",
+        )
+    return r
+
+
+def _cmd_verify(args) -> int:
+    from dancegrpo_npu.project import project_from_args
+
+    project = project_from_args(args)
+    r = verify_tree(project)
+    print(f"{display_path(project.workdir)}: exactly upstream {r.lock.commit[:12]} + {len(r.patches)} patches + overlay")
+    return 0

@@ -1,0 +1,40 @@
+"""Is the patched tree there, and is it exactly lock + series + overlay?
+
+The check itself belongs to the engine (``dancegrpo-npu verify``,
+``dancegrpo_npu.engine.status.verify_tree``); launch and doctor call it through here.
+"""
+
+from __future__ import annotations
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.engine.status import verify_tree
+
+FIX = "run `dancegrpo-npu fetch && dancegrpo-npu apply`"
+
+
+def tree_state(project: Project, script_relpath: str | None = None) -> dict:
+    """{"state": missing|unverified|verified, "detail": why}."""
+    tree = project.workdir
+    if not tree.is_dir():
+        return {"state": "missing", "detail": f"no patched upstream tree at {tree}"}
+    if script_relpath and not (tree / script_relpath).is_file():
+        return {"state": "missing", "detail": f"{tree} has no {script_relpath}"}
+    try:
+        verify_tree(project)
+    except DancegrpoError as e:
+        return {"state": "unverified", "detail": e.one_line()}
+    return {"state": "verified", "detail": f"{tree} is lock + series + overlay"}
+
+
+def require_tree(project: Project, script_relpath: str) -> dict:
+    """tree_state, raising the error a launch must stop with (missing or unverified tree)."""
+    state = tree_state(project, script_relpath)
+    if state["state"] == "missing":
+        raise DancegrpoError(state["detail"], FIX)
+    if state["state"] == "unverified":
+        raise DancegrpoError(
+            f"the patched tree {project.workdir} is not lock + series + overlay ({state['detail']})",
+            "run `dancegrpo-npu status` to see what differs, then `dancegrpo-npu apply`",
+        )
+    return state

@@ -1,0 +1,54 @@
+"""Files written in one step, and held against a second process.
+
+Shared by the engine, the rebase, the run records and the smoke: the lowest layer
+after ``errors``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from dancegrpo_npu.errors import DancegrpoError
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Replace ``path`` in one step: a reader sees the old file or the new one."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def exclusive(lock_file: Path, busy: str) -> Iterator[None]:
+    """Hold an flock on ``lock_file`` (the kernel drops it if the process dies); if
+    another process holds it, refuse at once with ``busy`` rather than wait."""
+    import fcntl
+
+    with open(lock_file, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DancegrpoError(busy, "wait for it to finish, then re-run") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

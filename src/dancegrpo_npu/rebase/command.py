@@ -1,0 +1,300 @@
+"""``dancegrpo-npu rebase``: move the patch series onto another upstream commit.
+
+The series becomes a patch queue (one commit per patch on the locked commit, as
+``gbp pq`` does) in a separate checkout, ``<workdir>.rebase``; the user's patched
+tree is never touched.  Each patch is re-applied on REF: as is (``git apply``,
+which also finds context that moved), else by git's 3-way merge of its queue
+commit, file by file, following files upstream renamed (merge3).  A conflict stops
+the rebase with markers in that checkout and a report; ``--continue``,
+``--skip`` and ``--abort`` go on from there, also after a crash.  At the end
+every patch is regenerated against REF, the lock is rewritten, the new series is
+verified by applying it from scratch with the engine, and only then are
+``patches/`` and ``upstream.lock`` replaced (see rebase_state for the journal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.vcs.gitcmd import Git, choose_source, fetch_commit, remove_tree, scratch_clone
+from dancegrpo_npu.engine.apply import check_head
+from dancegrpo_npu.engine.lock import load_lock
+from dancegrpo_npu.rebase.queue import (
+    JUNK_PATHSPECS, build_queue,
+)
+from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.rebase.finish import complete, finish
+from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, short
+from dancegrpo_npu.engine.rebase_state import (
+    ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
+)
+from dancegrpo_npu.engine.series import load_series
+from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.rebase.dry_run import dry_run
+from dancegrpo_npu.rebase.steps import RebaseResult, Stop, commit_step, local_edits, move_patch, paths_for, reset_tree
+
+
+# --- the loop ---------------------------------------------------------------------
+
+
+def run_loop(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseResult:
+    tree = Git(Path(state.tree))
+    patches = load_series(paths.backup / "patches")
+    while state.current < len(state.names):
+        i = state.current
+        result = move_patch(tree, patches[i], state.queue[i], state.new_commit)
+        if isinstance(result, Stop):
+            state = save_state(paths, replace(state, phase="stopped", stop=result.why, conflicts=result.conflicts))
+            report = conflict_report(
+                tree, paths.index, state, patches[i], conflicts_in(tree), project.workdir, result.why == "empty"
+            )
+            paths.report.write_text(report, encoding="utf-8")
+            what = "conflicts in " + ", ".join(result.conflicts) if result.conflicts else "it makes no change any more"
+            return RebaseResult(
+                "stopped", report, result.why,
+                f"rebase stopped at {patches[i].name}: {what}; resolve in {tree.cwd}, then --continue (or --skip, --abort)",
+            )
+        checkpoint(f"patch:{i + 1}:committed")
+        state = save_state(paths, state.with_step(result))
+        checkpoint(f"patch:{i + 1}:recorded")
+    state, report = finish(project, paths, state, main)
+    return RebaseResult("done", report)
+
+
+def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseState:
+    """``starting``: make the rebase tree and the patch queue (redone from scratch after a kill)."""
+    remove_tree(Path(state.tree))
+    tree = scratch_clone(main, Path(state.tree), state.old_commit)
+    checkpoint("start:clone")
+    patches = load_series(paths.backup / "patches")
+    queue = build_queue(tree, state.old_commit, patches, paths.index)
+    with session(project.workdir):  # an interrupted apply is finished first; no apply meanwhile
+        edits = local_edits(main, tree, project, queue[-1] if queue else state.old_commit, state.old_commit, paths.index)
+    if edits:
+        discard(paths, state, main)
+        raise DancegrpoError(
+            f"{project.workdir} has edits that are in no patch: {', '.join(edits[:6])}{' ...' if len(edits) > 6 else ''}",
+            "save them into the series with `dancegrpo-npu export NAME` (or discard them), then rebase",
+        )
+    tree.run("checkout", "--quiet", "--detach", state.new_commit)
+    state = save_state(paths, replace(state, phase="applying", queue=tuple(queue), tip=state.new_commit))
+    checkpoint("start:ready")
+    return state
+
+
+def discard(paths: RebasePaths, state: RebaseState, main: Git) -> None:
+    """Forget a rebase: its tree, its refs, its state (the project is not touched here)."""
+    remove_tree(Path(state.tree))
+    main.run("update-ref", "-d", ONTO_REF, check=False)
+    remove_tree(paths.state_dir)
+
+
+# --- the verbs --------------------------------------------------------------------
+
+
+def start_rebase(project: Project, onto: str, source: str | None = None) -> RebaseResult:
+    main, paths = paths_for(project)
+    with exclusive(paths):
+        if load_state(paths):
+            raise DancegrpoError(
+                f"a rebase is already in progress on {project.workdir}",
+                "finish it with `dancegrpo-npu rebase --continue`, `--skip` or `--abort`",
+            )
+        lock = load_lock(project.lock_path)
+        patches = load_series(project.patches_dir)
+        with session(project.workdir) as (wt, fetched):
+            if fetched.kind == "archive":
+                raise DancegrpoError(
+                    f"{project.workdir} was made from an archive, which has no upstream history",
+                    "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
+                )
+            check_head(wt, fetched, lock)  # the work tree stands for the locked commit
+        if paths.tree.exists():
+            raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
+        fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)
+        if fetched.commit == lock.commit:
+            main.run("update-ref", "-d", ONTO_REF, check=False)
+            return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
+        state = RebaseState(
+            phase="starting", project_root=str(project.root), workdir=str(project.workdir), tree=str(paths.tree),
+            onto=onto, onto_note=fetched.note, old_commit=lock.commit, new_commit=fetched.commit,
+            names=tuple(p.name for p in patches), started=datetime.datetime.now().isoformat(timespec="seconds"),
+        )
+        create_state(project, paths, state)
+        checkpoint("start:state")
+        state = prepare(project, paths, state, main)
+        return run_loop(project, paths, state, main)
+
+
+def _require(paths: RebasePaths, project: Project, need_tree: bool = True) -> RebaseState:
+    state = load_state(paths)
+    if state is None:
+        hint = "start one with `dancegrpo-npu rebase --onto REF`"
+        if paths.orig.exists():
+            hint += f"; the series before the last completed rebase is in {paths.orig}"
+        raise DancegrpoError(f"no rebase is in progress on {project.workdir}", hint)
+    if Path(state.project_root) != project.root:
+        raise DancegrpoError(
+            f"the rebase in progress on {project.workdir} belongs to the project {state.project_root}",
+            f"run the command with -C {state.project_root}",
+        )
+    if need_tree and state.phase in ("applying", "stopped", "finishing") and not (Path(state.tree) / ".git").exists():
+        raise DancegrpoError(
+            f"the rebase tree {state.tree} is gone, and with it the patches moved so far",
+            "run `dancegrpo-npu rebase --abort` (your series and lock are untouched), then start again",
+        )
+    return state
+
+
+def resume(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseResult:
+    """Go on from whatever phase a rebase was left in (after a stop or a kill)."""
+    if state.phase == "starting":
+        state = prepare(project, paths, state, main)
+    elif state.phase == "applying":
+        reset_tree(Git(Path(state.tree)), state.tip)
+    if state.phase in ("swapping", "done"):
+        complete(project, paths, state, main)
+        return RebaseResult("done", paths.report.read_text(encoding="utf-8") if paths.report.exists() else "rebase completed\n")
+    if state.phase == "stopped" and state.stop in ("overlay", "verify", "changed"):
+        state = replace(state, phase="finishing")
+    return run_loop(project, paths, state, main)
+
+
+def continue_rebase(project: Project) -> RebaseResult:
+    main, paths = paths_for(project)
+    with exclusive(paths):
+        state = _require(paths, project)
+        if state.phase == "stopped" and state.stop in ("conflict", "empty"):
+            state = take_resolution(paths, state)
+        return resume(project, paths, state, main)
+
+
+def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
+    """The rebase tree as the user left it becomes the current patch's commit."""
+    tree = Git(Path(state.tree))
+    name = state.names[state.current]
+    marked = [f"{p}:{n}" for p in state.conflicts if (n := has_markers(tree.cwd / p))]
+    if marked:
+        raise DancegrpoError(
+            f"conflict markers are still in {', '.join(marked)}",
+            f"edit them away in {tree.cwd}, then run `dancegrpo-npu rebase --continue`",
+        )
+    head = tree.out("rev-parse", "HEAD")
+    if head != state.tip:
+        if not tree.is_ancestor(state.tip, head):
+            raise DancegrpoError(
+                f"the rebase tree's HEAD moved off the rebase (it is at {short(head)}, not after {short(state.tip)})",
+                f"run `git -C {tree.cwd} reset --soft {state.tip}` to keep your files, then --continue; or --abort",
+            )
+        tree.run("reset", "--quiet", "--soft", state.tip)  # fold the user's own commits into this patch
+    tree.run("add", "--all", "--", ".", *JUNK_PATHSPECS)
+    if tree.ok("diff", "--cached", "--quiet", "HEAD"):
+        raise DancegrpoError(
+            f"the rebase tree holds no change for {name}",
+            "make the change the patch should make and --continue, or drop the patch with `dancegrpo-npu rebase --skip`",
+        )
+    patch = {p.name: p for p in load_series(paths.backup / "patches")}[name]
+    commit = commit_step(tree, patch)
+    checkpoint(f"patch:{state.current + 1}:committed")
+    state = save_state(paths, state.with_step(Step(name, "resolved", "", commit)))
+    checkpoint(f"patch:{state.current}:recorded")
+    return state
+
+
+def skip_patch(project: Project) -> RebaseResult:
+    main, paths = paths_for(project)
+    with exclusive(paths):
+        state = _require(paths, project)
+        if state.phase != "stopped" or state.stop not in ("conflict", "empty"):
+            raise DancegrpoError(
+                f"there is no stopped patch to skip (the rebase is {state.phase}{': ' + state.stop if state.stop else ''})",
+                "run `dancegrpo-npu rebase --continue` or `--abort`",
+            )
+        name = state.names[state.current]
+        reset_tree(Git(Path(state.tree)), state.tip)
+        state = save_state(paths, state.with_step(Step(name, "skipped", "by rebase --skip")))
+        checkpoint("skip:recorded")
+        return resume(project, paths, state, main)
+
+
+def abort_rebase(project: Project) -> RebaseResult:
+    main, paths = paths_for(project)
+    with exclusive(paths):
+        state = _require(paths, project, need_tree=False)
+        if state.phase in ("swapping", "done"):
+            restore_backup(project, paths.backup, paths.staged)
+            checkpoint("abort:restored")
+        discard(paths, state, main)
+        return RebaseResult(
+            "aborted",
+            f"rebase aborted: patches/ and upstream.lock are as before (at {short(state.old_commit)}); "
+            f"{project.workdir} was never touched\n",
+        )
+
+
+# --- CLI ----------------------------------------------------------------------------
+
+GUIDE = textwrap.dedent(
+    """\
+    Move the patch series onto another upstream commit (a branch, tag or commit id).
+
+      dancegrpo-npu upstream-log main        what changed upstream, and which patches it hits
+      dancegrpo-npu rebase --onto main --dry-run    what would happen; changes nothing
+      dancegrpo-npu rebase --onto main       move the series; stops on a conflict
+      ... resolve in <workdir>.rebase (conflict markers), then:
+      dancegrpo-npu rebase --continue        take the resolved tree as the patch, go on
+      dancegrpo-npu rebase --skip            drop the stopped patch from the series
+      dancegrpo-npu rebase --abort           back to exactly where you started
+
+    Each patch is applied as is, else 3-way merged on the upstream history. When all
+    went through, every patch is regenerated against REF (fresh context and line
+    numbers, header kept, Last-Update set to today), upstream.lock is rewritten, and
+    the new series is verified by applying it from scratch; only then are patches/
+    and upstream.lock replaced. Your patched tree is never touched: afterwards run
+    `dancegrpo-npu fetch && dancegrpo-npu apply` to move it. The state of a rebase
+    lives in <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
+    """
+)
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "rebase", parents=[common], help="move the patch series onto another upstream commit",
+        description=GUIDE, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--onto", metavar="REF", help="the upstream branch, tag or commit to move the series onto")
+    what.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving (or after a crash)")
+    what.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at, and go on")
+    what.add_argument("--abort", action="store_true", help="undo the rebase: everything as before it started")
+    p.add_argument("--dry-run", action="store_true", help="with --onto: report what would happen and change nothing; exit 1 if the rebase would stop")
+    p.add_argument("--source", metavar="URL|DIR", help="fetch REF from here (default: $DANCEGRPO_SOURCE, else the lock's url)")
+    p.set_defaults(func=_cmd_rebase)
+
+
+def _cmd_rebase(args) -> int:
+    project = project_from_args(args)
+    if args.dry_run and not args.onto:
+        raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`")
+    if args.onto and args.dry_run:
+        result = dry_run(project, args.onto, args.source)
+    elif args.onto:
+        result = start_rebase(project, args.onto, args.source)
+    elif args.cont:
+        result = continue_rebase(project)
+    elif args.skip:
+        result = skip_patch(project)
+    else:
+        result = abort_rebase(project)
+    print(result.report, end="")
+    if result.status == "stopped":
+        raise DancegrpoError(result.message, None)
+    return 0
+
+
+__all__ = ["start_rebase", "continue_rebase", "skip_patch", "abort_rebase", "RebaseResult"]

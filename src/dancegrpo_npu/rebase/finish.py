@@ -1,0 +1,249 @@
+"""The end of a rebase: regenerate the series, stage it with its lock, verify it from
+scratch with the engine, then swap it in (the commit point) and clean up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dancegrpo_npu.engine.apply import apply_series_to_dir, touched_files
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.vcs.gitutil import ls_tree
+from dancegrpo_npu.engine.lockfile import compute_files
+from dancegrpo_npu.vcs.gitcmd import Git, remove_tree
+from dancegrpo_npu.engine.lock import Lock, dump_lock, parse_lock
+from dancegrpo_npu.rebase.queue import (
+    all_paths, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
+)
+from dancegrpo_npu.rebase.report import describe, short
+from dancegrpo_npu.engine.rebase_state import (
+    DONE_REF, ONTO_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
+)
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.engine.series import Patch, load_series
+from dancegrpo_npu.engine.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The regenerated series and lock, as files, before they replace the project's."""
+
+    patches: tuple[tuple[str, bytes], ...]  # (file name, content) in series order
+    series_text: str
+    lock: Lock
+    old_lock: Lock
+
+
+def overlay_files(overlay_dir: Path) -> list[str]:
+    """Repository-relative paths of the overlay's files (those the engine copies: stage.read_overlay's skip rules)."""
+    if not overlay_dir.is_dir():
+        return []
+    out = []
+    for dirpath, dirnames, filenames in os.walk(overlay_dir):
+        dirnames[:] = sorted(d for d in dirnames if d not in OVERLAY_SKIP_DIRS)
+        for name in sorted(filenames):
+            if not name.endswith(OVERLAY_SKIP_SUFFIXES):
+                out.append((Path(dirpath) / name).relative_to(overlay_dir).as_posix())
+    return out
+
+
+def new_series_text(old_text: str, dropped: set[str]) -> str:
+    """The series file with the dropped patches' lines removed (comments kept)."""
+    kept = [ln for ln in old_text.splitlines(keepends=True) if ln.split("#", 1)[0].strip() not in dropped]
+    return "".join(kept)
+
+
+def touched_by(patches: list[Patch]) -> list[str]:
+    """Every path the series reads or writes (the engine's reading of the diffs)."""
+    return sorted({path for p in patches for path in touched_files(p)})
+
+
+def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> Staged:
+    """Every kept patch as ``git diff`` between its commit and the one before, on the new base."""
+    old = {p.name: p for p in load_series(backup / "patches")}
+    parent, texts, date = state.new_commit, [], today()
+    for step in state.steps:
+        if step.outcome == "skipped":
+            continue
+        patch = old[step.name]
+        diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff))
+        texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
+        parent = step.commit
+    dropped = {s.name for s in state.steps if s.outcome == "skipped"}  # series entries, as written
+    series = new_series_text((backup / "patches" / "series").read_text(encoding="utf-8"), dropped)
+    return Staged(tuple(texts), series, old_lock, old_lock)
+
+
+def stage(paths: RebasePaths, staged: Staged, tree: Git, new_commit: str) -> Staged:
+    """Write the new series beside the project (``rebase/new``), with the lock for it."""
+    tmp = paths.state_dir / "new.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "patches").mkdir(parents=True)
+    for name, data in staged.patches:
+        (tmp / "patches" / name).write_bytes(data)
+    (tmp / "patches" / "series").write_text(staged.series_text, encoding="utf-8")
+    patches = load_series(tmp / "patches")  # checks every regenerated header parses
+    files = compute_files(tree.cwd, ls_tree(tree.cwd, new_commit), patches)  # the engine's rule for [files]
+    lock = staged.old_lock.with_commit(new_commit, files, None)
+    text = dump_lock(lock)
+    parse_lock(text, tmp / "upstream.lock")
+    (tmp / "upstream.lock").write_text(text, encoding="utf-8")
+    if paths.staged.exists():
+        shutil.rmtree(paths.staged)
+    os.replace(tmp, paths.staged)
+    return replace(staged, lock=lock)
+
+
+def overlay_collisions(tree: Git, state: RebaseState, overlay_dir: Path) -> list[str]:
+    """Overlay paths that now exist upstream, each with the commit that added it."""
+    upstream = all_paths(tree, state.new_commit)
+    lines = []
+    for rel in overlay_files(overlay_dir):
+        if rel in upstream:
+            added = tree.run(
+                "log", "--diff-filter=A", "--max-count=1", "--date=short", "--format=%h %ad %s",
+                f"{state.old_commit}..{state.new_commit}", "--", rel,
+            ).text
+            lines.append(f"  overlay/{rel}: now exists upstream" + (f" (added by {added})" if added else ""))
+    return lines
+
+
+def apply_with_engine(git: Git, commit: str, patches: list[Patch], overlay_dir: Path | None, root: Path) -> list[str]:
+    """``commit``'s files that the series touches, written under ``root`` and patched there by
+    the engine (with the overlay, if given); returns the touched paths."""
+    touched = touched_by(patches)
+    for rel, data in files_at(git, commit, touched).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    apply_series_to_dir(root, patches, overlay_dir, upstream_paths=all_paths(git, commit))
+    return touched
+
+
+def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: Path) -> str:
+    """Apply the staged series with the engine to REF's files in a scratch tree; it must give the rebased tree."""
+    patches = load_series(staged_dir / "patches")
+    with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-verify-") as tmp:
+        root = Path(tmp) / "tree"
+        root.mkdir()
+        overlay = overlay_dir if overlay_dir.is_dir() else None
+        touched = apply_with_engine(tree, state.new_commit, patches, overlay, root)
+        expected = files_at(tree, state.tip, touched)
+        for rel in touched:
+            actual = (root / rel).read_bytes() if (root / rel).is_file() else None
+            if actual != expected.get(rel):
+                raise DancegrpoError(
+                    f"verification failed: applying the regenerated series to {short(state.new_commit)} gives "
+                    f"another {rel} than the rebased tree",
+                    "this is a bug in patch regeneration or in the engine; --abort restores the old series",
+                )
+        for rel in overlay_files(overlay_dir):
+            if (root / rel).read_bytes() != (overlay_dir / rel).read_bytes():
+                raise DancegrpoError(f"verification failed: overlay/{rel} was not copied exactly", "report this bug; --abort restores the old series")
+    return f"{len(patches)} patches apply exactly (no fuzz) to {short(state.new_commit)}'s files and give the rebased tree"
+
+
+def lock_changes(old: Lock, new: Lock) -> list[str]:
+    lines = [f"  commit {old.commit} -> {new.commit}"]
+    for rel in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(rel), new.files.get(rel)
+        if a and b:
+            lines.append(f"  {rel}: {'unchanged' if a == b else 'changed upstream'}")
+        elif b:
+            lines.append(f"  {rel}: newly touched")
+        else:
+            lines.append(f"  {rel}: no longer touched (or gone upstream)")
+    if old.archive_sha256:
+        lines.append("  archive_sha256 dropped: it was for the old commit; add the new archive's hash if you use one")
+    return lines
+
+
+def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
+    """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
+    left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
+    return right, left
+
+
+def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, extra: list[str], tree: Git) -> str:
+    ahead, behind = gained_and_left(tree, state.old_commit, state.new_commit)
+    width = max((len(n) for n in state.names), default=0)
+    lines = [
+        f"dancegrpo-npu rebase: {short(state.old_commit)} -> {short(state.new_commit)} ({state.onto}: {state.onto_note})",
+        f"  upstream: {ahead} commit(s) gained, {behind} commit(s) left behind",
+        "Patches:",
+        *[f"  {s.name:<{width}}  {describe(s)}" for s in state.steps],
+        "upstream.lock:",
+        *lock_changes(old_lock, new_lock),
+        f"verified: {verified}",
+        *extra,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, str]:
+    """From ``finishing`` to ``done``: returns the final state and the summary report.
+
+    Raises DancegrpoError (after saving a ``stopped`` state and its report) when the
+    project changed meanwhile, an overlay path collides, or verification fails;
+    ``--continue`` then runs this again.
+    """
+    tree = Git(Path(state.tree))
+    state = save_state(paths, replace(state, phase="finishing", stop=""))
+    old_lock = parse_lock((paths.backup / "upstream.lock").read_text(encoding="utf-8"), paths.backup / "upstream.lock")
+    changed = project_changes(project, paths.backup)
+    if changed:
+        raise _stop(paths, state, "changed", f"{', '.join(changed)} changed since the rebase started",
+                    "restore them (the rebase's copy is in " + str(paths.backup) + ") and --continue, or --abort")
+    collisions = overlay_collisions(tree, state, project.overlay_dir)
+    if collisions:
+        text = "Overlay files now exist upstream (the overlay only adds files):\n" + "\n".join(collisions) + (
+            "\nMove each into a patch against upstream's version (or rename it), then `dancegrpo-npu rebase --continue`.\n"
+        )
+        paths.report.write_text(text, encoding="utf-8")
+        print(text, end="")
+        raise _stop(paths, state, "overlay", f"{len(collisions)} overlay path(s) now exist upstream", "see the report above, then --continue")
+    staged = stage(paths, regenerate(tree, state, paths.backup, old_lock), tree, state.new_commit)
+    checkpoint("finish:staged")
+    try:
+        verified = verify_staged(tree, state, paths.staged, project.overlay_dir)
+    except DancegrpoError as e:
+        raise _stop(paths, state, "verify", e.message, e.hint or "--abort restores the old series") from None
+    checkpoint("finish:verified")
+    extra = [
+        f"overlay: {len(overlay_files(project.overlay_dir))} file(s), none exists upstream",
+        f"replaced patches/ and upstream.lock; the previous ones are kept in {paths.orig}",
+        f"next: dancegrpo-npu fetch && dancegrpo-npu apply && dancegrpo-npu verify   (moves {project.workdir} to the new commit)",
+        "      then review `git diff patches/ upstream.lock` and commit them",
+    ]
+    report = summary(state, old_lock, staged.lock, verified, extra, tree)
+    paths.report.write_text(report, encoding="utf-8")
+    state = save_state(paths, replace(state, phase="swapping"))
+    checkpoint("swap:begin")
+    return complete(project, paths, state, main), report
+
+
+def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseState:
+    """Past the commit point: swap the staged files in and clean up (safe to re-run)."""
+    if state.phase == "swapping":
+        swap_in(project, paths.staged, paths.backup)
+        state = save_state(paths, replace(state, phase="done"))
+        checkpoint("swap:done")
+    keep_orig(paths)
+    checkpoint("done:orig")
+    remove_tree(Path(state.tree))
+    main.run("update-ref", DONE_REF, state.new_commit)
+    main.run("update-ref", "-d", ONTO_REF, check=False)
+    checkpoint("done:tree")
+    remove_tree(paths.state_dir)
+    return state
+
+
+def _stop(paths: RebasePaths, state: RebaseState, why: str, message: str, hint: str) -> DancegrpoError:
+    save_state(paths, replace(state, phase="stopped", stop=why))
+    if not paths.report.exists() or why != "overlay":
+        paths.report.write_text(f"dancegrpo-npu rebase: stopped before the swap: {message}\n  {hint}\n", encoding="utf-8")
+    return DancegrpoError(f"rebase stopped: {message}", hint)
+

@@ -1,0 +1,301 @@
+"""``dancegrpo-npu launch``: the stock upstream scripts under torchrun, from the patched tree.
+
+A launch is planned first — script, arguments, environment, torchrun command — and every
+check that can fail (script name, node rank, --env syntax, the patched tree, the weights, the
+NPU list) fails here, before anything starts and before a run directory exists.  The plan then
+runs (``runner.run_plan``) in its own run directory, which keeps the record.
+
+API (used by ``dancegrpo-npu smoke``)::
+
+    launch(project, LaunchSpec(script="flux", args=(...), upstream_defaults=False)) -> RunRecord
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from dancegrpo_npu.run import records
+
+from dancegrpo_npu.engine import treecheck
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.environment import parse_env_assignment, plan_environment, shell_script
+from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
+from dancegrpo_npu.run.runner import run_plan
+from dancegrpo_npu.run.upstream_args import SCRIPTS, ScriptInfo, build_script_args, check_inputs, script_info
+
+DEVICES = ("auto", "cpu", "cuda", "npu")
+DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def run_name(spec: LaunchSpec) -> str:
+    name = records.check_name(spec.name or spec.script)
+    return f"{name}-node{spec.node_rank}" if spec.nnodes > 1 else name
+
+
+def check_spec(spec: LaunchSpec) -> ScriptInfo:
+    info = script_info(spec.script)
+    if spec.device not in DEVICES:
+        raise DancegrpoError(f"unknown device {spec.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
+    for what, value in (("--nproc-per-node", spec.nproc_per_node), ("--nnodes", spec.nnodes)):
+        if value < 1:
+            raise DancegrpoError(f"{what} must be at least 1, not {value}", "give a positive count", exit_code=2)
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise DancegrpoError(
+            f"--node-rank {spec.node_rank} is not a node of --nnodes {spec.nnodes}",
+            f"number the nodes 0..{spec.nnodes - 1}, the master node being 0",
+            exit_code=2,
+        )
+    if spec.master_port is not None and not 0 < spec.master_port < 65536:
+        raise DancegrpoError(f"--master-port {spec.master_port} is not a TCP port", "use 1024..65535", exit_code=2)
+    for name, value in spec.env:
+        parse_env_assignment(f"{name}={value}")
+        if name == "DANCEGRPO_DEVICE":
+            raise DancegrpoError("DANCEGRPO_DEVICE is set by --device", "use --device instead of --env", exit_code=2)
+    run_name(spec)
+    return info
+
+
+def build_plan(
+    project: Project,
+    spec: LaunchSpec,
+    run_dir: Path,
+    *,
+    environ: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    dev_dir: Path = Path("/dev"),
+    python: str | None = None,
+) -> LaunchPlan:
+    """Everything about a launch, checked; nothing is written or started."""
+    info = check_spec(spec)
+    environ = dict(os.environ if environ is None else environ)
+    state = treecheck.require_tree(project, info.relpath)
+    tree = project.workdir
+    script_args = build_script_args(
+        info,
+        tuple(spec.args),
+        tree=tree,
+        cwd=Path(cwd or os.getcwd()),
+        run_dir=run_dir,
+        upstream_defaults=spec.upstream_defaults,
+    )
+    check_inputs(info, script_args)
+    env, env_set, profile = plan_environment(spec, tree, environ, dev_dir)
+    port = spec.master_port
+    if port is None:
+        port = free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
+    command = (
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes", str(spec.nnodes),
+        "--nproc_per_node", str(spec.nproc_per_node),
+        "--node_rank", str(spec.node_rank),
+        "--master_addr", spec.master_addr,
+        "--master_port", str(port),
+        "--log_dir", str(run_dir / "logs" / "torchrun"),
+        "--redirects", "3",
+        "--tee", "3",
+        str(tree / info.relpath),
+        *script_args,
+    )  # fmt: skip
+    return LaunchPlan(
+        spec=spec,
+        script=info,
+        run_dir=run_dir,
+        script_path=tree / info.relpath,
+        script_args=tuple(script_args),
+        command=command,
+        env_set=tuple(env_set),
+        env=env,
+        profile=profile,
+        tree_state=state,
+    )
+
+
+def launch(project: Project, spec: LaunchSpec, dry_run: bool = False) -> RunRecord:
+    """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc."""
+    now = time.time()
+    check_spec(spec)
+    tentative = project.runs_dir / records.run_dir_name(run_name(spec), now)
+    plan = build_plan(project, spec, tentative)
+    if dry_run:
+        print(f"# dry run: nothing started, and the run directory {tentative} is not created")
+        print(shell_script(plan), end="", flush=True)
+        return RunRecord(tentative, 0, plan.command, {"status": "dry-run"})
+    run_dir = records.create_run_dir(project.runs_dir, run_name(spec), now)
+    if run_dir != tentative:
+        plan = build_plan(project, spec, run_dir)
+
+    return run_plan(project, plan)
+
+
+# ---------------------------------------------------------------- command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        raise DancegrpoError(f"launch: {message}", "see `dancegrpo-npu launch --help`", exit_code=2)
+
+
+def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=d(1),
+        metavar="N",
+        help="processes on this node: one per NPU/GPU (default 1)",
+    )
+    p.add_argument("--nnodes", type=int, default=d(1), metavar="N", help="nodes in the job (default 1)")
+    p.add_argument(
+        "--node-rank", type=int, default=d(0), metavar="K", help="this node's number, 0..nnodes-1 (0 is the master)"
+    )
+    p.add_argument("--master-addr", default=d("127.0.0.1"), metavar="ADDR", help="node 0's address (default 127.0.0.1)")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=d(None),
+        metavar="PORT",
+        help="node 0's port (default: a free port; 29500 with several nodes)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=d("auto"),
+        help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        default=d(False),
+        help="DANCEGRPO_NPU_STRICT=1: stop at the first op that makes a complex or float64 tensor on the model path (the NPU runs neither), naming op and module; slow, for checking",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=d(None),
+        metavar="NAME=VALUE",
+        help="set a variable in the job's environment (wins over launch's defaults and yours); repeatable",
+    )
+    p.add_argument(
+        "--ifname",
+        default=d(None),
+        metavar="IFACE",
+        help="network interface between nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME",
+    )
+    p.add_argument("--name", default=d(None), help="run directory suffix (default: the script's name)")
+    p.add_argument(
+        "--no-upstream-defaults",
+        dest="upstream_defaults",
+        action="store_false",
+        default=d(True),
+        help="pass only the arguments after --, not upstream's defaults",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=d(False),
+        help="print the environment and torchrun command, start nothing",
+    )
+
+
+EPILOG = textwrap.dedent(
+    """\
+    Upstream's defaults (scripts/finetune/finetune_flux_grpo.sh, finetune_flux_grpo_8gpus_lora.sh,
+    scripts/preprocess/preprocess_flux_rl_embeddings.sh) are passed unless an argument after --
+    overrides them.  Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are
+    read in the patched tree; relative paths you type, in the current directory.  Without
+    --output_dir, training writes its checkpoints to <run>/outputs.
+
+    Each launch gets runs/<YYYYmmdd-HHMMSS>-<name>/ with the command, environment fingerprint,
+    every rank's log, reward.txt, images/, metrics.jsonl and summary.json.
+
+    examples:
+      dancegrpo-npu launch preprocess --nproc-per-node 8
+      dancegrpo-npu launch flux --nproc-per-node 8 --device npu
+      dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
+      dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
+    """
+)
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "launch",
+        parents=[common],
+        help="run flux | flux-lora | preprocess under torchrun, with a run record",
+        description="Run a stock upstream script from the patched tree under torchrun.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="dancegrpo-npu launch {flux,flux-lora,preprocess} [options] [-- upstream args]",
+    )
+    _add_options(p, suppress=False)
+    # The script name and everything after it, verbatim: argparse would drop a "--" that
+    # directly follows a positional, so options given after the script are parsed below.
+    p.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_launch)
+
+
+def _parse_words(args) -> tuple[str, list[str]]:
+    words = list(args.words)
+    if not words or words[0].startswith("-"):
+        raise DancegrpoError("launch: name the script", f"one of: {', '.join(SCRIPTS)}", exit_code=2)
+    script, rest = words[0], words[1:]
+    upstream: list[str] = []
+    if "--" in rest:
+        i = rest.index("--")
+        rest, upstream = rest[:i], rest[i + 1 :]
+    inner = _Parser(prog="dancegrpo-npu launch", add_help=False)
+    _add_options(inner, suppress=True)
+    inner.add_argument("-C", dest="project_dir", default=argparse.SUPPRESS)
+    inner.add_argument("--workdir", default=argparse.SUPPRESS)
+    _, unknown = inner.parse_known_args(rest, namespace=args)
+    if unknown:
+        raise DancegrpoError(
+            f"launch: unknown option {unknown[0]!r}",
+            "put the script's own arguments after --, e.g. `launch flux -- --max_train_steps 10`",
+            exit_code=2,
+        )
+    return script, upstream
+
+
+def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
+    names = {"npu": ["HCCL_SOCKET_IFNAME"], "cuda": ["NCCL_SOCKET_IFNAME"], "cpu": []}
+    chosen = names.get(device, ["HCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
+    return [(n, ifname) for n in chosen + ["GLOO_SOCKET_IFNAME"]]
+
+
+def _cmd_launch(args) -> int:
+    script, upstream = _parse_words(args)
+    env = [parse_env_assignment(text) for text in args.env or []]
+    if args.ifname:
+        env = _ifname_env(args.ifname, args.device) + env
+    spec = LaunchSpec(
+        script=script,
+        args=tuple(upstream),
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        device=args.device,
+        name=args.name,
+        env=tuple(env),
+        upstream_defaults=args.upstream_defaults,
+        strict=args.strict,
+    )
+    record = launch(project_from_args(args), spec, dry_run=args.dry_run)
+    return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

@@ -1,0 +1,52 @@
+"""What a launch is: the request (LaunchSpec), the plan made from it (LaunchPlan) and
+what a finished run leaves (RunRecord).  Data only, so that the launcher, its
+environment and the runner share it without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dancegrpo_npu.run.upstream_args import ScriptInfo
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    script: str  # "flux" | "flux-lora" | "preprocess"
+    args: tuple[str, ...] = ()  # script arguments; override upstream's defaults
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (single node), 29500 (several nodes)
+    device: str = "auto"  # auto|cpu|cuda|npu -> DANCEGRPO_DEVICE
+    name: str | None = None  # run directory suffix; default: the script's name
+    env: tuple[tuple[str, str], ...] = ()  # extra environment; wins over everything
+    upstream_defaults: bool = True  # False: pass exactly `args` (smoke does this)
+    strict: bool = False  # DANCEGRPO_NPU_STRICT=1
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_dir: Path
+    returncode: int
+    command: tuple[str, ...]
+    summary: dict
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    spec: LaunchSpec
+    script: ScriptInfo
+    run_dir: Path
+    script_path: Path
+    script_args: tuple[str, ...]
+    command: tuple[str, ...]
+    env_set: tuple[tuple[str, str, str], ...]  # (name, value, where it came from)
+    env: dict[str, str] = field(repr=False)  # the whole environment the job gets
+    profile: str  # "npu" when the NPU environment was applied, else the requested device
+    tree_state: dict
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.nproc_per_node * self.spec.nnodes

@@ -1,0 +1,99 @@
+"""``dancegrpo-npu plot RUN [RUN...]``: reward (and loss) per step of one or more runs, to a PNG.
+
+Several runs go on one figure (a GPU run beside an NPU run), each curve labelled with the
+run's name and the device it ran on.  Figures come from metrics.jsonl (contract 4), or from
+upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.run.records import RunInfo, find_run, load_run, read_metrics
+
+
+def make_figure(runs: list[RunInfo]):
+    """A matplotlib Figure: reward per step on top, loss below when any run has loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display (clusters have none)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    metrics = [(run, read_metrics(run.path)) for run in runs]
+    plotted = [(run, m) for run, m in metrics if m.reward]
+    if not plotted:
+        names = ", ".join(run.name for run in runs)
+        raise DancegrpoError(
+            f"no rewards to plot in {names}", "a run writes reward.txt / metrics.jsonl from its first step on"
+        )
+    with_loss = [(run, m) for run, m in plotted if m.loss]
+    rows = 2 if with_loss else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 4 * rows), sharex=True, squeeze=False)
+    reward_ax = axes[0][0]
+    for run, m in plotted:
+        reward_ax.plot(m.steps, m.reward, marker="." if len(m.steps) < 50 else None, label=run.label)
+    reward_ax.set_ylabel("reward (mean per step)")
+    reward_ax.set_title("DanceGRPO reward" + (" and loss" if with_loss else ""))
+    reward_ax.grid(True, alpha=0.3)
+    reward_ax.legend(fontsize="small")
+    if with_loss:
+        loss_ax = axes[1][0]
+        for run, m in with_loss:
+            loss_ax.plot(m.steps, m.loss, marker="." if len(m.steps) < 50 else None, label=run.label)
+        loss_ax.set_ylabel("loss")
+        loss_ax.grid(True, alpha=0.3)
+        loss_ax.legend(fontsize="small")
+    axes[-1][0].set_xlabel("step")
+    axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
+
+
+def plot_runs(runs: list[RunInfo], output: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = make_figure(runs)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110)
+    plt.close(fig)
+    return output
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "plot",
+        parents=[common],
+        help="draw reward (and loss) curves of runs to a PNG",
+        description=(
+            "Draw reward and loss per step of one or more runs on one figure (e.g. a GPU run and an NPU run). "
+            "RUN is a directory under runs/, a unique part of its name, or a path."
+        ),
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="the PNG to write (default: <run>/reward.png for one run, runs/compare-<time>.png for several)",
+    )
+    p.set_defaults(func=_cmd_plot)
+
+
+def _cmd_plot(args) -> int:
+    project = project_from_args(args)
+    runs = [load_run(find_run(project.runs_dir, ref)) for ref in args.runs]
+    if args.output:
+        output = Path(args.output).expanduser().resolve()
+    elif len(runs) == 1:
+        output = runs[0].path / "reward.png"
+    else:
+        output = project.runs_dir / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png"
+    if output.suffix.lower() != ".png":
+        raise DancegrpoError(f"{output} is not a .png file name", "name the output FILE.png", exit_code=2)
+    plot_runs(runs, output)
+    print(output)
+    return 0

@@ -1,0 +1,231 @@
+"""Run records: one directory per launch under ``runs/``, and reading them back.
+
+Layout of ``runs/<YYYYmmdd-HHMMSS>-<name>/``::
+
+    launch.json       what was asked and what ran: spec, script arguments, command, environment set
+    command.sh        the same as a shell script: cd, exports, the torchrun command (re-runnable)
+    environment.json  the fingerprint: host, devices, CANN, driver, package versions, upstream, series
+    summary.json      status, return code, start/end, wall time, steps, reward and loss figures
+    logs/console.log  torchrun's own output with every rank's lines (each prefixed with its rank)
+    logs/torchrun/    each rank's stdout.log / stderr.log (torchrun --log_dir --redirects)
+    outputs/          the script's --output_dir (checkpoints), unless the user named another
+    images/, reward.txt, metrics.jsonl, wandb/   written by the script in its working directory
+
+``summary.json`` is written when the run starts (status "running") and rewritten when it ends,
+whatever the end, so a run killed with the launcher still says what it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.files import write_atomic
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise DancegrpoError(
+            f"run name {name!r} is not usable as a directory name",
+            "use letters, digits, '.', '_' and '-' (at most 81 characters)",
+            exit_code=2,
+        )
+    return name
+
+
+def run_dir_name(name: str, now: float | None = None) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + check_name(name)
+
+
+def create_run_dir(runs_dir: Path, name: str, now: float | None = None) -> Path:
+    """A new, empty run directory; ``-2``, ``-3``... is added when the name is taken."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    base = run_dir_name(name, now)
+    for n in range(1, 1000):
+        candidate = runs_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            candidate.mkdir()  # atomic: two launches in the same second get different names
+        except FileExistsError:
+            continue
+        return candidate
+    raise DancegrpoError(f"could not create a run directory for {base} in {runs_dir}", "remove old runs")
+
+
+def write_json(path: Path, data: dict) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Per-step figures of one run: from metrics.jsonl, else rewards from reward.txt."""
+
+    steps: tuple[int, ...]
+    reward: tuple[float, ...]
+    loss: tuple[float, ...]  # empty when the source has no loss (reward.txt)
+    step_time: tuple[float, ...]
+    source: str | None  # "metrics.jsonl" | "reward.txt" | None
+    skipped_lines: int = 0
+
+
+def _num(x) -> float | None:
+    """A number, or None.  NaN and inf are kept: a diverged run must show as diverged."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _complete(values: list) -> tuple[float, ...]:
+    """A column, or () when some record lacks it (a half column would misalign with steps)."""
+    return tuple(values) if all(v is not None for v in values) else ()
+
+
+def read_metrics(run_dir: Path) -> Metrics:
+    """The run's per-step metrics.  A truncated last line (a crash mid-write) is skipped."""
+    jsonl = run_dir / "metrics.jsonl"
+    if jsonl.is_file():
+        steps, reward, loss, step_time, skipped = [], [], [], [], 0
+        for line in jsonl.read_text(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                step = int(rec["step"])
+            except (ValueError, KeyError, TypeError):
+                skipped += 1
+                continue
+            steps.append(step)
+            reward.append(_num(rec.get("reward_mean")))
+            loss.append(_num(rec.get("loss")))
+            step_time.append(_num(rec.get("step_time")))
+        if steps:
+            return Metrics(
+                tuple(steps),
+                _complete(reward),
+                _complete(loss),
+                _complete(step_time),
+                "metrics.jsonl",
+                skipped,
+            )
+    rewards_file = run_dir / "reward.txt"
+    if rewards_file.is_file():
+        rewards, skipped = [], 0
+        for line in rewards_file.read_text(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            v = _num(line.strip())
+            if v is None:
+                skipped += 1
+            else:
+                rewards.append(v)
+        if rewards:
+            return Metrics(tuple(range(1, len(rewards) + 1)), tuple(rewards), (), (), "reward.txt", skipped)
+    return Metrics((), (), (), (), None)
+
+
+def _figures(values: tuple[float, ...]) -> dict | None:
+    if not values:
+        return None
+    return {
+        "first": values[0],
+        "last": values[-1],
+        "mean": sum(values) / len(values),
+        "min": min(values),
+        "max": max(values),
+        "count": len(values),
+    }
+
+
+def metrics_summary(run_dir: Path) -> dict:
+    m = read_metrics(run_dir)
+    images = run_dir / "images"
+    return {
+        "steps": max(m.steps) if m.steps else 0,
+        "metrics_source": m.source,
+        "reward": _figures(m.reward),
+        "loss": _figures(m.loss),
+        "step_time": _figures(m.step_time),
+        "images": sum(1 for p in images.iterdir() if p.is_file()) if images.is_dir() else 0,
+    }
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What ``runs`` and ``plot`` show about one run directory."""
+
+    path: Path
+    summary: dict
+    launch: dict
+    environment: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def device(self) -> str:
+        env = self.environment.get("devices") or {}
+        return env.get("kind") or self.launch.get("device") or "?"
+
+    @property
+    def label(self) -> str:
+        env = self.environment.get("devices") or {}
+        names = env.get("names") or []
+        world = self.summary.get("world_size") or self.launch.get("world_size")
+        what = f"{self.device}"
+        if names:
+            what += f": {names[0]}"
+        if world:
+            what += f" ×{world}"
+        return f"{self.name} ({what})"
+
+
+def load_run(path: Path) -> RunInfo:
+    return RunInfo(
+        path=path,
+        summary=read_json(path / "summary.json") or {},
+        launch=read_json(path / "launch.json") or {},
+        environment=read_json(path / "environment.json") or {},
+    )
+
+
+def list_runs(runs_dir: Path) -> list[RunInfo]:
+    if not runs_dir.is_dir():
+        return []
+    dirs = [
+        p for p in runs_dir.iterdir() if p.is_dir() and ((p / "launch.json").exists() or (p / "summary.json").exists())
+    ]
+    return [load_run(p) for p in sorted(dirs, key=lambda p: p.name)]
+
+
+def find_run(runs_dir: Path, ref: str) -> Path:
+    """A run given as a path, a directory name under runs/, or a unique suffix/prefix of one."""
+    p = Path(ref).expanduser()
+    if p.is_dir() and ((p / "summary.json").exists() or (p / "launch.json").exists()):
+        return p.resolve()
+    candidate = runs_dir / ref
+    if candidate.is_dir():
+        return candidate
+    names = sorted(d.name for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.is_dir() else []
+    matches = [n for n in names if n.endswith(ref) or n.startswith(ref)]
+    if len(matches) == 1:
+        return runs_dir / matches[0]
+    if len(matches) > 1:
+        raise DancegrpoError(
+            f"run {ref!r} is ambiguous: {', '.join(matches)}", "give the full directory name", exit_code=2
+        )
+    raise DancegrpoError(f"no run {ref!r} in {runs_dir}", "`dancegrpo-npu runs` lists them", exit_code=2)

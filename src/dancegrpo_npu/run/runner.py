@@ -1,0 +1,214 @@
+"""Running a checked launch plan in its run directory, and keeping the record whatever happens.
+
+torchrun's output (every rank's lines, prefixed by torchrun's --tee) is copied to the terminal
+and to ``logs/console.log``; each rank's own stdout/stderr files are under ``logs/torchrun/``.
+``summary.json`` says "running" while the job runs and is rewritten at the end: succeeded,
+failed (with the failing rank's last lines), interrupted (Ctrl-C), terminated (SIGTERM) or
+error (torchrun could not be started).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from dancegrpo_npu.run import records
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.fingerprint import fingerprint
+from dancegrpo_npu.run.environment import recorded_value, shell_script
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.run.plan import RunRecord
+
+FAILURE_TAIL_LINES = 25
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the launcher (a scheduler stopping the job)."""
+
+
+@contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into an exception so the record is finished; only possible on the main thread."""
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+def rank_logs(run_dir: Path) -> list[Path]:
+    """torchrun's per-rank files: logs/torchrun/<run id>/attempt_<n>/<local rank>/std{out,err}.log."""
+    root = run_dir / "logs" / "torchrun"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.log") if p.is_file())
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def failure_detail(run_dir: Path) -> dict:
+    """Where a failed run says why: the first rank stderr with a traceback, else the console."""
+    stderrs = [p for p in rank_logs(run_dir) if p.name == "stderr.log"]
+    for path in stderrs:
+        text = path.read_text(errors="replace")
+        if "Traceback" in text or "Error" in text:
+            return {"log": str(path.relative_to(run_dir)), "tail": _tail(path, FAILURE_TAIL_LINES)}
+    console = run_dir / "logs" / "console.log"
+    return {"log": "logs/console.log", "tail": _tail(console, FAILURE_TAIL_LINES)}
+
+
+def _launch_json(plan) -> dict:
+    spec = plan.spec
+    return {
+        "script": spec.script,
+        "script_path": str(plan.script_path),
+        "device": spec.device,
+        "profile": plan.profile,
+        "nproc_per_node": spec.nproc_per_node,
+        "nnodes": spec.nnodes,
+        "node_rank": spec.node_rank,
+        "world_size": plan.world_size,
+        "master_addr": spec.master_addr,
+        "master_port": spec.master_port,
+        "strict": spec.strict,
+        "upstream_defaults": spec.upstream_defaults,
+        "user_args": list(spec.args),
+        "script_args": list(plan.script_args),
+        "command": list(plan.command),
+        "cwd": str(plan.run_dir),
+        "env_set": [{"name": n, "value": recorded_value(n, v), "source": why} for n, v, why in plan.env_set],
+        "launched_from": os.getcwd(),
+        "tree": plan.tree_state,
+    }
+
+
+def _summary(plan, status: str, returncode: int | None, start: float, end: float | None, **extra) -> dict:
+    summary = {
+        "status": status,
+        "returncode": returncode,
+        "script": plan.spec.script,
+        "device": plan.spec.device,
+        "profile": plan.profile,
+        "device_kind": None,  # what the device resolved to (environment.json's probe)
+        "world_size": plan.world_size,
+        "start": _iso(start),
+        "end": _iso(end) if end else None,
+        "wall_time_s": round(end - start, 3) if end else None,
+    }
+    summary.update(records.metrics_summary(plan.run_dir))
+    summary["rank_logs"] = [str(p.relative_to(plan.run_dir)) for p in rank_logs(plan.run_dir)]
+    summary.update(extra)
+    return summary
+
+
+def _stream(proc: subprocess.Popen, console: Path) -> None:
+    """Copy torchrun's output to the console log and the terminal (while the terminal takes it)."""
+    echo = True
+    with open(console, "ab") as log:
+        for line in iter(proc.stdout.readline, b""):
+            log.write(line)
+            log.flush()
+            if echo:
+                try:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                except (AttributeError, OSError, ValueError):  # `launch ... | head`: keep logging
+                    echo = False
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    """Pass the signal on to torchrun (it stops its workers), then make sure it is gone."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_plan(project: Project, plan):
+    """Run ``plan`` (its run directory exists and is empty); returns the RunRecord."""
+    run_dir = plan.run_dir
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
+    records.write_json(run_dir / "launch.json", _launch_json(plan))
+    (run_dir / "command.sh").write_text(shell_script(plan))
+    os.chmod(run_dir / "command.sh", 0o755)
+    start = time.time()
+    records.write_json(run_dir / "summary.json", _summary(plan, "running", None, start, None))
+    print(f"dancegrpo-npu: run directory {run_dir}", flush=True)
+    status, returncode, extra, device_kind = "interrupted", None, {}, None
+    try:
+        with _sigterm_raises():
+            fp = _fingerprint(project, plan)
+            records.write_json(run_dir / "environment.json", fp)
+            device_kind = (fp.get("devices") or {}).get("kind")
+            try:
+                proc = subprocess.Popen(
+                    list(plan.command), cwd=run_dir, env=plan.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                )
+            except OSError as e:
+                status, extra = "error", {"failure": {"error": f"could not start torchrun: {e}"}}
+                raise DancegrpoError(f"could not start torchrun: {e}", f"the record is in {run_dir}") from e
+            try:
+                _stream(proc, run_dir / "logs" / "console.log")
+                returncode = proc.wait()
+            except BaseException as e:
+                status = "terminated" if isinstance(e, _Terminated) else "interrupted"
+                _stop(proc, signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
+                returncode = proc.returncode
+                raise
+            status = "succeeded" if returncode == 0 else "failed"
+            if returncode != 0:
+                extra = {"failure": failure_detail(run_dir)}
+    except _Terminated:
+        pass  # recorded below; the exit code says it
+    finally:
+        summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
+        records.write_json(run_dir / "summary.json", summary)
+    print(_one_line(run_dir, summary), flush=True)
+    rc = returncode if returncode not in (None, 0) or status == "succeeded" else 1
+    return RunRecord(run_dir=run_dir, returncode=rc, command=plan.command, summary=summary)
+
+
+def _fingerprint(project: Project, plan) -> dict:
+    """The fingerprint, or why it could not be taken: a record must never stop a launch."""
+    try:
+        return fingerprint(project, plan.env, plan.tree_state)
+    except Exception as e:  # noqa: BLE001 - best effort by design, the error is recorded
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _one_line(run_dir: Path, s: dict) -> str:
+    text = f"dancegrpo-npu: {s['status']} (exit {s['returncode']}) after {s['wall_time_s']:.1f} s, {s['steps']} step(s)"
+    reward = s.get("reward")
+    if reward:
+        text += f", reward {reward['first']:.4g} -> {reward['last']:.4g}"
+    if s.get("failure", {}).get("log"):
+        text += f"; see {run_dir / s['failure']['log']}"
+    return text + f"; record: {run_dir}"

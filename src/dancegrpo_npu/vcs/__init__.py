@@ -1,0 +1,1 @@
+"""git, as the engine and the rebase call it: plumbing (``gitutil``) and a repository (``gitcmd``)."""

@@ -1,0 +1,150 @@
+"""export NAME: hand edits in the patched tree become a new patch at the end of the series."""
+
+from __future__ import annotations
+
+import pytest
+
+from dancegrpo_npu.engine.apply import apply_worktree
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.rebase.export import export_edits, patch_file_name
+from dancegrpo_npu.engine.lock import load_lock
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.rebase.command import start_rebase
+from dancegrpo_npu.engine.status import inspect
+from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, sha256_at, verified
+
+
+SPECS = [
+    PatchSpec("0001-train.patch", "device", {"fastvideo/train.py": set_line(10, "device = pick()")}),
+    PatchSpec("0002-utils.patch", "utils", {"fastvideo/utils.py": set_line(5, "y = 2")}),
+]
+
+
+@pytest.fixture()
+def world(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    history, base = base_history(tmp_path / "upstream")
+    root = make_project(tmp_path / "project", history, base, SPECS, {"fastvideo/ours.py": "OURS = 1\n"})
+    return history, base, find_project(root)
+
+
+def assert_tree_is_series(tmp_path, history, base, project):
+    """`verify` passes, `status` shows every patch applied and no local edit, `apply` is a no-op."""
+    assert verified(project.root)
+    report = inspect(project)
+    assert [p.state for p in report.patches] == ["applied"] * len(report.patches)
+    assert not report.edits
+    assert apply_worktree(project).noop
+    assert not (project.workdir / ".git/dancegrpo-npu/saved").exists()  # export keeps no redundant copy
+
+
+def test_modified_file_becomes_a_patch(world, tmp_path):
+    history, base, project = world
+    p = project.workdir / "fastvideo/train.py"
+    p.write_text(p.read_text().replace("train_value_30 = compute('train', 30)", "train_value_30 = 30  # hccl fix"))
+    lock_before = project.lock_path.read_bytes()
+
+    result = export_edits(project, "fix hccl timeout")
+
+    assert result.patch == project.patches_dir / "0003-fix-hccl-timeout.patch"
+    assert result.files == ("M fastvideo/train.py",)
+    text = result.patch.read_text()
+    assert text.startswith("Description: TODO: say in one line what this patch changes\n TODO: say why")
+    assert "Forwarded: not-needed\nLast-Update: 2026-01-01\n---\ndiff --git a/fastvideo/train.py b/fastvideo/train.py\n" in text
+    assert "+train_value_30 = 30  # hccl fix" in text and "index " not in text
+    assert "device = pick()" not in text.split("---\n", 1)[1].replace(" device = pick()", "")  # only the new edit
+    assert project.series_path.read_text().splitlines()[-1] == "0003-fix-hccl-timeout.patch"
+    assert project.lock_path.read_bytes() == lock_before  # train.py was already locked
+    assert_tree_is_series(tmp_path, history, base, project)
+
+
+def test_new_and_deleted_files_and_lock_hashes(world, tmp_path):
+    history, base, project = world
+    (project.workdir / "fastvideo/npu_patch_helper.py").write_text("HELP = 1\n")
+    (project.workdir / "fastvideo/models/flux.py").unlink()
+    (project.workdir / "fastvideo/__pycache__").mkdir()
+    (project.workdir / "fastvideo/__pycache__/train.cpython-311.pyc").write_bytes(b"\0junk")
+
+    result = export_edits(project, "drop-flux", description="Drop the Flux model file, add a helper")
+
+    assert sorted(result.files) == ["A fastvideo/npu_patch_helper.py", "D fastvideo/models/flux.py"]
+    text = result.patch.read_text()
+    assert text.startswith("Description: Drop the Flux model file, add a helper\n")
+    assert "+++ /dev/null" in text and "--- /dev/null" in text and "pyc" not in text
+    lock = load_lock(project.lock_path)
+    assert lock.files["fastvideo/models/flux.py"] == sha256_at(history, base, "fastvideo/models/flux.py")
+    assert "fastvideo/npu_patch_helper.py" not in lock.files
+    assert_tree_is_series(tmp_path, history, base, project)
+
+
+def test_nothing_to_export(world):
+    history, base, project = world
+    before = project_state(project.root)
+    with pytest.raises(DancegrpoError) as e:
+        export_edits(project, "nothing")
+    assert "nothing to export" in e.value.one_line() and "edit files in the patched tree first" in e.value.one_line()
+    assert project_state(project.root) == before
+
+
+def test_overlay_edits_are_copied_back(world, tmp_path):
+    history, base, project = world
+    (project.workdir / "fastvideo/ours.py").write_text("OURS = 2\n")
+    result = export_edits(project, "whatever")
+    assert result.patch is None and result.overlay == ("fastvideo/ours.py",)
+    assert (project.overlay_dir / "fastvideo/ours.py").read_text() == "OURS = 2\n"
+    assert "whatever" not in project.series_path.read_text()
+    assert_tree_is_series(tmp_path, history, base, project)
+
+
+def test_exported_edits_survive_a_rebase(world):
+    history, base, project = world
+    p = project.workdir / "fastvideo/utils.py"
+    p.write_text(p.read_text().replace("utils_value_30 = compute('utils', 30)", "utils_value_30 = 0"))
+    history.insert_lines("fastvideo/utils.py", 1, ["# new upstream header"])
+    history.commit("header")
+    with pytest.raises(DancegrpoError, match="edits that are in no patch"):
+        start_rebase(project, "main")
+    export_edits(project, "utils-zero")
+    result = start_rebase(project, "main")
+    assert result.status == "done"
+    assert "0003-utils-zero.patch  applied, context moved" in result.report
+
+
+def test_names():
+    assert patch_file_name("Fix HCCL timeout!", ["0001-a.patch", "0009-b.patch"]) == "0010-fix-hccl-timeout.patch"
+    assert patch_file_name("x", []) == "0001-x.patch"
+    assert patch_file_name("x", ["a.patch"]) == "x.patch"
+    assert patch_file_name("my.patch", ["0001-a.patch"]) == "my.patch"
+    with pytest.raises(DancegrpoError):
+        patch_file_name("!!!", [])
+
+
+def test_refused_during_a_rebase(world):
+    history, base, project = world
+    history.edit_line("fastvideo/train.py", 10, "device = 'cuda'")
+    history.commit("conflict")
+    assert start_rebase(project, "main").status == "stopped"
+    (project.workdir / "fastvideo/train.py").write_text("x\n")
+    with pytest.raises(DancegrpoError, match="a rebase is in progress"):
+        export_edits(project, "x")
+
+
+def test_cli(world):
+    history, base, project = world
+    (project.workdir / "fastvideo/utils.py").write_text("changed\n")
+    r = run_cli(project.root, "export", "rewrite-utils", env={"SOURCE_DATE_EPOCH": "1767225600"})
+    assert r.returncode == 0, r.stderr
+    assert "exported 1 file(s) to patches/0003-rewrite-utils.patch" in r.stdout
+    assert "edit the TODO lines" in r.stdout
+    r = run_cli(project.root, "export", "again")
+    assert r.returncode == 1 and "nothing to export" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ignored_files_stay_out(world):
+    history, base, project = world
+    exclude = project.workdir / ".git" / "info" / "exclude"
+    exclude.write_text(exclude.read_text() + "/outputs/\n")
+    (project.workdir / "outputs").mkdir()
+    (project.workdir / "outputs" / "model.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(DancegrpoError, match="nothing to export"):
+        export_edits(project, "x")

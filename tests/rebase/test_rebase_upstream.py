@@ -1,0 +1,162 @@
+"""rebase / upstream-log with the real upstream DanceGRPO and this project's own series.
+
+Uses conftest's ``upstream_source`` (skipped with ``upstream unavailable: ...`` when
+neither the locked URL nor DANCEGRPO_SOURCE can be fetched); the work tree is made by
+the engine (fetch + apply) in a copy of the project.  Works for whatever series
+patches/series holds, the empty one included.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dancegrpo_npu.engine.apply import apply_worktree, touched_files
+from dancegrpo_npu.rebase.export import export_edits
+from dancegrpo_npu.engine.fetch import fetch
+from dancegrpo_npu.engine.lock import load_lock
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.rebase.command import abort_rebase, start_rebase
+from dancegrpo_npu.engine.series import load_series
+from dancegrpo_npu.engine.status import inspect
+from dancegrpo_npu.rebase.upstream_log import format_log, upstream_log
+from conftest import copy_project
+from rebase_helpers import TESTS, git, project_state, tree_state, verified
+
+pytestmark = pytest.mark.upstream
+REPO = TESTS.parent
+# The file the port patches first; stands in for "a patched file" while the series is empty.
+FALLBACK_FILE = "fastvideo/train_grpo_flux.py"
+
+
+def real_project(tmp_path: Path, source: str):
+    """A copy of this project's lock, series and overlay; its work tree fetched and patched."""
+    if source.endswith((".tar.gz", ".tgz")):
+        pytest.skip(f"upstream unavailable: {source} is an archive, which has no history to rebase across")
+    project = find_project(copy_project(tmp_path / "project"))
+    refetch(project, source)
+    return project
+
+
+def refetch(project, source: str) -> None:
+    fetch(project, source=source)
+    apply_worktree(project)
+    assert verified(project.root)
+
+
+def patched_files(project) -> list[str]:
+    files = sorted({f for p in load_series(project.patches_dir) for f in touched_files(p)})
+    return files or [FALLBACK_FILE]
+
+
+def test_round_trip_to_an_older_commit_and_back(tmp_path, upstream_source):
+    project = real_project(tmp_path, upstream_source)
+    locked = load_lock(project.lock_path).commit
+    before = project_state(project.root)
+    before_tree = tree_state(project.workdir)
+    # the oldest of the last 10 commits that leaves the patched files as they are
+    older = locked
+    for k in range(1, 11):
+        candidate = git(project.workdir, "rev-parse", f"{locked}~{k}")
+        if git(project.workdir, "log", "--format=%H", f"{candidate}..{locked}", "--", *patched_files(project)):
+            break
+        older = candidate
+    assert older != locked, "the last commit touched a patched file; pick another rule"
+
+    result = start_rebase(project, older, source=upstream_source)
+    assert result.status == "done", result.report
+    assert load_lock(project.lock_path).commit == older
+    assert len(load_series(project.patches_dir)) == len(load_series(REPO / "patches"))
+    refetch(project, upstream_source)
+
+    result = start_rebase(project, locked, source=upstream_source)
+    assert result.status == "done", result.report
+    after = project_state(project.root)
+    assert after["upstream.lock"] == before["upstream.lock"]
+    assert after.keys() == before.keys()
+    refetch(project, upstream_source)  # the patches apply exactly at the locked commit ...
+    assert tree_state(project.workdir) == before_tree  # ... and give the same patched tree
+
+
+def test_onto_the_commit_before_a_change_to_a_patched_file(tmp_path, upstream_source):
+    project = real_project(tmp_path, upstream_source)
+    locked = load_lock(project.lock_path).commit
+    before = project_state(project.root)
+    before_tree = tree_state(project.workdir)
+    change = git(project.workdir, "log", "-1", "--format=%H", locked, "--", *patched_files(project))
+    subject = git(project.workdir, "log", "-1", "--format=%s", change)
+    target = git(project.workdir, "rev-parse", f"{change}^")
+
+    log = upstream_log(project, target, source=upstream_source)
+    assert change in [c.commit for c in log.commits if not c.in_ref]
+    if load_series(project.patches_dir):
+        assert any(c.commit == change and c.touches_series for c in log.commits), format_log(log)
+
+    result = start_rebase(project, target, source=upstream_source)
+    if result.status == "stopped":  # a real conflict: the report must say where and why
+        assert result.stop in ("conflict", "empty")
+        assert subject in result.report or result.stop == "empty", result.report
+        abort_rebase(project)
+        assert project_state(project.root) == before
+        assert tree_state(project.workdir) == before_tree
+        return
+    assert result.status == "done", result.report
+    assert load_lock(project.lock_path).commit == target
+    refetch(project, upstream_source)
+    assert start_rebase(project, locked, source=upstream_source).status == "done"
+    assert project_state(project.root)["upstream.lock"] == before["upstream.lock"]
+    refetch(project, upstream_source)
+    assert tree_state(project.workdir) == before_tree
+
+
+def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source):
+    """A hand fix in the real patched tree is exported; an upstream change inside its
+    context then makes the rebase 3-way merge it (in the sparse, assets-less checkout)."""
+    project = real_project(tmp_path, upstream_source)
+    rel = FALLBACK_FILE
+    work = project.workdir
+    locked = load_lock(project.lock_path).commit
+    path = work / rel
+    lines = path.read_text().splitlines(keepends=True)
+    upstream_text = subprocess.run(["git", "show", f"{locked}:{rel}"], cwd=work, capture_output=True, text=True,
+                                   check=True).stdout.split("\n")  # exactly, final newline included
+    # the middle of the longest stretch the series leaves alone, far from every hunk of it
+    same = difflib.SequenceMatcher(None, [ln.rstrip("\n") for ln in lines], upstream_text, autojunk=False)
+    block = max(same.get_matching_blocks(), key=lambda b: b.size)
+    assert block.size > 20
+    n, u = block.a + block.size // 2, block.b + block.size // 2  # the same line, patched tree / upstream
+    lines[n] = lines[n].rstrip("\n") + "  # hand fix\n"
+    path.write_text("".join(lines))
+
+    result = export_edits(project, "hand-fix", description="A hand fix made on the cluster")
+    assert result.files == (f"M {rel}",)
+    assert verified(project.root) and not inspect(project).edits
+
+    # upstream moves: the line two below the fix changes (inside the patch's context)
+    upstream_text[u + 2] += "  # upstream change"
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=work, input="\n".join(upstream_text),
+                          capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"), GIT_AUTHOR_NAME="up", GIT_AUTHOR_EMAIL="up@x",
+               GIT_COMMITTER_NAME="up", GIT_COMMITTER_EMAIL="up@x")
+    subprocess.run(["git", "read-tree", locked], cwd=work, env=env, check=True)
+    subprocess.run(["git", "update-index", "--cacheinfo", f"100644,{blob},{rel}"], cwd=work, env=env, check=True)
+    tree = subprocess.run(["git", "write-tree", "--missing-ok"], cwd=work, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    moved = subprocess.run(["git", "commit-tree", tree, "-p", locked, "-m", "upstream: a change near the fix"], cwd=work,
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    result = start_rebase(project, moved)
+    assert result.status == "done", result.report
+    assert re.search(r"hand-fix.patch\s+3-way merged", result.report)
+    assert "verified:" in result.report
+    text = (project.patches_dir / result_patch_name(project)).read_text()
+    assert "+" + lines[n].rstrip("\n") in text and "  # upstream change" in text
+    assert "Description: A hand fix made on the cluster" in text
+
+
+def result_patch_name(project) -> str:
+    return next(p.path.name for p in load_series(project.patches_dir) if "hand-fix" in p.name)

@@ -1,8 +1,11 @@
-"""Patch 0016, run through the patched trainers' own main() with the FAKE torch_npu.
+"""Patches 0016 and 0017, run through the patched trainers' own main() with the FAKE torch_npu.
 
-main() starts with TF32 on CUDA and, on an NPU run, HF32 (torch_npu's documented switches; the
-fake only stores them), and rank 0 writes what it set to ./matmul_precision.json.  No NPU
-result: every number here is computed on the CPU.
+0016: main() starts with TF32 on CUDA and, on an NPU run, HF32 (torch_npu's documented
+switches; the fake only stores them), and rank 0 writes what it set to ./matmul_precision.json.
+0017: with torch_npu installed (the fake, plus a dist-info so diffusers sees it) and
+DANCEGRPO_DEVICE=cpu, the trainers' transformer gets diffusers' FluxAttnProcessor2_0, not its
+NPU processor, and a forward with bf16 weights never calls npu_fusion_attention (the fake
+refuses to run off the NPU).  No NPU result: every number here is computed on the CPU.
 """
 
 from __future__ import annotations
@@ -125,4 +128,35 @@ def test_cpu_run_with_torch_npu_installed_keeps_tf32_and_leaves_npu_switches(run
     assert got["npu_hf32"] in (None, {"matmul": False, "conv": True})  # not touched (defaults, if imported)
     assert got["record"]["device"] == "cpu" and got["record"]["torch.backends.cuda.matmul.allow_tf32"] is True
     assert got["record"]["torch.npu.matmul.allow_hf32"] is None and got["record"]["torch.npu.conv.allow_hf32"] is None
+
+
+@pytest.mark.upstream
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("script", TRAINERS)
+def test_cpu_run_with_torch_npu_installed_uses_sdpa_attention(run_in_tree, patched_tree, tmp_path, script):
+    model = tmp_path / "tiny-flux"
+    run_in_tree(TINY_FLUX, args=(str(model),))
+    got = run_trainer_until(run_in_tree, patched_tree.tree, tmp_path, script, "get_dit_fsdp_kwargs", "cpu", model)
+    assert got["diffusers_sees_torch_npu"] is True  # the precondition of the defect
+    assert got["processors"] == ["FluxAttnProcessor2_0"]
+    assert got["forward"] == "finite" and got["npu_fusion_attention_calls"] == 0
+
+
+@pytest.mark.upstream
+@pytest.mark.fake_npu
+def test_npu_run_keeps_diffusers_npu_processor(run_in_tree):
+    out = run_in_tree(
+        """
+        import json, torch
+        from fastvideo.utils import device
+        assert device.activate().kind == "npu"
+        from diffusers import FluxTransformer2DModel
+        t = FluxTransformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                   joint_attention_dim=8, pooled_projection_dim=8, in_channels=8, axes_dims_rope=[2, 2, 4])
+        replaced = device.choose_attention_processors(t)
+        print(json.dumps([replaced, [type(b.attn.processor).__name__ for b in t.single_transformer_blocks]]))
+        """,
+        fake_npu="installed", env={"DANCEGRPO_DEVICE": "npu"},
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, ["FluxAttnProcessor2_0_NPU"]]
 

@@ -25,10 +25,12 @@ cpu           gloo      cpu            FSDP without CPU offload / sync_module_st
 The scripts call :func:`activate` before anything touches CUDA: on Ascend,
 ``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
 so that it can redirect them to ``torch.npu``.  This module needs only torch; it
-imports torch_npu only when the NPU is asked for (or ``auto`` probes for it).
+imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), and
+diffusers only in :func:`choose_attention_processors`.
 
-A device setting the upstream recipe assumes is made here too: :func:`allow_tf32`
-(TF32 on CUDA, HF32 on the NPU; patch 0016).
+Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
+(TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
+(diffusers' NPU attention only on an NPU run; patch 0017).
 """
 
 from __future__ import annotations
@@ -260,3 +262,31 @@ def allow_tf32(flag: bool = True, record: str | None = MATMUL_RECORD) -> dict:
             f.write("\n")
     return settings
 
+
+# --------------------------------------------------------------------------- attention processor
+
+
+def choose_attention_processors(transformer: torch.nn.Module) -> int:
+    """Attention processors from the run's device, not from whether torch_npu is installed.
+
+    diffusers 0.32 gives FluxSingleTransformerBlock its ``FluxAttnProcessor2_0_NPU`` whenever
+    ``is_torch_npu_available()`` (torch_npu installed), and that processor calls
+    ``torch_npu.npu_fusion_attention`` for fp16/bf16 queries - on CPU (or CUDA) tensors when the
+    run's device is not the NPU.  Off the NPU each such processor is replaced by
+    ``FluxAttnProcessor2_0`` (scaled_dot_product_attention); on the NPU diffusers' choice stands.
+    Returns how many processors were replaced.  A diffusers without the NPU class has nothing
+    to replace.
+    """
+    if accelerator().kind == "npu":
+        return 0
+    from diffusers.models import attention_processor
+
+    npu_processor = getattr(attention_processor, "FluxAttnProcessor2_0_NPU", None)
+    if npu_processor is None:
+        return 0
+    replaced = 0
+    for module in transformer.modules():
+        if isinstance(getattr(module, "processor", None), npu_processor):
+            module.set_processor(attention_processor.FluxAttnProcessor2_0())
+            replaced += 1
+    return replaced

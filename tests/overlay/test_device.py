@@ -77,25 +77,35 @@ def test_cpu_run(run_python):
                    "autocast_dtype": "torch.bfloat16", "same": True, "offload": [False, False, False]}
 
 
-def test_strict_env_switches_strict_mode_on_for_the_process(run_python):
+def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path):
     out = run_python(
         """
         import torch
         from fastvideo.utils import device
         from fastvideo.utils.strict_mode import StrictModeError
+        weight = torch.ones(3, dtype=torch.float64, requires_grad=True)  # before strict mode
         assert device.activate().strict
-        torch.arange(3, dtype=torch.float64)  # outside any module: not the model path
+        def caught(run):
+            try:
+                run()
+            except StrictModeError as e:
+                print("caught:", e)
         class Doubles(torch.nn.Module):
             def forward(self, x):
                 return x.double()
-        try:
-            Doubles()(torch.ones(2))
-        except StrictModeError as e:
-            print("caught:", e)
+        caught(lambda: Doubles()(torch.ones(2)))
+        caught(lambda: torch.arange(3, dtype=torch.float64))  # outside modules: the GRPO math is there
+        caught(lambda: (weight.float() * 2).sum().backward())  # float32 forward, float64 backward
         """,
         env={"DANCEGRPO_DEVICE": "cpu", "DANCEGRPO_NPU_STRICT": "1"},
     )
-    assert "caught: strict mode: aten._to_copy.default made a torch.float64 tensor in Doubles (Doubles)" in out.stdout
+    caught = [line.split("; the Ascend")[0] for line in out.stdout.splitlines()]
+    assert caught == [
+        "caught: strict mode: aten._to_copy.default made a torch.float64 tensor on cpu in Doubles (Doubles)",
+        "caught: strict mode: aten.arange.default made a torch.float64 tensor on cpu outside modules: "
+        f"{tmp_path / 'snippet.py'}:16 (<lambda>)",
+        "caught: strict mode: aten._to_copy.default made a torch.float64 tensor on cpu in backward of ToCopyBackward0",
+    ]
 
 
 def test_bad_device_env_fails_activation(run_python):

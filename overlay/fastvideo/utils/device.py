@@ -10,9 +10,10 @@ Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
 ``DANCEGRPO_DEVICE``      ``auto`` (default) | ``npu`` | ``cuda`` | ``cpu``.  ``auto`` picks the
                           NPU when torch_npu imports and sees one, else CUDA when available,
                           else the CPU.
-``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``fastvideo.utils.strict_mode``) - fail at the
-                          first op on the model path that makes a complex or float64 tensor,
-                          which the NPU cannot run.
+``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``fastvideo.utils.strict_mode``) - from
+                          :func:`activate` to the end of the process, fail at the first op
+                          that makes a complex or float64 tensor on the chosen device (the
+                          NPU runs neither), naming the op and where it ran.
 
 ============  ========  =============  ===============================================
 device        backend   autocast type  notes
@@ -134,7 +135,8 @@ def activate(environ=None) -> Accelerator:
     """Resolve the device once per process; on the NPU import transfer_to_npu.
 
     Call it first thing in a script.  With strict mode asked for, strict mode is
-    switched on here for the rest of the process.
+    switched on here for the rest of the process, checking tensors on ``kind``'s
+    device (on the CPU: every tensor, since host and device are one there).
     """
     global _active
     if _active is not None:
@@ -148,7 +150,7 @@ def activate(environ=None) -> Accelerator:
     if _active.strict:
         from fastvideo.utils.strict_mode import enable_strict_mode
 
-        enable_strict_mode()
+        enable_strict_mode(device_type=kind)
     return _active
 
 

@@ -1,24 +1,43 @@
-"""Strict mode: fail at the first op on the model path that makes a complex or float64 tensor.
+"""Strict mode: fail at the first op that makes a complex or float64 tensor on the run's device.
 
 Added to the upstream tree by dancegrpo-npu (overlay).  The Ascend NPU runs neither
 complex nor float64 kernels, and code that makes such tensors runs fine on CUDA and
 CPU - so a port can look finished and still fail on the NPU.  With
-``DANCEGRPO_NPU_STRICT=1`` (read by ``fastvideo.utils.device.activate``) every aten op
-is checked on any machine, and the first one that produces such a tensor while a
-module's forward is running stops the run with the op and the module's path::
+``DANCEGRPO_NPU_STRICT=1``, ``fastvideo.utils.device.activate`` (the first thing each
+patched script runs) switches this mode on for the rest of the process, and every aten
+op the process runs is checked: the whole training step - module forwards, the GRPO
+math between them (``flux_step``'s log-prob, the ratio, the loss), the backward pass,
+``clip_grad_norm_`` and the optimizer - and also sampling, the reward and checkpointing.
+The first op that produces a complex or float64 tensor *on the run's device* stops the
+run, naming the op and where it ran::
 
-    strict mode: aten.pow.Scalar made a torch.float64 tensor in
+    strict mode: aten.pow.Scalar made a torch.float64 tensor on cpu in
     FluxTransformer2DModel.pos_embed (FluxPosEmbed) ...
+    strict mode: aten.mul.Tensor made a torch.float64 tensor on cpu outside modules:
+    .../train_grpo_flux.py:612 (train_one_step) ...
+    strict mode: aten.mul.Tensor made a torch.float64 tensor on cpu in backward of
+    MulBackward0 ...
 
-"The model path" is: inside the forward of any ``torch.nn.Module`` (the transformer,
-the VAE, the reward model, the text encoders).  Data loading and host-side
-bookkeeping outside modules are not checked.  The mode is a ``TorchDispatchMode``,
-so it sees the ops after autocast, as the device would run them.
+"Where" is the innermost module whose forward is running (a dotted path from the
+outermost module; activation checkpointing re-runs forwards during backward and is
+reported so), else the autograd node whose backward is running, else the first
+Python frame outside torch that called the op.  The mode is a ``TorchDispatchMode``:
+it sees the ops after autograd and autocast, as the device would run them, including
+the backward ops (the autograd engine runs them with the thread-local state of the
+thread that called ``backward()``, dispatch modes included).
+
+"On the run's device": the rule the NPU imposes is that no float64 or complex tensor
+lives on the NPU; float64 on the host (numpy, data loading) is fine there.  An NPU or
+CUDA run therefore checks only NPU/CUDA tensors.  A CPU run cannot tell host from
+device, so it checks every CPU tensor - stricter than the NPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -28,23 +47,33 @@ from torch.utils._pytree import tree_leaves
 FORBIDDEN_DTYPES = (torch.float64, torch.complex32, torch.complex64, torch.complex128)
 # FSDP / activation-checkpoint wrappers add these names; they say nothing to a reader.
 _WRAPPER_NAMES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+# Frames in these files are not "the code that called the op": torch (and torch_npu,
+# whose transfer_to_npu wraps torch's functions) and the `with` machinery.
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_INTERNAL_PREFIXES = (
+    _TORCH_DIR + os.sep,
+    os.path.join(os.path.dirname(_TORCH_DIR), "torch_npu") + os.sep,
+    contextlib.__file__,
+)
 
 
 class StrictModeError(RuntimeError):
-    """An op on the model path produced a complex or float64 tensor."""
+    """An op produced a complex or float64 tensor on the run's device."""
 
 
 @dataclass(frozen=True)
 class Violation:
     op: str
     dtype: torch.dtype
-    module: str
+    device: str
+    where: str  # "Outer.inner (Inner)" | "backward of MulBackward0" | "outside modules: f.py:12 (fn)"
 
     def message(self) -> str:
+        place = self.where if self.where.startswith("outside modules") else f"in {self.where}"
         return (
-            f"strict mode: {self.op} made a {self.dtype} tensor in {self.module}; the Ascend NPU "
-            "runs no complex or float64 ops (DANCEGRPO_NPU_STRICT=1 stops at the first one; "
-            "unset it to run anyway on CPU/CUDA)"
+            f"strict mode: {self.op} made a {self.dtype} tensor on {self.device} {place}; the Ascend "
+            "NPU runs no complex or float64 ops (DANCEGRPO_NPU_STRICT=1 stops at the first one; "
+            "unset it, or launch without --strict, to run anyway on CPU/CUDA)"
         )
 
 
@@ -54,6 +83,9 @@ class ModuleTracker:
     def __init__(self):
         self._stack: list[tuple[torch.nn.Module, str]] = []
         self._handles = []
+        # each module's path when last entered from its parent: activation checkpointing
+        # re-runs a block's forward in backward, when no parent forward is running
+        self._known: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
     def install(self) -> None:
         hooks = torch.nn.modules.module
@@ -67,6 +99,7 @@ class ModuleTracker:
             handle.remove()
         self._handles = []
         self._stack.clear()
+        self._known.clear()
 
     @property
     def active(self) -> bool:
@@ -80,7 +113,7 @@ class ModuleTracker:
 
     def _enter(self, module, inputs):
         if not self._stack:
-            self._stack.append((module, type(module).__name__))
+            self._stack.append((module, self._known.get(module, type(module).__name__)))
             return
         parent, parent_path = self._stack[-1]
         name = next((n for n, child in parent._modules.items() if child is module), None)
@@ -90,6 +123,7 @@ class ModuleTracker:
             path = parent_path
         else:
             path = f"{parent_path}.{name}"
+        self._known[module] = path
         self._stack.append((module, path))
 
     def _leave(self, module, inputs, output):
@@ -97,39 +131,94 @@ class ModuleTracker:
             self._stack.pop()
 
 
-class StrictDtypeMode(TorchDispatchMode):
-    """Checks every op's outputs while a module's forward runs.
+def _location(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
-    ``raise_on_violation=False`` records the violations instead (``.violations``),
-    which is how the tests count the ops a module makes.
+
+def _is_internal(frame) -> bool:
+    filename = frame.f_code.co_filename
+    return filename == __file__ or filename.startswith(_INTERNAL_PREFIXES)
+
+
+def _caller_outside_torch() -> str:
+    """``file:line (function)`` of the innermost frame that is not torch's or this module's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not _is_internal(frame):
+            return _location(frame)
+        frame = frame.f_back
+    return "(no Python caller)"
+
+
+def _python_code_in_backward() -> str | None:
+    """The Python code the autograd engine is running (a custom Function's ``backward``,
+    a tensor hook), or None for a backward formula written in C++.
+
+    Below the engine's entry (``_engine_run_backward``) lies the code that called
+    ``backward()``, which is not where the op ran; on a device's autograd thread the
+    stack starts at the engine.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_engine_run_backward" and _is_internal(frame):
+            return None
+        if not _is_internal(frame):
+            return _location(frame)
+        frame = frame.f_back
+    return None
+
+
+def where_now(tracker: ModuleTracker) -> str:
+    """Where the op being dispatched runs: module forward, backward node, or Python caller."""
+    node = torch._C._current_autograd_node()
+    if tracker.active:
+        # a forward re-run by activation checkpointing inside backward is still that module's
+        suffix = f", re-run in backward of {node.name()}" if node is not None else ""
+        return tracker.path() + suffix
+    if node is not None:
+        code = _python_code_in_backward()
+        return f"backward of {node.name()}" + (f" at {code}" if code else "")
+    return f"outside modules: {_caller_outside_torch()}"
+
+
+class StrictDtypeMode(TorchDispatchMode):
+    """Checks every op's outputs: none may be complex or float64 on ``device_type``.
+
+    ``device_type=None`` checks tensors on every device.  ``raise_on_violation=False``
+    records the violations instead (``.violations``), which is how the tests count
+    the ops a module makes.
     """
 
-    def __init__(self, tracker: ModuleTracker, raise_on_violation: bool = True):
+    def __init__(self, tracker: ModuleTracker, raise_on_violation: bool = True, device_type: str | None = None):
         super().__init__()
         self.tracker = tracker
         self.raise_on_violation = raise_on_violation
+        self.device_type = device_type
         self.violations: list[Violation] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.tracker.active:
-            for leaf in tree_leaves(out):
-                if isinstance(leaf, torch.Tensor) and leaf.dtype in FORBIDDEN_DTYPES:
-                    violation = Violation(str(func), leaf.dtype, self.tracker.path())
-                    if self.raise_on_violation:
-                        raise StrictModeError(violation.message())
-                    self.violations.append(violation)
-                    break
+        for leaf in tree_leaves(out):
+            if (
+                isinstance(leaf, torch.Tensor)
+                and leaf.dtype in FORBIDDEN_DTYPES
+                and (self.device_type is None or leaf.device.type == self.device_type)
+            ):
+                violation = Violation(str(func), leaf.dtype, str(leaf.device), where_now(self.tracker))
+                if self.raise_on_violation:
+                    raise StrictModeError(violation.message())
+                self.violations.append(violation)
+                break
         return out
 
 
 @contextlib.contextmanager
-def strict_mode(raise_on_violation: bool = True):
+def strict_mode(raise_on_violation: bool = True, device_type: str | None = None):
     """Strict mode for a block; yields the mode (its ``violations`` when recording)."""
     tracker = ModuleTracker()
     tracker.install()
     try:
-        with StrictDtypeMode(tracker, raise_on_violation) as mode:
+        with StrictDtypeMode(tracker, raise_on_violation, device_type) as mode:
             yield mode
     finally:
         tracker.remove()
@@ -138,11 +227,14 @@ def strict_mode(raise_on_violation: bool = True):
 _process_wide: contextlib.ExitStack | None = None
 
 
-def enable_strict_mode() -> None:
-    """Strict mode from now to the end of the process (what DANCEGRPO_NPU_STRICT=1 does)."""
+def enable_strict_mode(device_type: str | None = None) -> None:
+    """Strict mode from now to the end of the process (what DANCEGRPO_NPU_STRICT=1 does).
+
+    It is entered in the calling thread - the main thread, which runs the training
+    step; the autograd engine carries it into its worker threads for ``backward()``.
+    """
     global _process_wide
     if _process_wide is None:
         stack = contextlib.ExitStack()
-        stack.enter_context(strict_mode())
+        stack.enter_context(strict_mode(device_type=device_type))
         _process_wide = stack
-

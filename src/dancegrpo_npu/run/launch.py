@@ -181,7 +181,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--strict",
         action="store_true",
         default=d(False),
-        help="DANCEGRPO_NPU_STRICT=1: stop at the first op that makes a complex or float64 tensor on the model path (the NPU runs neither), naming op and module; slow, for checking",
+        help="DANCEGRPO_NPU_STRICT=1: stop at the first op anywhere in the run (forward, the math between modules, backward, optimizer) that makes a complex or float64 tensor on the device (the NPU runs neither), naming the op and where it ran; slow, for checking",
     )
     p.add_argument(
         "--env",

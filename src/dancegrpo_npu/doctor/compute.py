@@ -82,7 +82,7 @@ def check_matmul(facts: Facts) -> Check:
 
 def _device_fix(kind: str) -> str:
     return {
-        "npu": "check `npu-smi info` for the device's health; match torch/torch_npu/CANN (README table)",
+        "npu": "check `npu-smi info` for the device's health; match torch/torch_npu/CANN (docs/ascend-910b.md, Versions)",
         "cuda": "check nvidia-smi and the CUDA driver",
     }.get(kind, "reinstall torch")
 

@@ -57,8 +57,8 @@ pick_python() {
 
 # --- 2. Which torch pair ---------------------------------------------------------
 # A torch/torchvision pair built for each other (PyPI's torchvision does not import
-# beside a CPU-only torch); on Ascend hosts the torch / torch_npu pair of the README's
-# version table.  Upstream's own pins (flash-attn, liger_kernel, decord, CUDA wheels)
+# beside a CPU-only torch); on Ascend hosts the torch / torch_npu pair of the
+# version table in docs/ascend-910b.md.  Upstream's own pins (flash-attn, liger_kernel, decord, CUDA wheels)
 # are never installed.
 is_ascend() {
   [ -d /usr/local/Ascend ] || [ -n "${ASCEND_HOME_PATH:-}" ] || command -v npu-smi >/dev/null 2>&1

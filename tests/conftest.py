@@ -4,6 +4,11 @@
   $DANCEGRPO_SOURCE or the lock's URL (git's insteadOf mirrors apply); otherwise the
   test is skipped with a reason starting "upstream unavailable:" (scripts/test.sh
   counts those).
+- in CI (``CI`` set to true/1/yes, as GitHub Actions, GitLab and most CI services set
+  it) a test skipped with a reason starting "upstream unavailable:" FAILS instead,
+  however the skip was raised (this fixture, or a test's own ``pytest.skip``): the
+  tests of the port itself need upstream, and a CI run that skipped them all would
+  pass without testing the port.  On a user's machine skipping stays right.
 - ``patched_tree`` (session): a copy of this project's upstream.lock, patches/ and
   overlay/ in a temporary project, with the real upstream fetched and the series
   applied; ``.project`` (a Project) and ``.tree`` (the patched work tree).
@@ -22,10 +27,33 @@ import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LS_REMOTE_TIMEOUT_S = 20
+# Every skip for lack of upstream starts with this; scripts/test_summary.py counts them.
+UPSTREAM_UNAVAILABLE = "upstream unavailable:"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched)")
+    config.addinivalue_line(
+        "markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched; fails under CI=true)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)  # the old-style wrapper: pyproject allows pytest 7.4
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip for lack of upstream becomes a failure that says why."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):
+        reason = str(call.excinfo.value.msg)
+        if reason.startswith(UPSTREAM_UNAVAILABLE):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{reason}\nCI={os.environ['CI']}: a test that needs upstream fails in CI instead of being skipped; "
+                "give the CI job upstream (a mirror through git's url.<base>.insteadOf, or DANCEGRPO_SOURCE)"
+            )
 
 
 def _probe_source() -> tuple[str | None, str]:
@@ -75,7 +103,7 @@ def _probe_source() -> tuple[str | None, str]:
 def upstream_source() -> str:
     source, why = _probe_source()
     if source is None:
-        pytest.skip(f"upstream unavailable: {why}; set DANCEGRPO_SOURCE to a git URL, directory or .tar.gz")
+        pytest.skip(f"{UPSTREAM_UNAVAILABLE} {why}; set DANCEGRPO_SOURCE to a git URL, directory or .tar.gz")
     return source
 
 

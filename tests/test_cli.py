@@ -1,8 +1,11 @@
 """The CLI shell: help, -C, one-line errors without tracebacks."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,3 +44,77 @@ def test_cli_starts_without_torch():
     code = "import sys; import dancegrpo_npu.cli as c; c.build_parser(); print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.strip() == "False", r.stderr
+
+
+# ------------------------------------------------------------ `dancegrpo-npu VERB | head`
+
+
+def _closed_reader(*args, unbuffered: bool):
+    """Run the CLI with stdout a pipe whose reader is closed before the first write (as
+    `| head` does after its lines): every write to stdout fails with EPIPE, at once when
+    unbuffered (PYTHONUNBUFFERED=1), else at the flush."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dancegrpo_npu", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    return proc.wait(timeout=120), err
+
+
+def _synthetic_applied_project(tmp_path):
+    from synthetic_upstream import setup
+
+    s = setup(tmp_path)
+    s.apply()
+    return s.project.root
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize(
+    "args",
+    [["series"], ["status"], ["lock"], ["--help"], ["launch", "--help"]],
+    ids=["series", "status", "lock", "help", "launch-help"],
+)
+def test_stdout_closed_by_its_reader_exits_quietly(tmp_path, args, unbuffered):
+    if args[0] in ("status", "lock"):
+        args = ["-C", str(_synthetic_applied_project(tmp_path)), *args]
+        with_reader = run(*args)
+        assert with_reader.returncode == 0 and with_reader.stdout, with_reader.stderr  # the verb does print
+    rc, err = _closed_reader(*args, unbuffered=unbuffered)
+    assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    if args[-1] == "--help" and unbuffered:
+        assert rc == 0  # argparse's help swallows its own write error, then exits 0
+    else:
+        assert rc == 141  # 128 + SIGPIPE, what the shell reports for `git log | head`
+
+
+def test_status_piped_into_head_in_a_shell(tmp_path):
+    root = _synthetic_applied_project(tmp_path)
+    script = f'set -o pipefail; "{sys.executable}" -m dancegrpo_npu -C "{root}" status | head -c 1 >/dev/null'
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode in (0, 141)  # 0 when status wrote everything before head closed the pipe
+
+
+def test_broken_pipe_not_on_stdout_is_not_hidden(monkeypatch, capsys):
+    """Only stdout's reader going away is quiet: a BrokenPipeError from the verb's own pipes
+    (stdout here is pytest's capture, not a pipe) is a bug and stays one."""
+    import argparse
+
+    from dancegrpo_npu import cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe (a subprocess's stdin)")
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=broken)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    with pytest.raises(BrokenPipeError):
+        cli.main([])

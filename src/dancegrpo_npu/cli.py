@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 import textwrap
 
@@ -87,7 +89,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a process killed by SIGPIPE (128 + 13), as for `git log | head`.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; errors the user can act on become one line of stderr.
+
+    ``dancegrpo-npu status | head -3``: when the reader of stdout goes away, the verb stops
+    at its next write (the BrokenPipeError unwinds through the verb, so its clean-up and
+    roll-backs run, unlike a SIGPIPE death), nothing more is printed, and the exit status
+    is 141 as for any Unix tool cut off by its reader: without ``set -o pipefail`` the
+    pipeline's status is head's, with it the cut-off output is not taken for a success.
+    """
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # block-buffered into a pipe: the write may happen only now
+        return status
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a pipe of the verb's own (a subprocess, a socket): a bug, not `| head`
+        # Point stdout at devnull, so that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False  # not a real file (captured): its reader cannot be the one gone
+    if not hasattr(select, "poll"):
+        return True  # cannot tell (Windows): the usual case, `| head`
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    # A pipe's write end with no reader polls as POLLERR on Linux; where poll cannot tell,
+    # the error is raised as before.
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -78,6 +78,26 @@ def test_doctor_json(project, capsys):
     assert [c["name"] for c in data][:3] == ["python", "torch", "torch_npu"]
 
 
+def test_matmul_check_is_independent_of_the_kernel_it_checks(monkeypatch):
+    """On CPU the device's matmul is the CPU's: the check must compare it with something
+    computed without it, so a wrong kernel (1% off here) fails it."""
+    torch = pytest.importorskip("torch")
+    from dancegrpo_npu.doctor.checks import Facts
+    from dancegrpo_npu.doctor.compute import check_matmul, reference_product
+
+    facts = Facts(torch=torch, kind="cpu", count=1)
+    good = check_matmul(facts)
+    assert good.status == PASS and "agrees with a float64 sum of products" in good.detail
+
+    a, b = torch.randn(64, 48, dtype=torch.float64), torch.randn(48, 40, dtype=torch.float64)
+    assert torch.allclose(reference_product(torch, a, b), a @ b, rtol=0, atol=1e-12)
+
+    real = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda x, y: real(x, y) * 1.01)
+    wrong = check_matmul(facts)
+    assert wrong.status == FAIL and "matmul on cpu is off by" in wrong.detail and wrong.fix
+
+
 def test_version_helpers():
     assert base_version("2.7.1+cpu") == base_version("2.7.1.post2") == base_version("2.7.1rc1") == "2.7.1"
     assert table_row("2.7.1.post2") == ("2.7.1.post2", "2.7.1", "8.5.0") and table_row("9.9.9") is None

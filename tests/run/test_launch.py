@@ -212,7 +212,11 @@ def test_preprocess_keeps_its_output_in_the_tree(project, tmp_path):
         (LaunchSpec("flux", env=(("BAD NAME", "1"),)), 0, "bad environment assignment"),
         (LaunchSpec("flux", env=(("DANCEGRPO_DEVICE", "cpu"),)), 0, "DANCEGRPO_DEVICE is set by --device"),
         (LaunchSpec("flux", name="../escape"), 0, "not usable as a directory name"),
-        (LaunchSpec("flux", device="npu"), 0, "this host shows no NPU"),
+        (
+            LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0"),)),
+            0,  # planned on a host without NPUs: the list is still checked against the process count
+            "makes 1 NPU(s) visible but --nproc-per-node is 2",
+        ),
         (
             LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "0,9"),)),
             8,
@@ -247,6 +251,65 @@ def test_bad_input_is_refused_before_anything_starts(project, tmp_path, spec, de
         plan_for(project, spec, tmp_path, dev=fake_dev(tmp_path, dev_n))
     assert message in e.value.one_line()
     assert e.value.hint  # every refusal says what to do
+
+
+# ------------------------------------------------------------------ NPU jobs prepared on a host without NPUs
+
+
+NPU_DEFAULT_NAMES = [d.name for d in ascend.NPU_ENV_DEFAULTS]
+
+
+def test_npu_plan_on_a_host_without_npus_is_made_in_full(project, tmp_path):
+    from dancegrpo_npu.run.environment import no_npu_here
+
+    spec = LaunchSpec("flux", nproc_per_node=8, device="npu", env=(("ASCEND_RT_VISIBLE_DEVICES", "8,9,10,11,12,13,14,15"),))
+    plan = plan_for(project, spec, tmp_path, dev=fake_dev(tmp_path, 0))
+    got = {n: (v, why) for n, v, why in plan.env_set}
+    assert plan.profile == "npu" and plan.npus_here == 0
+    assert [n for n in got if n in NPU_DEFAULT_NAMES] == NPU_DEFAULT_NAMES  # every Ascend setting, in order
+    assert got["HCCL_CONNECT_TIMEOUT"] == ("1200", "launch default: " + ascend.NPU_ENV_DEFAULTS[3].why)
+    # not checked against this host (it has none), only against --nproc-per-node
+    assert got["ASCEND_RT_VISIBLE_DEVICES"] == ("8,9,10,11,12,13,14,15", "--env")
+    err = no_npu_here(plan)
+    assert err is not None and "this host shows no NPU" in err.message and str(tmp_path / "dev") in err.message
+    assert no_npu_here(plan_for(project, spec, tmp_path, dev=fake_dev(tmp_path, 16))) is None
+
+
+def test_npu_dry_run_without_npus_prints_the_plan_and_a_warning(project, tmp_path, capsys):
+    spec = LaunchSpec("flux", nproc_per_node=8, device="npu", master_port=29500)
+    record = launch(project, spec, dry_run=True, dev_dir=fake_dev(tmp_path, 0))
+    out, err = capsys.readouterr()
+    assert record.returncode == 0 and record.summary == {"status": "dry-run"}
+    assert err.startswith("dancegrpo-npu: warning: --device npu, but this host shows no NPU")
+    assert "a real launch here refuses" in err and err.count("\n") == 1
+    for d in ascend.NPU_ENV_DEFAULTS:  # the HCCL/CANN settings with where each comes from
+        assert f"export {d.name}={d.value}  # launch default: {d.why}" in out
+    assert "export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7  # launch default: one NPU per process" in out
+    assert "export DANCEGRPO_DEVICE=npu  # --device" in out
+    assert "-m torch.distributed.run" in out and "--nproc_per_node 8" in out and "--master_port 29500" in out
+    assert not project.runs_dir.exists()
+
+
+def test_npu_real_launch_without_npus_refuses_before_anything_starts(project, tmp_path, capsys):
+    with pytest.raises(DancegrpoError) as e:
+        launch(project, LaunchSpec("flux", device="npu"), dev_dir=fake_dev(tmp_path, 0))
+    assert "--device npu, but this host shows no NPU" in e.value.one_line() and "--device cpu|cuda" in e.value.hint
+    assert not project.runs_dir.exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_npu_dry_run_on_this_host(project, capsys):
+    """The command line, on this machine's own /dev (no NPU here, as on a login node)."""
+    if ascend.davinci_count() > 0:
+        pytest.skip("this host has NPUs: the login-node case cannot be shown here")
+    assert main(["-C", str(project.root), "launch", "flux", "--device", "npu", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: --device npu, but this host shows no NPU (/dev/davinci* missing)" in err
+    assert "export HCCL_CONNECT_TIMEOUT=1200" in out and "torch.distributed.run" in out
+    rc = main(["-C", str(project.root), "launch", "flux", "--device", "npu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: --device npu, but this host shows no NPU" in err and "Traceback" not in err
+    assert not project.runs_dir.exists()
 
 
 def test_missing_weights_directory_from_upstream_default(tmp_path, monkeypatch):
@@ -459,6 +522,9 @@ def test_two_launches_in_the_same_second_get_two_directories(tmp_path):
 
 def test_visible_device_parsing():
     assert ascend.check_visible_devices("2, 3", 2, 4) == [2, 3]
+    assert ascend.check_visible_devices("8,9", 2, None) == [8, 9]  # the NPUs are on another host
+    with pytest.raises(DancegrpoError, match="names device 8, but this host shows NPUs 0-3"):
+        ascend.check_visible_devices("8,9", 2, 4)
 
 
 @pytest.mark.parametrize(

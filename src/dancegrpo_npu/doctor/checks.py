@@ -56,7 +56,7 @@ def check_python() -> Check:
     v = sys.version_info
     text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
     if (v.major, v.minor) < MIN_PYTHON:
-        return Check("python", FAIL, text, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (README, Running on Ascend 910B)")
+        return Check("python", FAIL, text, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (docs/ascend-910b.md)")
     return Check("python", PASS, text)
 
 
@@ -68,7 +68,7 @@ def check_torch(facts: Facts) -> Check:
             "torch",
             FAIL,
             f"import torch failed: {type(e).__name__}: {e}",
-            "install the torch build the README's version table names for this machine",
+            "install the torch build docs/ascend-910b.md's version table names for this machine",
         )
     facts.torch = torch
     return Check("torch", PASS, torch.__version__)
@@ -82,7 +82,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
                 "torch_npu",
                 FAIL,
                 "torch_npu is not installed",
-                f"pip install torch-npu=={KNOWN_GOOD['torch_npu']} (matching your torch; README version table)",
+                f"pip install torch-npu=={KNOWN_GOOD['torch_npu']} (matching your torch; docs/ascend-910b.md, Versions)",
             )
         return Check("torch_npu", SKIP, "not installed: no NPU stack on this machine, the CUDA/CPU checks run instead")
     if facts.torch is None:
@@ -94,7 +94,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
             "torch_npu",
             FAIL,
             f"import torch_npu failed: {type(e).__name__}: {e}",
-            "source /usr/local/Ascend/ascend-toolkit/set_env.sh, then check torch/torch_npu/CANN versions (README table)",
+            "source /usr/local/Ascend/ascend-toolkit/set_env.sh, then check torch/torch_npu/CANN versions (docs/ascend-910b.md, Versions)",
         )
     npu_version = getattr(torch_npu, "__version__", "?")
     torch_version = facts.torch.__version__
@@ -107,7 +107,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
             f"install the pair: torch=={built_for} with torch_npu {npu_version}, or the torch_npu built for torch {have}",
         )
     facts.npu = opts.device in ("auto", "npu")
-    note = "" if table_row(npu_version) else " (not a row of the README's table: untested here)"
+    note = "" if table_row(npu_version) else " (not a row of docs/ascend-910b.md's table: untested here)"
     return Check("torch_npu", PASS, f"{npu_version} matches torch {torch_version}{note}")
 
 

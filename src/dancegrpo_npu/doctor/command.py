@@ -93,7 +93,7 @@ def check_weights(project: Project, opts: DoctorOptions) -> Check:
             "weights",
             FAIL,
             "; ".join(problems),
-            "put the weights where the README's weights layout says, or pass --flux/--hps-ckpt/--hps-open-clip-ckpt",
+            "put the weights where docs/ascend-910b.md (Weights) says, or pass --flux/--hps-ckpt/--hps-open-clip-ckpt",
         )
     return Check("weights", PASS, f"FLUX.1-dev at {flux}; HPS at {hps}; open_clip at {clip}")
 

@@ -1,6 +1,6 @@
 """The versions this series is written for, and Ascend's torch_npu / torch / CANN table.
 
-The README's "Running on Ascend 910B" table mirrors these; ``doctor`` checks against them.
+docs/ascend-910b.md's version table mirrors these; ``doctor`` checks against them.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def parse_header(text: str, name: str) -> dict[str, str]:
         if not (fields.get(key) or fields.get("Subject")):
             raise DancegrpoError(
                 f"patch {name} has no DEP-3 'Description:' in its header",
-                "start the patch with 'Description: <what and why>' (see patches/README or DEVELOPERS.md)",
+                "start the patch with 'Description: <what and why>' (see docs/engine.md, Changing the series)",
             )
     return fields
 

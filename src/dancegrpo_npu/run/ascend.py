@@ -75,11 +75,12 @@ def parse_visible_devices(value: str, var: str = "ASCEND_RT_VISIBLE_DEVICES") ->
 
 
 def check_visible_devices(
-    value: str, nproc_per_node: int, count: int, var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    value: str, nproc_per_node: int, count: int | None, var: str = "ASCEND_RT_VISIBLE_DEVICES"
 ) -> list[int]:
-    """The visible-device list, checked against the NPUs present and the process count."""
+    """The visible-device list, checked against the process count and (unless ``count`` is
+    None: the NPUs are on another host) against the NPUs present."""
     ids = parse_visible_devices(value, var)
-    missing = [i for i in ids if i >= count]
+    missing = [i for i in ids if count is not None and i >= count]
     if missing:
         have = f"NPUs 0-{count - 1}" if count else "no NPU"
         raise DancegrpoError(

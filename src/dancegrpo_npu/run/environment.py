@@ -43,8 +43,13 @@ def _npu_profile(spec: LaunchSpec, npus: int) -> bool:
 
 def plan_environment(
     spec: LaunchSpec, tree: Path, environ: dict[str, str], dev_dir: Path
-) -> tuple[dict[str, str], list[tuple[str, str, str]], str]:
-    """The job's environment, what launch set in it and why, and the device profile."""
+) -> tuple[dict[str, str], list[tuple[str, str, str]], str, int]:
+    """The job's environment, what launch set in it and why, the device profile, and how many
+    NPUs this host shows.
+
+    An NPU plan on a host that shows none (a login node preparing a job) is still made in
+    full; ``no_npu_here`` says why it cannot start here, and only a real launch refuses.
+    """
     extra = dict(spec.env)
     env = dict(environ)
     entries: dict[str, tuple[str, str]] = {}
@@ -73,12 +78,6 @@ def plan_environment(
     npus = ascend.davinci_count(dev_dir)
     npu = _npu_profile(spec, npus)
     if npu:
-        if npus == 0:
-            raise DancegrpoError(
-                f"--device npu, but this host shows no NPU ({dev_dir}/davinci* missing)",
-                "run on a 910B node (in a container, map the NPUs with --device /dev/davinciN), or use --device cpu|cuda",
-                exit_code=2,
-            )
         for d in ascend.NPU_ENV_DEFAULTS:
             default(d.name, d.value, d.why)
         default(
@@ -90,10 +89,27 @@ def plan_environment(
         if name != "PYTHONPATH":
             entries[name] = (value, "--env")
     if npu:
-        ascend.check_visible_devices(entries["ASCEND_RT_VISIBLE_DEVICES"][0], spec.nproc_per_node, npus)
+        # With no NPU here the plan is for another host: check the list, not against this host.
+        ascend.check_visible_devices(
+            entries["ASCEND_RT_VISIBLE_DEVICES"][0], spec.nproc_per_node, npus if npus else None
+        )
     for name, (value, _) in entries.items():
         env[name] = value
-    return env, [(n, v, why) for n, (v, why) in entries.items()], "npu" if npu else spec.device
+    return env, [(n, v, why) for n, (v, why) in entries.items()], "npu" if npu else spec.device, npus
+
+
+def no_npu_here(plan: LaunchPlan) -> DancegrpoError | None:
+    """Why an NPU plan cannot start on this host (it shows no NPU), or None.
+
+    A dry run prints the message as a warning; a real launch raises it.
+    """
+    if plan.profile != "npu" or plan.npus_here > 0:
+        return None
+    return DancegrpoError(
+        f"--device npu, but this host shows no NPU ({plan.dev_dir}/davinci* missing)",
+        "run on a 910B node (in a container, map the NPUs with --device /dev/davinciN), or use --device cpu|cuda",
+        exit_code=2,
+    )
 
 
 def _command_lines(command: tuple[str, ...], script: str) -> list[str]:

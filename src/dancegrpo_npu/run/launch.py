@@ -24,7 +24,7 @@ from dancegrpo_npu.run import records
 
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.environment import parse_env_assignment, plan_environment, shell_script
+from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
 from dancegrpo_npu.run.runner import run_plan
@@ -78,7 +78,10 @@ def build_plan(
     dev_dir: Path = Path("/dev"),
     python: str | None = None,
 ) -> LaunchPlan:
-    """Everything about a launch, checked; nothing is written or started."""
+    """Everything about a launch, checked; nothing is written or started.
+
+    Whether this host can run it (an NPU plan on a host without NPUs) is left to
+    ``launch``: a dry run on a login node prints the plan for the NPU node."""
     info = check_spec(spec)
     environ = dict(os.environ if environ is None else environ)
     state = treecheck.require_tree(project, info.relpath)
@@ -92,7 +95,7 @@ def build_plan(
         upstream_defaults=spec.upstream_defaults,
     )
     check_inputs(info, script_args)
-    env, env_set, profile = plan_environment(spec, tree, environ, dev_dir)
+    env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
     port = spec.master_port
     if port is None:
         port = free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
@@ -122,22 +125,33 @@ def build_plan(
         env=env,
         profile=profile,
         tree_state=state,
+        npus_here=npus_here,
+        dev_dir=dev_dir,
     )
 
 
-def launch(project: Project, spec: LaunchSpec, dry_run: bool = False) -> RunRecord:
-    """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc."""
+def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir: Path = Path("/dev")) -> RunRecord:
+    """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc.
+
+    An NPU job on a host that shows no NPU is planned in full; a dry run prints it with a
+    warning on stderr (people prepare jobs on login nodes), a real launch refuses."""
     now = time.time()
     check_spec(spec)
     tentative = project.runs_dir / records.run_dir_name(run_name(spec), now)
-    plan = build_plan(project, spec, tentative)
+    plan = build_plan(project, spec, tentative, dev_dir=dev_dir)
+    not_here = no_npu_here(plan)
     if dry_run:
+        if not_here is not None:
+            print(f"dancegrpo-npu: warning: {not_here.message}: a real launch here refuses; "
+                  "this plan is for a host with NPUs", file=sys.stderr, flush=True)
         print(f"# dry run: nothing started, and the run directory {tentative} is not created")
         print(shell_script(plan), end="", flush=True)
         return RunRecord(tentative, 0, plan.command, {"status": "dry-run"})
+    if not_here is not None:
+        raise not_here
     run_dir = records.create_run_dir(project.runs_dir, run_name(spec), now)
     if run_dir != tentative:
-        plan = build_plan(project, spec, run_dir)
+        plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
 
     return run_plan(project, plan)
 
@@ -208,7 +222,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--dry-run",
         action="store_true",
         default=d(False),
-        help="print the environment and torchrun command, start nothing",
+        help="print the environment and torchrun command, start nothing (works on a host without the NPUs, e.g. a login node)",
     )
 
 

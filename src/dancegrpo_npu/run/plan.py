@@ -46,6 +46,8 @@ class LaunchPlan:
     env: dict[str, str] = field(repr=False)  # the whole environment the job gets
     profile: str  # "npu" when the NPU environment was applied, else the requested device
     tree_state: dict
+    npus_here: int = 0  # NPUs the planning host shows; a dry run may plan a job for another host
+    dev_dir: Path = Path("/dev")  # where they were counted (davinci<N> nodes)
 
     @property
     def world_size(self) -> int:

@@ -306,10 +306,10 @@ def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
             if kind == "dir" and not p.is_dir():
                 raise DancegrpoError(
                     f"{flag}: the {what} directory {p} does not exist",
-                    f"put the weights there (README: Running on Ascend 910B, weights layout) or pass {flag} DIR",
+                    f"put the weights there (docs/ascend-910b.md, Weights) or pass {flag} DIR",
                 )
             if kind == "file" and not p.is_file():
                 raise DancegrpoError(
                     f"{flag}: {p} does not exist ({what})",
-                    f"put the file there (README: weights layout) or pass {flag} PATH",
+                    f"put the file there (docs/ascend-910b.md, Weights) or pass {flag} PATH",
                 )

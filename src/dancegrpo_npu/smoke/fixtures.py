@@ -145,7 +145,7 @@ def params_sha256() -> str:
         except importlib.metadata.PackageNotFoundError:
             raise DancegrpoError(
                 f"building the fixtures needs the Python package {name}, which is not installed",
-                "run ./scripts/bootstrap.sh, or pip install 'dancegrpo-npu[flux]' and hpsv2 as the README says",
+                "run ./scripts/bootstrap.sh, or pip install 'dancegrpo-npu[flux]' and hpsv2 as it does",
             ) from None
     code = hashlib.sha256(Path(__file__).read_bytes() + Path(tiny_models.__file__).read_bytes()).hexdigest()
     data = {"version": FIXTURES_VERSION, "params": tiny_models.PARAMS, "prompts": PROMPTS, "packages": versions, "code": code}
@@ -175,7 +175,7 @@ def ensure_hpsv2_vocab() -> Path:
     if hps_spec is None:
         raise DancegrpoError(
             "the HPSv2 reward needs the Python package hpsv2, which is not installed",
-            "run ./scripts/bootstrap.sh (it installs hpsv2==1.2.0 without its pins, see the README)",
+            "run ./scripts/bootstrap.sh (it installs hpsv2==1.2.0 without its pins)",
         )
     target = Path(next(iter(hps_spec.submodule_search_locations))) / "src" / "open_clip" / BPE_NAME
     if target.is_file() and sha256_file(target) == BPE_SHA256:

@@ -1,0 +1,72 @@
+"""The README and docs/: links that resolve, a front page that stays one, a port guide
+that names every patch of the series in order, and tool hints that point at real pages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# Pages another part of the work writes; a link to them may precede them.
+PENDING = {ROOT / "docs" / "alignment.md"}
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a '#' in a code block is no heading
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_every_link_resolves():
+    broken = []
+    for page in [ROOT / "README.md", *DOCS]:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, fragment = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if dest in PENDING:
+                continue
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_readme_is_a_front_page_linking_every_guide():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "./scripts/bootstrap.sh" in readme and "./scripts/test.sh" in readme
+    for page in DOCS:
+        assert f"docs/{page.name}" in readme, f"README does not link docs/{page.name}"
+
+
+def test_port_guide_names_every_patch_in_series_order():
+    series = [
+        line.strip().removesuffix(".patch")
+        for line in (ROOT / "patches" / "series").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    port = (ROOT / "docs" / "port.md").read_text()
+    positions = [port.find(f"**{name}**") for name in series]
+    missing = [name for name, at in zip(series, positions) if at < 0]
+    assert not missing, f"docs/port.md does not describe: {missing}"
+    assert positions == sorted(positions), "docs/port.md lists the patches out of series order"
+
+
+def test_hints_point_at_pages_that_exist():
+    named = set()
+    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*")]:
+        named |= set(re.findall(r"docs/[\w.-]+\.md", path.read_text(errors="replace")))
+    assert named, "no hint names a docs/ page (the search is broken)"
+    missing = sorted(n for n in named if not (ROOT / n).exists() and ROOT / n not in PENDING)
+    assert not missing, missing

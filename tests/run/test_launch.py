@@ -437,6 +437,7 @@ def test_failed_run_records_the_failure(project):
     assert summary["status"] == "failed" and summary["returncode"] == record.returncode
     assert summary["failure"]["log"].endswith("1/stderr.log")
     assert any("synthetic failure on purpose" in line for line in summary["failure"]["tail"])
+    assert summary["failure"]["error"] == "RuntimeError: synthetic failure on purpose"
 
 
 def test_two_launches_in_the_same_second_get_two_directories(tmp_path):

@@ -246,9 +246,10 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     record = _launch(project, options, fixtures)
     if record.returncode != 0:
         failure = record.summary.get("failure") or {}
-        last = next((line.strip() for line in reversed(failure.get("tail") or []) if line.strip()), "")
+        # the exception line (run.failure.error_line), not the log's last line: a progress bar
+        why = failure.get("error") or ""
         raise DancegrpoError(
-            f"smoke: the training run failed (exit {record.returncode})" + (f": {last}" if last else ""),
+            f"smoke: the training run failed (exit {record.returncode})" + (f": {why}" if why else ""),
             f"see {record.run_dir / failure.get('log', 'logs')}")
     steps = read_metrics(record.run_dir)
     check = (check_lora_checkpoint if options.lora else check_full_checkpoint)(

@@ -503,6 +503,7 @@ def test_failed_run_records_the_failure(project):
     assert summary["status"] == "failed" and summary["returncode"] == record.returncode
     assert summary["failure"]["log"].endswith("1/stderr.log")
     assert any("synthetic failure on purpose" in line for line in summary["failure"]["tail"])
+    assert summary["failure"]["error"] == "RuntimeError: synthetic failure on purpose"
 
 
 def test_matmul_precision_report_missing_or_broken_says_why(tmp_path):

@@ -3,7 +3,7 @@
 torchrun's output (every rank's lines, prefixed by torchrun's --tee) is copied to the terminal
 and to ``logs/console.log``; each rank's own stdout/stderr files are under ``logs/torchrun/``.
 ``summary.json`` says "running" while the job runs and is rewritten at the end: succeeded,
-failed (with the failing rank's last lines), interrupted (Ctrl-C), terminated (SIGTERM) or
+failed (with the failing rank's last lines and exception: ``run.failure``), interrupted (Ctrl-C), terminated (SIGTERM) or
 error (torchrun could not be started).
 """
 
@@ -22,10 +22,9 @@ from dancegrpo_npu.run import records
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.fingerprint import fingerprint, trainer_matmul_precision
 from dancegrpo_npu.run.environment import recorded_value, shell_script
+from dancegrpo_npu.run.failure import failure_detail, rank_logs
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import RunRecord
-
-FAILURE_TAIL_LINES = 25
 
 
 class _Terminated(Exception):
@@ -52,33 +51,6 @@ def _sigterm_raises():
 
 def _iso(t: float) -> str:
     return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
-
-
-def rank_logs(run_dir: Path) -> list[Path]:
-    """torchrun's per-rank files: logs/torchrun/<run id>/attempt_<n>/<local rank>/std{out,err}.log."""
-    root = run_dir / "logs" / "torchrun"
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.rglob("*.log") if p.is_file())
-
-
-def _tail(path: Path, n: int) -> list[str]:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return lines[-n:]
-
-
-def failure_detail(run_dir: Path) -> dict:
-    """Where a failed run says why: the first rank stderr with a traceback, else the console."""
-    stderrs = [p for p in rank_logs(run_dir) if p.name == "stderr.log"]
-    for path in stderrs:
-        text = path.read_text(errors="replace")
-        if "Traceback" in text or "Error" in text:
-            return {"log": str(path.relative_to(run_dir)), "tail": _tail(path, FAILURE_TAIL_LINES)}
-    console = run_dir / "logs" / "console.log"
-    return {"log": "logs/console.log", "tail": _tail(console, FAILURE_TAIL_LINES)}
 
 
 def _launch_json(plan) -> dict:

@@ -1,30 +1,34 @@
-"""``dancegrpo-npu smoke``: the embedded default - two GRPO steps of the stock trainer on tiny models.
+"""``dancegrpo-npu smoke``: the embedded default - a few GRPO steps of the stock trainer on tiny models.
 
 It builds (once; reused) the fixtures - a tiny FLUX.1-dev-shaped pipeline, an HPSv2-shaped
 reward and an RL-embeddings dataset (``dancegrpo_npu.smoke.fixtures``) - then launches the *patched
-stock* ``fastvideo/train_grpo_flux.py`` (``--lora``: ``train_grpo_flux_lora.py``) through
-``dancegrpo-npu launch``, so the smoke run gets a run directory like any launch: 2 GRPO steps
-at 64x64, 4 sampling steps, 2 generations per prompt, HPSv2 reward, strict mode on.
+stock* ``fastvideo/train_grpo_flux.py`` (``--lora``: ``train_grpo_flux_lora.py``) from the tree
+(build/DanceGRPO, or --workdir) through ``dancegrpo-npu launch``, so the smoke run gets a run
+directory like any launch: 2 GRPO steps (--steps) at 64x64, 4 sampling steps, 2 generations
+per prompt (--generations), HPSv2 reward, strict mode on.
 
 It passes only if, read back from what the script itself wrote:
 
-* ``metrics.jsonl`` has both steps, with finite rewards and losses;
-* the checkpoint upstream writes at step 2 (``outputs/checkpoint-2-0``, or
-  ``outputs/lora-checkpoint-2-0``) loads back the way upstream and diffusers intend -
+* ``metrics.jsonl`` has every step, with finite rewards and losses and a finite, non-zero
+  grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check);
+* the checkpoint upstream writes at the last step N (``outputs/checkpoint-N-0``, or
+  ``outputs/lora-checkpoint-N-0``) loads back the way upstream and diffusers intend -
   ``FluxTransformer2DModel.from_pretrained``, or ``FluxPipeline.lora_state_dict`` +
   ``load_lora_into_transformer`` (what ``FluxPipeline.load_lora_weights`` does) - and
-  its trainable parameters differ from where training started (the fixture weights; for
-  LoRA, peft's zero-initialised ``lora_B``).
+  its trainable parameters moved from where training started (the fixture weights; for
+  LoRA, peft's zero-initialised ``lora_B``) further than AdamW's weight decay alone moves
+  them: weight decay changes every weight whether or not a gradient arrives.
 
-Upstream saves a checkpoint at the *start* of a step whose number is a multiple of
-``--checkpointing_steps``: checkpoint 2 holds the weights after step 1's update.
+Upstream saves a checkpoint only at the *start* of a step whose number is a multiple of
+``--checkpointing_steps`` (the smoke passes N): checkpoint N holds the weights after step
+N-1's update, and the last step's update is never saved.  With --steps 1 the checkpoint
+holds the starting weights, so only the grad norm shows that training reached the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -34,14 +38,34 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.smoke.checks import (
+    CheckpointCheck,
+    DecayBudget,
+    StepFigures,
+    check_full_checkpoint,
+    check_lora_checkpoint,
+    check_training_moved,
+    read_metrics,
+)
 
-STEPS = 2
+STEPS = 2  # the default --steps
+GENERATIONS = 2  # the default --generations
 DEVICES = ("auto", "cpu", "cuda", "npu")
+# Trainer flags the smoke's own checks depend on: set through the smoke's options only.
+OWN_FLAGS = {
+    "--max_train_steps": "use --steps",
+    "--checkpointing_steps": "the smoke checks the checkpoint of its last step; use --steps",
+    "--num_generations": "use --generations",
+    "--output_dir": "the smoke reads the checkpoint from the run's outputs/",
+}
 EXAMPLES = """\
 examples:
   dancegrpo-npu smoke                    # 1 process, full fine-tuning, device auto
   dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
   dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
+  dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
+                                         # longer, bigger groups, 128x128 (later arguments win)
+  dancegrpo-npu smoke --workdir /tmp/tree-without-0006   # the tree at DIR instead of build/DanceGRPO
 
 The run directory (runs/<time>-smoke/) keeps the command, every rank's log, metrics.jsonl,
 reward.txt, images/ and the checkpoint; `dancegrpo-npu runs` lists it.
@@ -55,24 +79,9 @@ class SmokeOptions:
     device: str = "auto"
     verbose: bool = False  # stream the run's own output
     env: tuple[tuple[str, str], ...] = ()  # more environment for the job (wins over the smoke's)
-
-
-@dataclass(frozen=True)
-class StepFigures:
-    step: int
-    reward_mean: float
-    loss: float
-    grad_norm: float
-    step_time: float
-
-
-@dataclass(frozen=True)
-class CheckpointCheck:
-    path: Path
-    loaded_with: str
-    changed: int  # trainable tensors that differ from their starting values
-    total: int
-    max_change: float
+    steps: int = STEPS
+    generations: int = GENERATIONS
+    extra_args: tuple[str, ...] = ()  # trainer arguments after the smoke's own (argparse: the later wins)
 
 
 @dataclass(frozen=True)
@@ -83,9 +92,9 @@ class SmokeResult:
     wall_time_s: float
 
 
-def trainer_args(fixtures, lora: bool) -> tuple[str, ...]:
+def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS) -> tuple[str, ...]:
     """Exactly the arguments the smoke passes (no upstream defaults): upstream's recipe
-    (finetune_flux_grpo*.sh), shrunk to 2 steps at 64x64 on the fixtures."""
+    (finetune_flux_grpo*.sh), shrunk to ``steps`` steps at 64x64 on the fixtures."""
     args = [
         "--seed", "42",
         "--pretrained_model_name_or_path", str(fixtures.model_dir),
@@ -101,11 +110,14 @@ def trainer_args(fixtures, lora: bool) -> tuple[str, ...]:
         "--sp_size", "1",
         "--train_sp_batch_size", "1",
         "--dataloader_num_workers", "0",
-        "--gradient_accumulation_steps", "2",
-        "--max_train_steps", str(STEPS),
+        # Each rank trains train_batch_size (1) x generations samples a step and steps the
+        # optimizer every gradient_accumulation_steps of them (patch 0011 refuses a count that
+        # is not a multiple): one update a step, on the whole group, whatever --generations.
+        "--gradient_accumulation_steps", str(generations),
+        "--max_train_steps", str(steps),
         "--learning_rate", "1e-3",
         "--mixed_precision", "bf16",
-        "--checkpointing_steps", str(STEPS),
+        "--checkpointing_steps", str(steps),
         "--cfg", "0.0",
         "--h", "64", "--w", "64", "--t", "1",
         "--sampling_steps", "4",
@@ -114,7 +126,7 @@ def trainer_args(fixtures, lora: bool) -> tuple[str, ...]:
         "--sampler_seed", "1223627",
         "--max_grad_norm", "1.0",
         "--weight_decay", "0.0001",
-        "--num_generations", "2",
+        "--num_generations", str(generations),
         "--shift", "3",
         "--use_group",
         "--ignore_last",
@@ -126,6 +138,27 @@ def trainer_args(fixtures, lora: bool) -> tuple[str, ...]:
     if lora:
         args += ["--lora_rank", "4", "--lora_alpha", "8"]
     return tuple(args)
+
+
+def flag_values(args) -> dict[str, str | None]:
+    """Each flag's value as the trainer's argparse sees it: the last occurrence wins."""
+    from dancegrpo_npu.run.upstream_args import split_flags
+
+    return {flag: value for flag, value, _ in split_flags(args)}
+
+
+def decay_budget(args, steps: int) -> DecayBudget:
+    """What weight decay alone can do before checkpoint ``steps``, from the arguments the
+    trainer got: updates a step = samples a step / accumulation steps (the trainers' loop)."""
+    v = flag_values(args)
+    try:
+        samples = int(v["--train_batch_size"]) * (int(v["--num_generations"]) if "--use_group" in v else 1)
+        per_step = samples // int(v["--gradient_accumulation_steps"])
+        return DecayBudget(float(v["--learning_rate"]), float(v["--weight_decay"]), (steps - 1) * per_step)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DancegrpoError(f"smoke: cannot read the optimizer settings from the trainer's arguments ({exc})",
+                             "give --learning_rate, --weight_decay, --train_batch_size and "
+                             "--gradient_accumulation_steps numbers", exit_code=2) from None
 
 
 def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
@@ -150,70 +183,6 @@ def _accelerator_visible() -> bool:
     return bool(getattr(torch, "npu", None) and torch.npu.is_available())
 
 
-def read_metrics(run_dir: Path) -> tuple[StepFigures, ...]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise DancegrpoError(f"smoke: the trainer wrote no {path}", f"see the rank logs in {run_dir / 'logs'}")
-    steps = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            row = json.loads(line)
-            steps.append(StepFigures(int(row["step"]), float(row["reward_mean"]), float(row["loss"]),
-                                     float(row["grad_norm"]), float(row["step_time"])))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DancegrpoError(f"smoke: {path} line {n} is not a metrics record ({exc})") from None
-    if [s.step for s in steps] != list(range(1, STEPS + 1)):
-        raise DancegrpoError(f"smoke: {path} has steps {[s.step for s in steps]}, expected 1..{STEPS}")
-    for s in steps:
-        bad = [name for name in ("reward_mean", "loss", "grad_norm") if not math.isfinite(getattr(s, name))]
-        if bad:
-            raise DancegrpoError(f"smoke: step {s.step} has non-finite {', '.join(bad)} ({s})",
-                                 f"see the rank logs in {run_dir / 'logs'}")
-    return tuple(steps)
-
-
-def _compare(start: dict, end: dict, what: str) -> tuple[int, int, float]:
-    import torch
-
-    if set(start) != set(end):
-        raise DancegrpoError(f"smoke: the checkpoint's {what} names differ from the model's",
-                             f"missing {sorted(set(start) - set(end))[:3]}, extra {sorted(set(end) - set(start))[:3]}")
-    diffs = [(end[k].float() - start[k].float()).abs().max().item() for k in start]
-    if not all(math.isfinite(d) for d in diffs):
-        raise DancegrpoError(f"smoke: the checkpoint's {what} are not finite")
-    return sum(d > 0 for d in diffs), len(diffs), max(diffs, default=0.0)
-
-
-def check_full_checkpoint(outputs: Path, model_dir: Path) -> CheckpointCheck:
-    from diffusers import FluxTransformer2DModel
-
-    path = outputs / f"checkpoint-{STEPS}-0"
-    if not path.is_dir():
-        raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
-    trained = FluxTransformer2DModel.from_pretrained(str(path)).state_dict()
-    start = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
-    changed, total, biggest = _compare(start, trained, "parameter")
-    return CheckpointCheck(path, "FluxTransformer2DModel.from_pretrained", changed, total, biggest)
-
-
-def check_lora_checkpoint(outputs: Path, model_dir: Path) -> CheckpointCheck:
-    import torch
-    from diffusers import FluxPipeline, FluxTransformer2DModel
-
-    path = outputs / f"lora-checkpoint-{STEPS}-0"
-    if not path.is_dir():
-        raise DancegrpoError(f"smoke: the trainer wrote no LoRA checkpoint {path}")
-    state_dict, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True)
-    transformer = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer")
-    FluxPipeline.load_lora_into_transformer(state_dict, network_alphas=alphas, transformer=transformer)
-    loaded = {k: v for k, v in transformer.state_dict().items() if ".lora_B." in k}
-    if not loaded:
-        raise DancegrpoError(f"smoke: {path} loaded, but the transformer has no LoRA layers afterwards")
-    # peft initialises lora_B to zeros: training is what moves it.
-    changed, total, biggest = _compare({k: torch.zeros_like(v) for k, v in loaded.items()}, loaded, "lora_B")
-    return CheckpointCheck(path, "FluxPipeline.lora_state_dict + load_lora_into_transformer", changed, total, biggest)
-
-
 @contextmanager
 def _quiet(enabled: bool):
     """Send the run's streamed output to /dev/null (launch keeps it in logs/console.log)."""
@@ -234,6 +203,16 @@ def check_options(options: SmokeOptions) -> None:
         raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", "give a positive count", exit_code=2)
     if options.device not in DEVICES:
         raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
+    if options.steps < 1:
+        raise DancegrpoError(f"--steps must be at least 1, not {options.steps}", "give a positive count", exit_code=2)
+    if options.generations < 2:
+        raise DancegrpoError(
+            f"--generations must be at least 2, not {options.generations}",
+            "GRPO's advantage is (reward - the group's mean) / the group's std, and a group of one "
+            "has no std (NaN advantages)", exit_code=2)
+    for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
+        if flag in OWN_FLAGS:
+            raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
 
 
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
@@ -246,16 +225,22 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     record = _launch(project, options, fixtures)
     if record.returncode != 0:
         failure = record.summary.get("failure") or {}
-        last = next((line.strip() for line in reversed(failure.get("tail") or []) if line.strip()), "")
+        # the exception line (run.failure.error_line), not the log's last line: a progress bar
+        why = failure.get("error") or ""
         raise DancegrpoError(
-            f"smoke: the training run failed (exit {record.returncode})" + (f": {last}" if last else ""),
+            f"smoke: the training run failed (exit {record.returncode})" + (f": {why}" if why else ""),
             f"see {record.run_dir / failure.get('log', 'logs')}")
-    steps = read_metrics(record.run_dir)
+    steps = read_metrics(record.run_dir, options.steps)
+    budget = decay_budget(all_trainer_args(options, fixtures), options.steps)
     check = (check_lora_checkpoint if options.lora else check_full_checkpoint)(
-        record.run_dir / "outputs", fixtures.model_dir)
-    if check.changed == 0:
-        raise DancegrpoError(f"smoke: training changed none of the {check.total} trainable tensors in {check.path}")
+        record.run_dir / "outputs", fixtures.model_dir, options.steps, budget)
+    check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start)
+
+
+def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
+    """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
+    return trainer_args(fixtures, options.lora, options.steps, options.generations) + tuple(options.extra_args)
 
 
 def _launch(project: Project, options: SmokeOptions, fixtures):
@@ -263,7 +248,7 @@ def _launch(project: Project, options: SmokeOptions, fixtures):
 
     spec = LaunchSpec(
         script="flux-lora" if options.lora else "flux",
-        args=trainer_args(fixtures, options.lora),
+        args=all_trainer_args(options, fixtures),
         nproc_per_node=options.nproc,
         device=options.device,
         name="smoke-lora" if options.lora else "smoke",
@@ -280,8 +265,13 @@ def format_result(result: SmokeResult) -> str:
     for s in result.steps:
         lines.append(f"{s.step:>4}  {s.reward_mean:>9.4f}  {s.loss:>11.4g}  {s.grad_norm:>10.4g}  {s.step_time:>6.2f}s")
     c = result.checkpoint
-    lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; {c.changed} of {c.total} trainable tensors "
-                 f"changed (max |change| {c.max_change:.3g})")
+    if c.updates:
+        lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; {c.changed} of {c.total} trainable tensors "
+                     f"changed (max |change| {c.max_change:.3g}; weight decay alone: up to {c.decay_max:.2g})")
+    else:
+        lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; it holds the starting weights (upstream "
+                     "saves at the start of a step), so with 1 step only the grad norm shows that training "
+                     "reached the model")
     lines.append(f"smoke: passed in {result.wall_time_s:.1f} s; record: {result.run_dir}")
     return "\n".join(lines)
 
@@ -291,8 +281,8 @@ PASSED_NAME = "smoke-passed.json"
 
 def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
     """What a smoke result depends on: the verified tree (lock, series, overlay - digested
-    the way apply records them), the fixtures' parameters, the smoke's own code and
-    options.  None when the tree is not exactly lock + series + overlay (then nothing can
+    the way apply records them), the fixtures' parameters, the smoke's own code, its
+    options (--steps, --generations and the trainer arguments after -- included) and the tree's path.  None when the tree is not exactly lock + series + overlay (then nothing can
     be reused)."""
     import hashlib
 
@@ -308,8 +298,11 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
                  overlay_sha256(read_overlay(project.overlay_dir)))
     except DancegrpoError:
         return None
+    code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
+    settings = (options.nproc, options.lora, options.device, options.steps, options.generations,
+                tuple(options.extra_args), str(project.workdir))
     h = hashlib.sha256()
-    for part in (*parts, params_sha256(), Path(__file__).read_text(), repr((options.nproc, options.lora, options.device))):
+    for part in (*parts, params_sha256(), *code, repr(settings)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()
 
@@ -341,18 +334,22 @@ def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
 
 def _cmd_smoke(args) -> int:
     project = project_from_args(args)
-    options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose)
+    options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
+                           steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args))
     check_options(options)
     key = inputs_sha256(project, options)
     if args.if_needed:
         earlier = previous_pass(project, key)
         if earlier:
-            print(f"smoke: already passed for this tree, series, overlay and fixtures (record: {earlier}); "
+            print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
             return 0
     what = "LoRA" if options.lora else "full"
-    print(f"smoke: {what} FLUX GRPO, {STEPS} steps at 64x64, 4 sampling steps, 2 generations, HPSv2 reward, "
-          f"strict mode; {options.nproc} process(es), device {options.device}", flush=True)
+    print(f"smoke: {what} FLUX GRPO, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
+          f"generations, HPSv2 reward, strict mode; {options.nproc} process(es), device {options.device}; "
+          f"tree {project.workdir}", flush=True)
+    if options.extra_args:
+        print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)
     result = run_smoke(project, options)
     print(format_result(result))
     record_pass(project, key, result)
@@ -363,17 +360,27 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "smoke",
         parents=[common],
-        help="2 GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
+        help="a few GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
         description=__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
     p.add_argument("--lora", action="store_true", help="run train_grpo_flux_lora.py instead of the full trainer")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
+    p.add_argument("--steps", type=int, default=STEPS, metavar="N",
+                   help=f"GRPO steps (default {STEPS}); the checkpoint of step N (the weights after step N-1) "
+                   "is checked, so the weight check needs 2 or more")
+    p.add_argument("--generations", type=int, default=GENERATIONS, metavar="G",
+                   help=f"images per prompt, GRPO's group (default {GENERATIONS}, at least 2); one optimizer "
+                   "update a step, on the whole group")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "
                    "series, overlay and fixtures (what ./scripts/bootstrap.sh uses to stay idempotent)")
+    p.add_argument("trainer_args", nargs="*", metavar="-- ARGS",
+                   help="more trainer arguments, after the smoke's own: the later wins (not --max_train_steps, "
+                   "--checkpointing_steps, --num_generations, --output_dir: the checks depend on them)")
     p.set_defaults(func=_cmd_smoke)

@@ -1,0 +1,90 @@
+"""Why a run failed, read from its logs: the failing rank's last lines and its exception.
+
+The logs are what a terminal was sent, not what it showed.  Progress bars (tqdm) redraw
+themselves with carriage returns and cursor-movement escapes, and close at interpreter exit -
+after the traceback - so the last line of a failed rank's stderr.log is usually a progress
+bar like ``Steps:   0%|          | 0/100000``, and the exception is above it.  The lines are
+therefore rendered as a terminal would show them, and the error reported is the exception
+line of the last traceback (``RuntimeError: ...``), not the last line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+FAILURE_TAIL_LINES = 25
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# torch.distributed prefixes every line of an uncaught exception with "[rank0]: ", and
+# torchrun's --tee prefixes the console copy with "[default0]:".
+_PREFIX = re.compile(r"^(?:\[[\w-]+\]:\s?)+")
+_TRACEBACK = "Traceback (most recent call last):"
+# argparse's parser.error ("train_grpo_flux.py: error: ..."), and an exception line
+# printed without its traceback ("torch.OutOfMemoryError: ...").
+_ERROR_LINE = re.compile(r"^(?:\S+: error: |[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b)")
+_PROGRESS_BAR = re.compile(r"\d+%\|")
+
+
+def rank_logs(run_dir: Path) -> list[Path]:
+    """torchrun's per-rank files: logs/torchrun/<run id>/attempt_<n>/<local rank>/std{out,err}.log."""
+    root = run_dir / "logs" / "torchrun"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.log") if p.is_file())
+
+
+def rendered_lines(text: str) -> list[str]:
+    """``text`` as a terminal shows it: a carriage return starts the line over (the last
+    non-empty redraw wins), escape sequences are dropped, and so are the rank prefixes."""
+    lines = []
+    for raw in text.split("\n"):
+        parts = [p for p in _ANSI.sub("", raw).split("\r") if p.strip()]
+        lines.append(_PREFIX.sub("", parts[-1].rstrip()) if parts else "")
+    if lines and lines[-1] == "":
+        lines.pop()  # the text's final newline
+    return lines
+
+
+def error_line(lines: list[str]) -> str:
+    """The line that says what went wrong: the exception of the last traceback; else the
+    last argparse error or bare exception line; else the last line that is not a progress
+    bar; "" when there is none."""
+    starts = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if starts:
+        # After "Traceback (...):" come indented frames (and 3.11's ^^^^ markers); the first
+        # line that is not indented is "SomeError: message".
+        for line in lines[starts[-1] + 1 :]:
+            if line.strip() and not line[0].isspace():
+                return line.strip()
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line.strip()):
+            return line.strip()
+    for line in reversed(lines):
+        if line.strip() and not _PROGRESS_BAR.search(line):
+            return line.strip()
+    return ""
+
+
+def _read(path: Path) -> list[str] | None:
+    try:  # bytes: read_text's universal newlines would turn each \r into a line of its own
+        return rendered_lines(path.read_bytes().decode("utf-8", errors="replace"))
+    except OSError:
+        return None
+
+
+def failure_detail(run_dir: Path) -> dict:
+    """Where a failed run says why: the first rank stderr with a traceback, else the console.
+
+    {"log": the file, relative to the run, "tail": its last lines as a terminal shows them,
+    "error": the exception line (see ``error_line``)}.
+    """
+    for path in rank_logs(run_dir):
+        if path.name != "stderr.log":
+            continue
+        lines = _read(path) or []
+        if any(_TRACEBACK in line or "Error" in line for line in lines):
+            return {"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
+                    "error": error_line(lines)}
+    lines = _read(run_dir / "logs" / "console.log") or []
+    return {"log": "logs/console.log", "tail": lines[-FAILURE_TAIL_LINES:], "error": error_line(lines)}

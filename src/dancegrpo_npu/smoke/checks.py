@@ -1,0 +1,167 @@
+"""What makes a smoke run pass, read back from what the trainer itself wrote.
+
+* ``metrics.jsonl`` has every step, with a finite reward and loss and a finite, *non-zero*
+  grad norm.  The loss cannot be the check: at GRPO's first inner iteration the policy is
+  the sampling policy, the ratio is 1 and the loss of a group is -mean(advantages) = 0 - a
+  logged loss of 0 is normal.  The grad norm of ratio's gradient is not 0 unless no gradient
+  reaches the trainable weights (or every group's rewards were equal).
+* The checkpoint loads back the way upstream and diffusers intend, and its trainable weights
+  moved further than AdamW's weight decay alone can move them (``DecayBudget``).  AdamW shrinks
+  every weight by lr x weight_decay per update whether or not a gradient arrived, so "the
+  weights changed" proves nothing by itself: with a zeroed backward, every tensor "changed",
+  by about 1e-7.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+NO_GRADIENT_HINT = (
+    "no gradient reached the trainable weights (a loss detached from them, a zeroed backward, "
+    "an update that drops the gradient), or every group's rewards were equal (all advantages 0)"
+)
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    step: int
+    reward_mean: float
+    loss: float
+    grad_norm: float
+    step_time: float
+
+
+@dataclass(frozen=True)
+class DecayBudget:
+    """How far AdamW's decoupled weight decay alone can move a weight before the checkpoint.
+
+    One update without a gradient is ``w <- fl(w * fl(1 - lr*wd))`` (Adam's own term is
+    exactly 0: its moments stay 0), so it moves ``w`` by at most ``|w| * (lr*wd + eps)``,
+    eps covering the two roundings.  Over ``updates`` updates, with lr never above the base lr
+    (diffusers' schedulers only scale it down), ``|w0| * updates * (lr*wd + eps)`` bounds it,
+    and twice that is the line.  Adam moves a weight that gets any gradient by about lr per
+    update (1e-3 in the smoke) - thousands of times the line (about 4e-7 x |w0| per update) -
+    so the margin costs nothing and no real gradient is mistaken for decay.
+    """
+
+    learning_rate: float
+    weight_decay: float
+    updates: int  # optimizer updates before the checkpoint was saved
+
+    def bound(self, start, end):
+        """Per element of ``start``: the largest change decay (and rounding) can explain."""
+        import torch
+
+        eps = max(torch.finfo(start.dtype).eps, torch.finfo(end.dtype).eps)
+        per_update = abs(self.learning_rate * self.weight_decay) + eps
+        return 2 * self.updates * per_update * start.float().abs()
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    path: Path
+    loaded_with: str
+    changed: int  # trainable tensors moved beyond what weight decay alone explains
+    total: int
+    max_change: float
+    decay_max: float  # the largest change weight decay alone could explain (DecayBudget.bound)
+    updates: int  # optimizer updates the checkpoint has seen (0: saved before any)
+
+
+def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise DancegrpoError(f"smoke: the trainer wrote no {path}", f"see the rank logs in {run_dir / 'logs'}")
+    figures = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            figures.append(StepFigures(int(row["step"]), float(row["reward_mean"]), float(row["loss"]),
+                                       float(row["grad_norm"]), float(row["step_time"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DancegrpoError(f"smoke: {path} line {n} is not a metrics record ({exc})") from None
+    if [s.step for s in figures] != list(range(1, steps + 1)):
+        raise DancegrpoError(f"smoke: {path} has steps {[s.step for s in figures]}, expected 1..{steps}")
+    for s in figures:
+        bad = [name for name in ("reward_mean", "loss", "grad_norm") if not math.isfinite(getattr(s, name))]
+        if bad:
+            raise DancegrpoError(f"smoke: step {s.step} has non-finite {', '.join(bad)} ({s})",
+                                 f"see the rank logs in {run_dir / 'logs'}")
+    for s in figures:
+        if not s.grad_norm > 0:
+            raise DancegrpoError(f"smoke: training did nothing: the grad norm of step {s.step} is {s.grad_norm:g}",
+                                 NO_GRADIENT_HINT)
+    return tuple(figures)
+
+
+def _compare(start: dict, end: dict, what: str, budget: DecayBudget) -> tuple[int, int, float, float]:
+    """(tensors moved beyond the decay bound, tensors, max |change|, max decay bound)."""
+    if set(start) != set(end):
+        raise DancegrpoError(f"smoke: the checkpoint's {what} names differ from the model's",
+                             f"missing {sorted(set(start) - set(end))[:3]}, extra {sorted(set(end) - set(start))[:3]}")
+    moved, biggest, decay_max = 0, 0.0, 0.0
+    for name in start:
+        change = (end[name].float() - start[name].float()).abs()
+        bound = budget.bound(start[name], end[name])
+        if not bool(change.isfinite().all()):
+            raise DancegrpoError(f"smoke: the checkpoint's {what} {name} is not finite")
+        moved += bool((change > bound).any())
+        biggest = max(biggest, change.max().item() if change.numel() else 0.0)
+        decay_max = max(decay_max, bound.max().item() if bound.numel() else 0.0)
+    return moved, len(start), biggest, decay_max
+
+
+def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
+    from diffusers import FluxTransformer2DModel
+
+    path = outputs / f"checkpoint-{step}-0"
+    if not path.is_dir():
+        raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
+    trained = FluxTransformer2DModel.from_pretrained(str(path)).state_dict()
+    start = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
+    changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
+    return CheckpointCheck(path, "FluxTransformer2DModel.from_pretrained", changed, total, biggest, decay, budget.updates)
+
+
+def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
+    import torch
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    path = outputs / f"lora-checkpoint-{step}-0"
+    if not path.is_dir():
+        raise DancegrpoError(f"smoke: the trainer wrote no LoRA checkpoint {path}")
+    state_dict, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True)
+    transformer = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer")
+    FluxPipeline.load_lora_into_transformer(state_dict, network_alphas=alphas, transformer=transformer)
+    loaded = {k: v for k, v in transformer.state_dict().items() if ".lora_B." in k}
+    if not loaded:
+        raise DancegrpoError(f"smoke: {path} loaded, but the transformer has no LoRA layers afterwards")
+    # peft initialises lora_B to zeros, which weight decay leaves at zero: only a gradient moves it.
+    start = {k: torch.zeros_like(v) for k, v in loaded.items()}
+    changed, total, biggest, decay = _compare(start, loaded, "lora_B", budget)
+    return CheckpointCheck(path, "FluxPipeline.lora_state_dict + load_lora_into_transformer",
+                           changed, total, biggest, decay, budget.updates)
+
+
+def check_training_moved(check: CheckpointCheck) -> None:
+    """Refuse a checkpoint whose weights only weight decay moved (or, saved before any update,
+    one that differs from the start)."""
+    if check.updates == 0:
+        if check.changed:
+            raise DancegrpoError(f"smoke: {check.path} was saved before any update, yet {check.changed} of its "
+                                 f"{check.total} trainable tensors differ from the starting weights "
+                                 f"(max |change| {check.max_change:.3g})",
+                                 "saving or loading the checkpoint changes the weights")
+        return
+    if check.changed == 0:
+        raise DancegrpoError(
+            f"smoke: training did nothing: none of the {check.total} trainable tensors in {check.path} moved "
+            f"beyond what AdamW's weight decay alone does over {check.updates} update(s) "
+            f"(max |change| {check.max_change:.3g}, decay alone up to {check.decay_max:.3g})",
+            "the grad norm was not 0, so the gradient is computed but the update does not use it "
+            "(zeroed or replaced before optimizer.step, or the optimizer holds other tensors than the model's)")

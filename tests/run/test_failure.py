@@ -1,0 +1,74 @@
+"""Why a failed run failed: the exception line, not the progress bar printed after it."""
+
+from __future__ import annotations
+
+import json
+
+from dancegrpo_npu.run.failure import error_line, failure_detail, rendered_lines
+
+# What rank 0's stderr.log holds when train_one_step raises (recorded from a real smoke run
+# with a planted `raise`, shortened): tqdm's sampling bar redrawn with \r and a cursor-up
+# escape, the traceback with torch.distributed's "[rank0]: " prefixes, then the "Steps" bar
+# that tqdm closes at interpreter exit - after the traceback.
+STDERR_WITH_TQDM = (
+    "\rSampling Progress:   0%|          | 0/4 [00:00<?, ?it/s]\x1b[A"
+    "\rSampling Progress: 100%|##########| 4/4 [00:00<00:00, 42.55it/s]\n"
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "fastvideo/train_grpo_flux.py", line 867, in main\n'
+    "[rank0]:     loss, grad_norm, reward_mean = train_one_step(\n"
+    "[rank0]:                                    ^^^^^^^^^^^^^^^\n"
+    '[rank0]:   File "fastvideo/train_grpo_flux.py", line 612, in train_one_step\n'
+    '[rank0]:     raise RuntimeError("planted failure")\n'
+    "[rank0]: RuntimeError: planted failure\n"
+    "\rSteps:   0%|          | 0/100000 [00:01<?, ?it/s]\n"
+)
+
+
+def test_rendered_lines_show_what_a_terminal_shows():
+    lines = rendered_lines(STDERR_WITH_TQDM)
+    assert lines[0] == "Sampling Progress: 100%|##########| 4/4 [00:00<00:00, 42.55it/s]"
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "Steps:   0%|          | 0/100000 [00:01<?, ?it/s]"
+
+
+def test_the_exception_line_is_reported_not_the_progress_bar():
+    assert error_line(rendered_lines(STDERR_WITH_TQDM)) == "RuntimeError: planted failure"
+
+
+def test_the_last_of_chained_tracebacks_wins():
+    text = (
+        "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyError: 'x'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File \"a.py\", line 3, in g\nValueError: bad value\n"
+        "Steps:   0%|          | 0/10\n"
+    )
+    assert error_line(rendered_lines(text)) == "ValueError: bad value"
+
+
+def test_without_a_traceback():
+    # argparse's parser.error, as patch 0011 refuses partial accumulation
+    usage = "usage: train_grpo_flux.py [-h]\ntrain_grpo_flux.py: error: 3 samples per step is not a multiple\n"
+    assert error_line(rendered_lines(usage)) == "train_grpo_flux.py: error: 3 samples per step is not a multiple"
+    assert error_line(rendered_lines("loading\nsomething odd happened\nSteps:  0%|    | 0/10\n")) == "something odd happened"
+    assert error_line([]) == ""
+
+
+def test_failure_detail_records_the_error(tmp_path):
+    rank0 = tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stdout.log").write_text("reward 0.1\n")
+    (rank0 / "stderr.log").write_text(STDERR_WITH_TQDM)
+    detail = failure_detail(tmp_path)
+    assert detail["log"] == "logs/torchrun/none_x/attempt_0/0/stderr.log"
+    assert detail["error"] == "RuntimeError: planted failure"
+    assert detail["tail"][-2:] == ["RuntimeError: planted failure", "Steps:   0%|          | 0/100000 [00:01<?, ?it/s]"]
+    json.dumps(detail)  # it goes into summary.json
+
+
+def test_failure_detail_falls_back_to_the_console(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "console.log").write_text("[default0]:[rank0]: Traceback (most recent call last):\n"
+                                                   "[default0]:[rank0]:   File \"x.py\", line 1\n"
+                                                   "[default0]:[rank0]: OSError: disk full\n")
+    detail = failure_detail(tmp_path)
+    assert (detail["log"], detail["error"]) == ("logs/console.log", "OSError: disk full")

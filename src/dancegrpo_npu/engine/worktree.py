@@ -189,7 +189,8 @@ def session(
     if not mid_swap_ok:
         refuse_mid_swap(workdir)
     with hold(wt):
-        roll_forward(wt, checkpoint)
+        if roll_forward(wt, checkpoint):  # a finished move (fetch to a new lock) rewrote fetched.json
+            fetched = load_fetched(wt) or fetched
         yield wt, fetched
 
 

@@ -138,9 +138,13 @@ def check_assets(fetched: Fetched, paths) -> None:
 # --- apply onto the work tree ----------------------------------------------------------
 
 
-def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
+def apply_worktree(
+    project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint, mid_swap_ok: bool = False
+) -> ApplyOutcome:
+    """Apply the series and overlay to the work tree.  ``mid_swap_ok``: for the rebase
+    itself, which applies the new series once it has replaced the old one."""
     lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
-    with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
+    with session(project.workdir, checkpoint, mid_swap_ok) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
         patches = load_series(project.patches_dir)
         overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import load_series
-from dancegrpo_npu.vcs.gitcmd import choose_source, fetch_commit, open_workdir_repo, scratch_clone
+from dancegrpo_npu.vcs.gitcmd import choose_source, fetch_commit, leave_out_missing, open_workdir_repo, scratch_clone
 from dancegrpo_npu.engine.apply import check_head
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.rebase.queue import build_queue
@@ -46,6 +46,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         queue = build_queue(tree, lock.commit, patches, paths.index)
         with session(project.workdir):
             edits = local_edits(main, tree, project, queue[-1] if queue else lock.commit, lock.commit, paths.index)
+        leave_out_missing(tree, fetched.commit)
         tree.run("checkout", "--quiet", "--detach", fetched.commit)
         state = RebaseState(
             phase="applying", project_root=str(project.root), workdir=str(project.workdir), tree=str(tree.cwd),

@@ -35,7 +35,7 @@ from dancegrpo_npu.engine.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
 from dancegrpo_npu.engine.series import load_series
-from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.engine.worktree import require_full_series, session
 from dancegrpo_npu.rebase.dry_run import dry_run
 from dancegrpo_npu.rebase.steps import RebaseResult, Stop, commit_step, local_edits, move_patch, paths_for, reset_tree
 
@@ -116,6 +116,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
                     "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
                 )
             check_head(wt, fetched, lock)  # the work tree stands for the locked commit
+            require_full_series(wt, "rebase")
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
         fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)

@@ -23,7 +23,7 @@ from dancegrpo_npu.rebase.steps import RebaseResult, Stop, local_edits, move_pat
 from dancegrpo_npu.rebase.finish import gained_and_left, lock_changes, overlay_collisions, regenerate, stage, verify_staged
 from dancegrpo_npu.rebase.report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.engine.rebase_state import RebasePaths, RebaseState, Step
-from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.engine.worktree import require_full_series, session
 
 
 def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseResult:
@@ -32,6 +32,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
     patches = load_series(project.patches_dir)
     with session(project.workdir) as (wt, fetched):
         check_head(wt, fetched, lock)
+        require_full_series(wt, "rebase")
         if fetched.kind == "archive":
             raise DancegrpoError(f"{project.workdir} was made from an archive, which has no upstream history",
                                  "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)")

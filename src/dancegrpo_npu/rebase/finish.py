@@ -19,7 +19,7 @@ from dancegrpo_npu.engine.lockfile import compute_files
 from dancegrpo_npu.vcs.gitcmd import Git, remove_tree
 from dancegrpo_npu.engine.lock import Lock, dump_lock, parse_lock
 from dancegrpo_npu.rebase.queue import (
-    all_paths, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
+    all_paths, bump_last_update, context_lines, diff_between, entries, files_at, index_abbrev, patch_text, today,
 )
 from dancegrpo_npu.rebase.report import describe, short
 from dancegrpo_npu.engine.rebase_state import (
@@ -27,7 +27,7 @@ from dancegrpo_npu.engine.rebase_state import (
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import Patch, load_series
-from dancegrpo_npu.engine.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES
+from dancegrpo_npu.engine.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES, read_state
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,11 @@ def apply_with_engine(git: Git, commit: str, patches: list[Patch], overlay_dir: 
     """``commit``'s files that the series touches, written under ``root`` and patched there by
     the engine (with the overlay, if given); returns the touched paths."""
     touched = touched_by(patches)
+    modes = entries(git, commit, touched)
     for rel, data in files_at(git, commit, touched).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
+        os.chmod(root / rel, 0o755 if modes[rel].mode == "100755" else 0o644)  # a patch may change the mode
     apply_series_to_dir(root, patches, overlay_dir, upstream_paths=all_paths(git, commit))
     return touched
 
@@ -144,9 +146,11 @@ def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: 
         overlay = overlay_dir if overlay_dir.is_dir() else None
         touched = apply_with_engine(tree, state.new_commit, patches, overlay, root)
         expected = files_at(tree, state.tip, touched)
+        modes = {p: int(e.mode, 8) for p, e in entries(tree, state.tip, touched).items()}
         for rel in touched:
-            actual = (root / rel).read_bytes() if (root / rel).is_file() else None
-            if actual != expected.get(rel):
+            fs = read_state(root / rel)
+            actual = None if fs is None else (fs.git_mode, fs.data)
+            if actual != ((modes[rel], expected[rel]) if rel in expected else None):
                 raise DancegrpoError(
                     f"verification failed: applying the regenerated series to {short(state.new_commit)} gives "
                     f"another {rel} than the rebased tree",

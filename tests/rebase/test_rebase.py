@@ -111,6 +111,9 @@ def test_clean_move_regenerates_series_and_lock(world, tmp_path):
     assert git(project.workdir, "rev-parse", f"{kept}^") == head_before
     assert git(project.workdir, "show", f"{kept}:fastvideo/train.py").encode() + b"\n" == tree_before["fastvideo/train.py"]
     assert git(project.workdir, "show", f"{kept}:fastvideo/npu_device.py") == "# our module"  # the overlay too
+    # ... and the new one beside it: their diff is what the rebase changed in the patched tree
+    assert git(project.workdir, "diff", "--name-only", "refs/dancegrpo-npu/rebase-orig", "refs/dancegrpo-npu/rebased-tree") == "README.md"
+    assert "diff refs/dancegrpo-npu/rebase-orig refs/dancegrpo-npu/rebased-tree" in result.report
     apply_worktree(project)  # nothing left for the user to do
     assert apply_worktree(project).noop
 

@@ -14,6 +14,8 @@ Layout, under the work tree's git directory (``<workdir>/.git/dancegrpo-npu/``):
     refs/dancegrpo-npu/rebase-orig   (in the work tree's repository) the previous
                          patched tree as a commit: upstream + series + overlay as the
                          work tree had it before the rebase moved it
+    refs/dancegrpo-npu/rebased-tree  the patched tree the rebase left, likewise (so
+                         `git diff rebase-orig rebased-tree` reviews a rebase)
 
 The patches are moved in a separate checkout, ``<workdir>.rebase`` (the rebase
 tree), where conflicts are resolved; the user's patched tree is not touched until
@@ -49,6 +51,7 @@ PHASES = ("starting", "applying", "stopped", "finishing", "swapping", "done")
 ONTO_REF = "refs/dancegrpo-npu/rebase/onto"
 DONE_REF = "refs/dancegrpo-npu/rebased-onto"
 ORIG_TREE_REF = "refs/dancegrpo-npu/rebase-orig"
+REBASED_TREE_REF = "refs/dancegrpo-npu/rebased-tree"
 
 
 @dataclass(frozen=True)

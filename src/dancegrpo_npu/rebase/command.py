@@ -268,8 +268,9 @@ GUIDE = textwrap.dedent(
     to REF with the new series applied and verified (local edits made meanwhile are
     saved first, as `apply --force` saves them).  The previous series and lock are
     kept in <workdir>/.git/dancegrpo-npu/rebase-orig/, the previous patched tree as
-    the commit refs/dancegrpo-npu/rebase-orig, until the next rebase.  The state of
-    a rebase lives in <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
+    the commit refs/dancegrpo-npu/rebase-orig (the new one: .../rebased-tree), until
+    the next rebase.  The state of a rebase lives in
+    <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
     """
 )
 

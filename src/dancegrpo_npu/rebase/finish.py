@@ -23,7 +23,7 @@ from dancegrpo_npu.rebase.queue import (
 )
 from dancegrpo_npu.rebase.report import describe, short
 from dancegrpo_npu.engine.rebase_state import (
-    DONE_REF, ONTO_REF, ORIG_TREE_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
+    DONE_REF, ONTO_REF, ORIG_TREE_REF, REBASED_TREE_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import Patch, load_series
@@ -246,12 +246,18 @@ def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
 
 
 def orig_tree(main: Git, workdir: Path, state: RebaseState) -> str:
-    """The work tree as the rebase found it (upstream + what the last apply wrote), as a
-    commit in its repository: the previous tree, kept until the next rebase as the
-    previous series is.  Its blobs are already there (apply writes them)."""
+    """The work tree as the rebase found it, as a commit: the previous tree, kept until
+    the next rebase as the previous series is."""
+    return tree_commit(main, workdir, f"the patched tree before the rebase onto {state.onto}", state.old_commit)
+
+
+def tree_commit(main: Git, workdir: Path, what: str, fallback_head: str) -> str:
+    """The patched work tree (upstream HEAD + what the last apply wrote), as a commit on
+    its upstream commit in the tree's repository; its blobs are already there (apply
+    writes them), so only trees and a commit are added."""
     wt = WorkTree(workdir)
     fetched, applied = load_fetched(wt), load_applied(wt)
-    head = fetched.head if fetched is not None else state.old_commit
+    head = fetched.head if fetched is not None else fallback_head
     lines = []
     for path, want in sorted((applied.files if applied else {}).items()):
         if want is None:
@@ -268,7 +274,8 @@ def orig_tree(main: Git, workdir: Path, state: RebaseState) -> str:
             g.run("update-index", "--add", "--remove", "--replace", "--index-info", input=("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
         tree_id = g.out("write-tree", "--missing-ok")  # blobs a mirror lacks (assets/) are only referenced
     series = ", ".join(applied_names(applied)) or "no patches"
-    message = f"dancegrpo-npu: the patched tree before the rebase onto {state.onto}\n\nupstream {head}; series: {series}\n"
+    without = f" (without {', '.join(applied.without)})" if applied and applied.without else ""
+    message = f"dancegrpo-npu: {what}\n\nupstream {head}; series{without}: {series}\n"
     return main.out("commit-tree", tree_id, "-p", head, "-F", "-", input=message.encode("utf-8"))
 
 
@@ -288,8 +295,12 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
     checkpoint("done:orig")
     notes = move_worktree(project)
     if state.orig_tree:
-        notes.append(f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}, kept until the next rebase);"
-                     f" `git -C {project.workdir} diff {ORIG_TREE_REF}` shows what the rebase changed in it")
+        rebased = tree_commit(main, project.workdir, f"the patched tree after the rebase onto {state.onto}", state.new_commit)
+        main.run("update-ref", REBASED_TREE_REF, rebased)
+        notes[-1:-1] = [
+            f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}), kept until the next rebase;"
+            f" what the rebase changed in the patched tree: git -C {display_path(project.workdir)} diff {ORIG_TREE_REF} {REBASED_TREE_REF}"
+        ]
     remove_tree(Path(state.tree))
     if state.orig_tree:
         main.run("update-ref", ORIG_TREE_REF, state.orig_tree)

@@ -208,17 +208,16 @@ def test_binary_patch_is_refused(tmp_path):
     assert "binary patch is not supported" in _assert_refused(s, "0001-bin").one_line()
 
 
-def test_rename_mode_change_and_empty_new_file_are_refused(tmp_path):
+def test_rename_and_a_section_saying_nothing_are_refused(tmp_path):
+    """Mode changes and empty new files are applied (tests/engine/test_modes.py); a rename,
+    and a git section with neither hunks nor mode lines, are refused naming the patch."""
     s = setup(tmp_path)
     rename = b"diff --git a/README.md b/DOC.md\nsimilarity index 100%\nrename from README.md\nrename to DOC.md\n"
-    mode = b"diff --git a/README.md b/README.md\nold mode 100644\nnew mode 100755\n"
-    empty = b"diff --git a/empty.py b/empty.py\nnew file mode 100644\nindex 0000000..e69de29\n"
-    for diff, what in ((rename, "a rename"), (mode, "mode change"), (empty, "has no hunks")):
+    nothing = b"diff --git a/README.md b/README.md\nindex 1111111..2222222\n"
+    half = b"diff --git a/README.md b/README.md\nold mode 100644\n"
+    for diff, what in ((rename, "a rename"), (nothing, "has no hunks and no mode line"), (half, "without the other")):
         s.set_series({"0001-x.patch": dep3("x", diff)}, refresh_lock=False)
         assert what in _assert_refused(s, "0001-x").one_line()
-    mixed = empty + s.diff({"README.md": "# Changed\n"})
-    s.set_series({"0001-x.patch": dep3("x", mixed)})
-    assert "has no hunks" in _assert_refused(s, "0001-x").one_line()
 
 
 def test_missing_final_newline_is_kept_exactly(tmp_path):

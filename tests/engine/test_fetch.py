@@ -94,6 +94,56 @@ def test_source_missing_large_assets_blob(tmp_path):
     assert inspect(project).exact
 
 
+def _drop_blob(up, rev: str, rel: str) -> None:
+    """Remove ``rel``'s blob at ``rev`` from the synthetic upstream, as a mirror or a
+    partial clone lacks large files (the mirror here lacks dancegrpo.pdf)."""
+    blob = run_git(up.path, "rev-parse", f"{rev}:{rel}").decode().strip()
+    os.unlink(up.path / ".git" / "objects" / blob[:2] / blob[2:])
+
+
+def test_source_missing_a_blob_outside_assets_is_left_out(tmp_path):
+    """A file the series does not touch whose blob the source lacks: git would check the
+    commit out with an error and the file missing, and verify would report it deleted."""
+    up = make_upstream(tmp_path / "up", files={"README.md": "x\n", "paper.pdf": "%PDF big\n" * 1000, "fastvideo/train.py": TRAIN})
+    _drop_blob(up, up.commit, "paper.pdf")
+    project = make_project(tmp_path / "project", up)
+    out = fetch(project, source=up.url())
+    assert out.left_out == ("paper.pdf",)
+    assert not (project.workdir / "paper.pdf").exists() and (project.workdir / "README.md").exists()
+    assert inspect(project).exact
+
+
+def test_lock_moved_to_a_commit_whose_blob_the_source_lacks(tmp_path):
+    """Like `rebase --onto 2149f36` here: the older commit has a file the mirror lacks."""
+    up = make_upstream(tmp_path / "up", files={"README.md": "x\n", "paper.pdf": "%PDF big\n" * 1000, "fastvideo/train.py": TRAIN})
+    old = up.commit
+    up = add_commit(up, {"paper.pdf": None, "NEW.md": "new\n"})
+    _drop_blob(up, old, "paper.pdf")
+    s_project = make_project(tmp_path / "project", up, patches={})
+    fetch(s_project, source=up.url())
+    assert inspect(s_project).exact
+    lock = load_lock(s_project.lock_path)
+    save_lock(lock.with_commit(old, {}), s_project.lock_path)
+    out = fetch(s_project, source=up.url())
+    assert out.action == "moved" and out.left_out == ("paper.pdf",)
+    assert run_git(s_project.workdir, "rev-parse", "HEAD").decode().strip() == old
+    assert not (s_project.workdir / "NEW.md").exists() and not (s_project.workdir / "paper.pdf").exists()
+    assert inspect(s_project).exact, inspect(s_project).differences
+
+
+def test_lock_moved_with_an_untracked_file_in_the_way_is_refused(tmp_path):
+    """An untracked file where the new commit has a file would be overwritten by the checkout."""
+    s = setup(tmp_path, _series)
+    s.apply()
+    (s.tree / "NEW.md").write_text("my notes, untracked\n")
+    new = add_commit(s.up, {"NEW.md": "upstream's new file\n"})
+    lock = load_lock(s.project.lock_path)
+    save_lock(lock.with_commit(new.commit, lock.files), s.project.lock_path)
+    before = snapshot(s.tree)
+    refused(s.fetch, r"local edits: NEW.md \(in the way\)")
+    assert snapshot(s.tree) == before
+
+
 def test_commit_not_in_source(tmp_path):
     up = make_upstream(tmp_path / "up")
     project = make_project(tmp_path / "project", up, commit="1" * 40, lock_files={})

@@ -52,7 +52,9 @@ def _kill_at(step):
     return checkpoint
 
 
-def _check_every_step(tmp_path, make, run, finish):
+def _check_every_step(tmp_path, make, run, finish, status_first=True):
+    """``status_first``: after a kill, run status before ``finish`` (else ``finish`` is the
+    next command, and must roll the journal forward itself)."""
     steps, final = _steps(make, run)
     assert "journal written" in steps and any(x.startswith("op ") for x in steps)
     for i, step in enumerate(steps):
@@ -62,7 +64,7 @@ def _check_every_step(tmp_path, make, run, finish):
             run(s, _kill_at(step))
         if steps.index(step) < steps.index("journal written"):
             assert snapshot(s.tree) == before, f"killed at {step!r} before the commit point: tree must be untouched"
-        else:
+        elif status_first:
             inspect(s.project)  # any engine command, even a read-only one, finishes the swap
             assert snapshot(s.tree) == final, f"killed at {step!r}, then status"
         finish(s)  # re-running the command gives the same final tree
@@ -146,6 +148,9 @@ def test_lock_moving_fetch_killed_at_every_step(tmp_path):
         assert (s.tree / "data" / "weights.bin").read_bytes() == b"run data, ignored"
 
     _check_every_step(tmp_path, make, run, finish)
+    # fetch again right after the kill: it finishes the move and sees the tree where the
+    # journal left it (not "HEAD moved by hand" from the fetched.json read before that)
+    _check_every_step(tmp_path, lambda name: make(f"direct-{name}"), run, finish, status_first=False)
 
 
 def test_apply_sigkilled_at_every_step(tmp_path):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from dancegrpo_npu.engine.apply import apply_series_to_dir
+from dancegrpo_npu.engine.apply import apply_series_to_dir, apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
@@ -82,8 +82,9 @@ def test_clean_move_regenerates_series_and_lock(world, tmp_path):
     history, base, project = world
     history.write("README.md", "# upstream\n\nNew words.\n")
     new = history.commit("docs")
-    old_diffs = {n: diff_of(project, n) for n in ("0001-train-device.patch", "0003-flux-rope.patch")}
+    patches_before = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
     tree_before = tree_state(project.workdir)
+    head_before = git(project.workdir, "rev-parse", "HEAD")
 
     result = start_rebase(project, "main")
 
@@ -92,30 +93,49 @@ def test_clean_move_regenerates_series_and_lock(world, tmp_path):
     lock = load_lock(project.lock_path)
     assert lock.commit == new
     assert set(lock.files) == {"fastvideo/train.py", "fastvideo/utils.py", "fastvideo/models/flux.py"}
-    for name, diff in old_diffs.items():
-        assert diff_of(project, name) == diff  # nothing moved: same diff
-        text = (project.patches_dir / name).read_text()
-        assert "Last-Update: 2026-01-01" in text and "Description:" in text and "Forwarded: not-needed" in text
-    assert tree_state(project.workdir) == tree_before  # the user's tree is never touched
+    # every patch applies as is: patches/ is byte-identical (Last-Update: kept too)
+    assert {p.name: p.read_bytes() for p in project.patches_dir.iterdir()} == patches_before
+    assert "patches/: 0 rewritten" in result.report and "3 kept byte for byte" in result.report
     assert not (project.workdir.parent / "DanceGRPO.rebase").exists()
     assert not (project.workdir / ".git" / "dancegrpo-npu" / "rebase").exists()
     orig = project.workdir / ".git" / "dancegrpo-npu" / "rebase-orig"
     assert (orig / "upstream.lock").read_text().count(base) == 1 and (orig / "report.txt").exists()
     patched_tree_at(tmp_path, history, new, project)  # the new series applies exactly
-    refetch(project.root)  # the user's next step moves the work tree to the new lock
+    # as git rebase does: the work tree is at REF with the new series applied and verified
+    assert git(project.workdir, "rev-parse", "HEAD") == new
     assert verified(project.root)
+    assert "verified: " in result.report and "is exactly upstream.lock + patches/series + overlay/" in result.report
+    assert tree_state(project.workdir) == {**tree_before, "README.md": b"# upstream\n\nNew words.\n"}
+    # the previous patched tree is kept as a commit until the next rebase
+    kept = git(project.workdir, "rev-parse", "refs/dancegrpo-npu/rebase-orig")
+    assert git(project.workdir, "rev-parse", f"{kept}^") == head_before
+    assert git(project.workdir, "show", f"{kept}:fastvideo/train.py").encode() + b"\n" == tree_before["fastvideo/train.py"]
+    assert git(project.workdir, "show", f"{kept}:fastvideo/npu_device.py") == "# our module"  # the overlay too
+    # ... and the new one beside it: their diff is what the rebase changed in the patched tree
+    assert git(project.workdir, "diff", "--name-only", "refs/dancegrpo-npu/rebase-orig", "refs/dancegrpo-npu/rebased-tree") == "README.md"
+    assert "diff refs/dancegrpo-npu/rebase-orig refs/dancegrpo-npu/rebased-tree" in result.report
+    apply_worktree(project)  # nothing left for the user to do
+    assert apply_worktree(project).noop
 
 
 def test_moved_context_gets_fresh_line_numbers(world, tmp_path):
     history, base, project = world
     history.insert_lines("fastvideo/train.py", 1, [f"# licence line {i}" for i in range(5)])
     new = history.commit("add a licence header")
+    before = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
 
     result = start_rebase(project, "main")
 
     assert result.status == "done"
     assert "context moved (by +5, +5 lines)" in result.report
     assert "@@ -12,7 +12,7 @@" in diff_of(project, "0001-train-device.patch")
+    # only the patch whose diff changed is re-dated; the others keep their bytes
+    moved = (project.patches_dir / "0001-train-device.patch").read_text()
+    assert "Last-Update: 2026-01-01\n" in moved and "Last-Update: 2025-01-01" not in moved
+    assert moved.split("\n---\n")[0].replace("2026-01-01", "2025-01-01") == before["0001-train-device.patch"].decode().split("\n---\n")[0]
+    after = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
+    assert {n for n in after if after[n] != before[n]} == {"0001-train-device.patch"}
+    assert "patches/: 1 rewritten (new diff, Last-Update: 2026-01-01): 0001-train-device.patch; 2 kept" in result.report
     tree = patched_tree_at(tmp_path, history, new, project)
     assert "device = pick_device()" in (tree / "fastvideo/train.py").read_text()
 
@@ -402,13 +422,12 @@ def test_round_trip_older_and_back(tmp_path, monkeypatch):
     assert start_rebase(project, a).status == "done"
     assert load_lock(project.lock_path).commit == a
     patched_tree_at(tmp_path, history, a, project, "at-a")
-    refetch(project.root)  # the user moves the work tree to A (fetch + apply) ...
-    assert verified(project.root)
-    assert start_rebase(project, b).status == "done"  # ... and back to B
+    assert verified(project.root)  # the rebase moved the work tree to A itself ...
+    assert git(project.workdir, "rev-parse", "HEAD") == a
+    assert start_rebase(project, b).status == "done"  # ... so the next rebase needs no fetch && apply
 
     assert load_lock(project.lock_path).commit == b
     assert tree_state(patched_tree_at(tmp_path, history, b, project, "after")) == patched_before
-    refetch(project.root)
     assert verified(project.root)
     assert tree_state(project.workdir) == tree_before
 
@@ -528,3 +547,93 @@ def test_overlay_files_are_those_the_engine_copies(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x\n")
     assert sorted(overlay_files(tmp_path)) == sorted(read_overlay(tmp_path)) == ["pkg/mod.py", "top.txt"]
+
+
+def drop_blob(repo, rev, rel):
+    """Remove ``rel``'s blob at ``rev`` from a repository (loose objects): a mirror or a
+    partial clone lacks large files (the mirror here lacks dancegrpo.pdf, of 2149f36)."""
+    blob = git(repo, "rev-parse", f"{rev}:{rel}")
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    assert subprocess.run(["git", "cat-file", "-e", blob], cwd=repo).returncode != 0
+
+
+def test_rebase_needs_no_blob_the_series_does_not_touch(tmp_path, monkeypatch):
+    """`rebase --onto 2149f36` here: the older commit has a file whose blob the mirror
+    lacks, and rename detection (a 3-way merge follows upstream renames) used to read it:
+    `git diff -z --name-status failed ... unable to read`."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", DATE)
+    history, base = base_history(tmp_path / "upstream")
+    history.write("paper.pdf", "%PDF-1.5 a large paper\n" * 2000)
+    a = history.commit("add the paper")
+    history.delete("paper.pdf")
+    history.write("fastvideo/extra.py", code_file("extra", 30))  # a file gone going back: rename candidate
+    history.edit_line("fastvideo/train.py", 12, "train_value_12 = compute('train', 12, fast=True)")
+    b = history.commit("delete paper, add extra, speed up line 12")
+    drop_blob(history.path, a, "paper.pdf")
+    project = find_project(make_project(tmp_path / "project", history, b, SPECS, OVERLAY))
+    assert verified(project.root)
+
+    result = start_rebase(project, a)
+
+    assert result.status == "done", result.report
+    assert re.search(r"0001-train-device.patch\s+3-way merged", result.report)
+    assert " train_value_12 = compute('train', 12)" in diff_of(project, "0001-train-device.patch")
+    assert load_lock(project.lock_path).commit == a
+    # the work tree is at the older commit, without the file the source lacks, and exact
+    assert git(project.workdir, "rev-parse", "HEAD") == a
+    assert not (project.workdir / "paper.pdf").exists()
+    assert "left out of the tree: paper.pdf" in result.report
+    assert verified(project.root)
+
+
+def test_upstream_rename_is_followed_when_an_unrelated_blob_is_missing(world, tmp_path):
+    history, base, project = world
+    history.write("paper.pdf", "%PDF-1.5 a large paper\n" * 2000)
+    history.rename("fastvideo/utils.py", "fastvideo/common/helpers.py")
+    history.edit_line("fastvideo/common/helpers.py", 2, "utils_value_2 = 2  # moved and changed: an inexact rename")
+    new = history.commit("Move utils, add the paper")
+    git(project.workdir, "fetch", "-q", str(history.path), "main")  # the tree's repository has the commit ...
+    drop_blob(project.workdir, new, "paper.pdf")  # ... but not the paper (a clone shares the loose object)
+
+    result = start_rebase(project, new)
+
+    assert result.status == "done", result.report
+    assert "fastvideo/utils.py is now fastvideo/common/helpers.py upstream" in result.report
+    assert "+++ b/fastvideo/common/helpers.py" in diff_of(project, "0002-utils.patch")
+    assert verified(project.root) and not (project.workdir / "paper.pdf").exists()
+
+
+def test_edits_made_while_stopped_are_saved_when_the_tree_moves(world):
+    """The rebase refuses to start over local edits; edits made in the patched tree while
+    it waits for a resolution are saved (as apply --force saves them) before it moves."""
+    history, base, project = world
+    new = conflicting_upstream(history)
+    assert start_rebase(project, "main").status == "stopped"
+    (project.workdir / "fastvideo/models/flux.py").write_text("edited while the rebase waited\n")
+    resolve(project, "fastvideo/train.py", take_both)
+
+    result = continue_rebase(project)
+
+    assert result.status == "done", result.report
+    m = re.search(r"local edits in it were saved first: (\S+local-edits.patch)", result.report)
+    assert m, result.report
+    saved = (project.workdir / ".git/dancegrpo-npu/saved")
+    [kept] = [d for d in saved.iterdir()]
+    assert (kept / "files/fastvideo/models/flux.py").read_text() == "edited while the rebase waited\n"
+    assert "+edited while the rebase waited" in (kept / "local-edits.patch").read_text()
+    assert git(project.workdir, "rev-parse", "HEAD") == new and verified(project.root)
+
+
+def test_status_and_verify_while_the_tree_is_being_moved(world):
+    history, base, project = world
+    history.write("README.md", "# upstream\n\nNew words.\n")
+    history.commit("docs")
+    killed = run_cli(project.root, "rebase", "--onto", "main", env={"DANCEGRPO_NPU_KILL_AT": "done:moved"})
+    assert killed.returncode == -9
+    status = run_cli(project.root, "status")
+    assert "the work tree is being moved to the new commit" in status.stdout
+    assert "rebase --continue" in status.stdout
+    verify = run_cli(project.root, "verify")
+    assert verify.returncode == 1 and "the work tree is being moved" in verify.stderr
+    assert run_cli(project.root, "rebase", "--continue").returncode == 0
+    assert run_cli(project.root, "verify").returncode == 0

@@ -1,5 +1,6 @@
 """A rebase killed (SIGKILL) at every step: the project is the old or the new series+lock,
-and ``rebase --continue`` / ``rebase --abort`` both work afterwards."""
+and ``rebase --continue`` / ``rebase --abort`` both work afterwards: continue leaves the
+work tree at the new commit with the new series applied, abort as it was before."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ CHECKPOINTS = [
     "start:backup", "start:state", "start:clone", "start:ready",
     "patch:1:committed", "patch:1:recorded", "patch:2:committed", "patch:2:recorded",
     "finish:staged", "finish:verified", "swap:begin", "swap:0001-train.patch", "swap:0002-utils.patch",
-    "swap:series", "swap:lock", "swap:done", "done:orig", "done:tree",
+    "swap:series", "swap:lock", "swap:done", "done:orig",
+    # moving the work tree (the engine's fetch and apply journals, prefixed), then cleanup
+    "move:journal written", "move:op 0 fastvideo/new.py", "move:checked out", "done:moved",
+    "apply:staged", "apply:journal written", "apply:op 0 fastvideo/new.py", "done:applied", "done:tree",
 ]
+# Until here the user's work tree is untouched.
+TREE_MOVES_AFTER = "done:orig"
 
 
 def build(tmp_path, name):
@@ -42,30 +48,36 @@ def normalised(state: dict, root) -> dict:
 
 @pytest.fixture(scope="module")
 def expected(tmp_path_factory):
-    """What an uninterrupted rebase produces (same synthetic history, same date)."""
+    """What an uninterrupted rebase produces (same synthetic history, same date): the
+    project files, and the work tree."""
     tmp = tmp_path_factory.mktemp("reference")
     history, root = build(tmp, "ref")
     r = run_cli(root, "rebase", "--onto", "main", env=DATE)
     assert r.returncode == 0, r.stderr
     assert "context moved" in r.stdout and "3-way merged" in r.stdout
-    return normalised(project_state(root), root)
+    assert "verified: " in r.stdout
+    return normalised(project_state(root), root), tree_state(root / "build" / "DanceGRPO")
 
 
 @pytest.mark.parametrize("then", ["continue", "abort"])
 @pytest.mark.parametrize("point", CHECKPOINTS)
 def test_killed_rebase_recovers(tmp_path, expected, point, then):
+    expected_project, expected_tree = expected
     history, root = build(tmp_path, "w")
+    work = root / "build" / "DanceGRPO"
     before = project_state(root)
-    work_before = tree_state(root / "build" / "DanceGRPO")
+    work_before = tree_state(work)
+    assert expected_tree != work_before
 
     killed = run_cli(root, "rebase", "--onto", "main", env={**DATE, "DANCEGRPO_NPU_KILL_AT": point})
     assert killed.returncode == -9, f"checkpoint {point} was not reached: {killed.stdout}{killed.stderr}"
 
     now = project_state(root)
-    is_new = normalised(now, root) == expected
+    is_new = normalised(now, root) == expected_project
     swapping = point.startswith("swap:") and point not in ("swap:begin", "swap:done")
     assert now == before or is_new or swapping, "a kill outside the swap left a mixed series"
-    assert tree_state(root / "build" / "DanceGRPO") == work_before
+    if CHECKPOINTS.index(point) <= CHECKPOINTS.index(TREE_MOVES_AFTER):
+        assert tree_state(work) == work_before
 
     r = run_cli(root, "rebase", f"--{then}", env=DATE)
     if point == "start:backup":  # killed before the rebase was recorded: nothing to continue or abort
@@ -75,10 +87,13 @@ def test_killed_rebase_recovers(tmp_path, expected, point, then):
         then = "continue"
     assert r.returncode == 0, r.stdout + r.stderr
     if then == "continue":
-        assert normalised(project_state(root), root) == expected
+        assert normalised(project_state(root), root) == expected_project
+        assert tree_state(work) == expected_tree
+        assert run_cli(root, "verify").returncode == 0
     else:
         assert project_state(root) == before
-    assert tree_state(root / "build" / "DanceGRPO") == work_before
+        assert tree_state(work) == work_before
+        assert run_cli(root, "verify").returncode == 0
     assert not (root / "build" / "DanceGRPO.rebase").exists()
     assert not (root / "build" / "DanceGRPO" / ".git" / "dancegrpo-npu" / "rebase").exists()
 

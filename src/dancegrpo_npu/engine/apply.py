@@ -28,8 +28,8 @@ from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree,
 from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.engine.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.engine.series import Patch, load_series, series_sha256
-from dancegrpo_npu.engine.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, touched_files, write_file
+from dancegrpo_npu.engine.series import Patch, load_series, select_without, series_label, series_sha256
+from dancegrpo_npu.engine.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, read_state, touched_files, write_file
 from dancegrpo_npu.engine.worktree import (
     display_path,
     Applied,
@@ -56,6 +56,8 @@ class ApplyOutcome:
     overlay: int
     saved: Path | None  # where local edits were saved (--force)
     untracked: tuple[str, ...]  # untracked files left alone
+    without: tuple[str, ...] = ()  # patches of the series left out (--without)
+    moved: tuple[str, ...] = ()  # hunks of later patches placed off their stated lines (--without)
 
 
 # --- what the series applies to -------------------------------------------------------
@@ -97,9 +99,9 @@ def upstream_from_dir(root: Path, upstream_paths: set[str] | None = None) -> Ups
     def read(wanted: list[str]) -> dict[str, FileState]:
         out = {}
         for p in wanted:
-            full = root / p
-            if full.is_file() and not full.is_symlink():
-                out[p] = FileState(full.read_bytes(), bool(full.stat().st_mode & 0o100))
+            fs = read_state(root / p)
+            if fs is not None and not fs.link:
+                out[p] = fs
         return out
 
     return Upstream(frozenset(paths), symlinks, read)
@@ -138,23 +140,36 @@ def check_assets(fetched: Fetched, paths) -> None:
 # --- apply onto the work tree ----------------------------------------------------------
 
 
-def apply_worktree(project: Project, force: bool = False, checkpoint: Checkpoint = _no_checkpoint) -> ApplyOutcome:
+def apply_worktree(
+    project: Project,
+    force: bool = False,
+    checkpoint: Checkpoint = _no_checkpoint,
+    mid_swap_ok: bool = False,
+    without: tuple[str, ...] = (),
+) -> ApplyOutcome:
+    """Apply the series and overlay to the work tree.  ``without``: patches of the series
+    to leave out (an ablation; the lock's hashes still apply; a plain apply restores the
+    full series).  ``mid_swap_ok``: for the rebase itself, which applies the new series
+    once it has replaced the old one."""
     lock = load_lock(project.lock_path)  # written atomically: whole even mid-rebase
-    with session(project.workdir, checkpoint) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
-        patches = load_series(project.patches_dir)
+    with session(project.workdir, checkpoint, mid_swap_ok) as (wt, fetched):  # refused mid-rebase-swap, before the series is read
+        series = load_series(project.patches_dir)
+        patches, left_out = select_without(series, without)  # an unknown name: refused, nothing touched
         overlay = read_overlay(project.overlay_dir)
         head = check_head(wt, fetched, lock)
         tree = ls_tree(wt.root, head)
-        check_series_against_lock(lock, patches, tree, wt.root)
+        check_series_against_lock(lock, series, tree, wt.root)
         applied = load_applied(wt)
         signature = (head, series_sha256(patches), overlay_sha256(overlay))
-        if applied is not None and (applied.head, applied.series_sha256, applied.overlay_sha256) == signature:
+        if applied is not None and (applied.head, applied.series_sha256, applied.overlay_sha256) == signature and applied.without == left_out:
             edits = find_edits(wt, applied, tree, set(applied.files))
             if not any(e.blocking for e in edits):
-                return ApplyOutcome(True, (), len(patches), len(overlay), None, _untracked(edits))
+                return ApplyOutcome(True, (), len(patches), len(overlay), None, _untracked(edits), left_out)
         staging = new_staging(wt)
         try:
-            return _stage_and_swap(wt, fetched, lock, patches, overlay, tree, applied, head, signature, staging, force, checkpoint)
+            return _stage_and_swap(
+                wt, fetched, lock, patches, overlay, tree, applied, head, signature, staging, force, checkpoint, left_out, series
+            )
         finally:
             if not wt.journal_path.exists():  # failed before the commit point: drop the staging copy
                 shutil.rmtree(staging, ignore_errors=True)
@@ -173,9 +188,18 @@ def _stage_and_swap(
     staging: Path,
     force: bool,
     checkpoint: Checkpoint,
+    left_out: tuple[str, ...] = (),
+    series: list[Patch] | None = None,
 ) -> ApplyOutcome:
-    """Build the series in ``staging``, check for local edits, then swap it in."""
-    built = build(upstream_from_git(wt.root, tree), patches, overlay, staging / "tree")
+    """Build the series in ``staging``, check for local edits, then swap it in.
+    ``series``: the whole series, when ``patches`` leaves ``left_out`` out of it."""
+    upstream = upstream_from_git(wt.root, tree)
+    try:
+        built = build(upstream, patches, overlay, staging / "tree", place=bool(left_out))
+    except DancegrpoError as e:
+        if not left_out or _fails(upstream, series or [], overlay):
+            raise  # the whole series fails too: not for want of the patches left out
+        raise needs_left_out(upstream, patches, left_out, e) from None
     check_assets(fetched, built.files)
     old = set(applied.files) if applied else set()
     edits = find_edits(wt, applied, tree, set(built.files) | old, target_states(built.files))
@@ -197,10 +221,33 @@ def _stage_and_swap(
         files={p: targets[p] for p in built.files},
         overlay=tuple(sorted(built.overlay)),
         created=tuple(sorted(built.created)),
+        without=left_out,
     )
     checkpoint("staged")
     commit_journal(wt, staging, ops, record, _prune_dirs(targets, tree), checkpoint)
-    return ApplyOutcome(False, tuple(op["path"] for op in ops), len(patches), len(overlay), saved, _untracked(edits))
+    return ApplyOutcome(
+        False, tuple(op["path"] for op in ops), len(patches), len(overlay), saved, _untracked(edits), left_out, built.moved
+    )
+
+
+def _fails(upstream: Upstream, patches: list[Patch], overlay, place: bool = False) -> bool:
+    try:
+        build(upstream, patches, overlay, None, place)
+    except DancegrpoError:
+        return True
+    return False
+
+
+def needs_left_out(upstream: Upstream, patches: list[Patch], left_out: tuple[str, ...], error: DancegrpoError) -> DancegrpoError:
+    """Why the series without ``left_out`` does not apply: the first patch (or the overlay)
+    that no longer applies without them, named, with the engine's own reason."""
+    names = ", ".join(left_out)
+    culprit = next((p.name for k, p in enumerate(patches) if _fails(upstream, patches[: k + 1], {}, True)), "the overlay")
+    leave = f"leave it out too (--without {culprit})" if culprit != "the overlay" else "keep it"
+    return DancegrpoError(
+        f"apply --without {names}: {culprit} no longer applies without it ({error.message})",
+        f"{culprit} needs what {names} changes: {leave}, or apply the full series; nothing was changed",
+    )
 
 
 def _untracked(edits: list[Edit]) -> tuple[str, ...]:
@@ -218,9 +265,10 @@ def _edits_error(blocking: list[Edit], wt: WorkTree) -> DancegrpoError:
 def _targets(wt: WorkTree, tree: dict[str, TreeEntry], built: Built, stage: Path, restore: set[str]) -> dict[str, dict | None]:
     """What each path must become: the built files (blobs written to .git), and upstream
     HEAD for paths the last apply or a local edit changed that the series no longer does."""
-    present = sorted(p for p, fs in built.files.items() if fs is not None)
+    present = sorted(p for p, fs in built.files.items() if fs is not None and not fs.link)
     ids = hash_files(wt.root, [stage / p for p in present])
     targets: dict[str, dict | None] = {p: None for p, fs in built.files.items() if fs is None}
+    targets.update({p: {"link": os.fsdecode(fs.data)} for p, fs in built.files.items() if fs is not None and fs.link})
     targets.update({p: {"blob": b, "exec": built.files[p].executable} for p, b in zip(present, ids)})  # type: ignore[union-attr]
     back = sorted(p for p in restore if p not in targets)
     blobs = cat_blobs(wt.root, [tree[p].blob for p in back if p in tree])
@@ -259,7 +307,8 @@ def apply_series_to_dir(root: Path, patches: list[Patch], overlay_dir: Path | No
     for rel, fs in sorted(built.files.items()):
         dest = root / rel
         if fs is None:
-            dest.unlink()
+            if dest.is_symlink() or dest.exists():
+                dest.unlink()
         else:
             write_file(root, rel, fs)
 
@@ -281,6 +330,12 @@ def register(sub, common) -> None:
             every patch and the overlay succeeded, and an interrupted apply is finished by
             the next dancegrpo-npu command.  Re-applying an unchanged series is a no-op.
 
+            --without PATCH leaves patches out (an ablation tree, e.g. `--workdir
+            build/norope --without 0006`): refused, naming it, when a later patch no longer
+            applies without them.  status and verify then say "series without PATCH", a
+            launch or smoke on it records what was left out, and a plain apply restores the
+            full series.
+
             Local edits (files that differ from what the last apply wrote, or from upstream)
             make apply refuse and name them.  --force saves them first, as a git-format patch
             plus copies, under <workdir>/.git/dancegrpo-npu/saved/<time>/, then re-applies.
@@ -289,6 +344,12 @@ def register(sub, common) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--force", action="store_true", help="save local edits as a patch file, then re-apply over them")
+    p.add_argument(
+        "--without", action="append", metavar="PATCH",
+        help="leave this patch of the series out (repeatable; a file name, with or without .patch, or its number):"
+        " an ablation tree, e.g. `--workdir build/norope --without 0006`; refused, naming it, when a later patch"
+        " needs it; status and verify then say 'series without PATCH', and a plain apply restores the full series",
+    )
     p.set_defaults(func=_cmd_apply)
 
 
@@ -296,14 +357,22 @@ def _cmd_apply(args) -> int:
     from dancegrpo_npu.project import project_from_args
 
     project = project_from_args(args)
-    outcome = apply_worktree(project, force=args.force)
+    outcome = apply_worktree(project, force=args.force, without=tuple(args.without or ()))
     where = display_path(project.workdir)
+    series = series_label(outcome.without)
     if outcome.saved is not None:
         print(f"saved local edits to {display_path(outcome.saved / 'local-edits.patch')} (copies in files/ beside it)")
     if outcome.noop:
-        print(f"{where}: series ({outcome.patches} patch(es)) and overlay ({outcome.overlay} file(s)) already applied; nothing to do")
+        print(f"{where}: {series} ({outcome.patches} patch(es)) and overlay ({outcome.overlay} file(s)) already applied; nothing to do")
     else:
         print(f"{where}: applied {outcome.patches} patch(es) and {outcome.overlay} overlay file(s); {len(outcome.changed)} path(s) changed")
+    if outcome.without:
+        print(f"note: {where} is the {series}; `dancegrpo-npu apply` without --without restores the full series")
+    if outcome.moved:
+        print(f"note: {len(outcome.moved)} hunk(s) of later patches were placed where their context now is"
+              " (what the left-out patches added or removed above them moved them; the context matched in full):")
+        for line in outcome.moved:
+            print(f"  {line}")
     if outcome.untracked:
         listed = ", ".join(outcome.untracked[:5]) + (" ..." if len(outcome.untracked) > 5 else "")
         print(f"note: {len(outcome.untracked)} untracked file(s) left alone, not part of the tree: {listed}")

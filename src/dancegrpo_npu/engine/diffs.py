@@ -1,10 +1,12 @@
 """Unified diffs, read strictly: which files a patch changes, with which hunks, and
 what each file is after the hunks apply *exactly* (no fuzz, no offset).
 
-This is the engine's own reading of a patch.  patch-ng writes the files (see
+This is the engine's own reading of a patch, mode lines included (a new executable,
+a mode change, a new symlink: git's extended headers).  patch-ng writes the files (see
 ``stage.py``), but it strips ``../`` and absolute prefixes, follows symlinks, applies
-fuzzed hunks and drops "\\ No newline at end of file", so every path and every hunk
-is checked here first, and patch-ng's output is compared with ``apply_exact``.
+fuzzed hunks, ignores modes and drops "\\ No newline at end of file", so every path
+(``treepaths``) and every hunk is checked first, and patch-ng's output is compared with
+``apply_exact``.
 
 Lines are split on LF only and kept with their endings, so a CRLF file and a CRLF
 patch match byte for byte, and a patch whose line endings differ from its target's
@@ -13,10 +15,10 @@ is refused with a message saying so.
 
 from __future__ import annotations
 
-import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dancegrpo_npu.engine.treepaths import check_patch_path
 from dancegrpo_npu.errors import DancegrpoError
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
@@ -26,8 +28,10 @@ _UNSUPPORTED = {
     b"Binary files ": "a binary change",
     b"rename from ": "a rename",
     b"copy from ": "a copy",
-    b"old mode ": "a file mode change",
 }
+# git's file modes, as its extended header lines write them
+REGULAR, EXECUTABLE, SYMLINK = 0o100644, 0o100755, 0o120000
+_MODE_LINE = re.compile(rb"^(old mode|new mode|new file mode|deleted file mode) ([0-7]+)\r?$")
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,19 @@ class Hunk:
 
 @dataclass(frozen=True)
 class FileChange:
-    """One file's part of a patch: modify (both paths), create (old None), delete (new None)."""
+    """One file's part of a patch: modify (both paths), create (old None), delete (new None).
+
+    Modes are git's (``REGULAR``, ``EXECUTABLE``, ``SYMLINK``), from the extended header
+    lines of a git patch: ``new file mode`` and ``deleted file mode`` of a created or
+    deleted file, ``old mode``/``new mode`` of a modified one (None: not stated, the file
+    keeps its mode).  A created symlink's one hunk line is its target."""
 
     old_path: str | None
     new_path: str | None
     hunks: tuple[Hunk, ...]
-    new_mode: int | None = None  # permission bits of a created file (0o644 / 0o755)
+    new_mode: int | None = None  # the mode it leaves (a created file's, or a mode change's)
     no_newline: bool = False  # the patch marks a missing final newline
+    old_mode: int | None = None  # the mode it expects (a deleted file's, or a mode change's)
 
     @property
     def path(self) -> str:
@@ -63,6 +73,16 @@ class FileChange:
     @property
     def kind(self) -> str:
         return "create" if self.old_path is None else "delete" if self.new_path is None else "modify"
+
+    @property
+    def is_link(self) -> bool:
+        return self.new_mode == SYMLINK
+
+
+def mode_name(mode: int | None) -> str:
+    return {REGULAR: "100644 (a regular file)", EXECUTABLE: "100755 (an executable)", SYMLINK: "120000 (a symlink)"}.get(
+        mode, f"{mode:o}" if mode is not None else "none"
+    )
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -91,96 +111,114 @@ def _name(raw: bytes, patch: str, lineno: int) -> str | None:
         raise _fail(patch, f"diff line {lineno}: file name is not UTF-8") from None
 
 
-def check_patch_path(name: str, patch: str, prefix: str = "") -> str:
-    """The repo-relative path a patch names, or a refusal (before anything is written).
-
-    ``prefix`` is git's "a/" or "b/", which git-style diffs carry and patch-ng strips."""
-    shown = name
-    if name.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", name) or name.startswith("\\"):
-        raise _fail(patch, f"refusing absolute path {shown!r}", "patches may only change files inside the upstream tree")
-    if prefix:
-        if not name.startswith(prefix):
-            raise _fail(patch, f"git-style file name {shown!r} lacks its {prefix!r} prefix")
-        name = name[len(prefix):]
-    parts = name.split("/")
-    if "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
-        raise _fail(patch, f"refusing path {shown!r}: it has '..', '.', empty or backslash parts", "patches may only change files inside the upstream tree, by plain relative paths")
-    if ".git" in parts:
-        raise _fail(patch, f"refusing path {shown!r} inside .git", "patches may only change files of the upstream tree")
-    return name
-
-
-def check_symlinks(path: str, symlinks: dict[str, str], who: str) -> None:
-    """Refuse a path that is, or goes through, a symlink of the upstream tree."""
-    parts = path.split("/")
-    for i in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:i])
-        if prefix in symlinks:
-            target = symlinks[prefix]
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(prefix), target))
-            if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                raise DancegrpoError(
-                    f"{who}: refusing {path}: it goes through the symlink {prefix} -> {target}, which leaves the tree",
-                    "patches and the overlay may only change files inside the upstream tree",
-                )
-            real = posixpath.normpath(posixpath.join(resolved, *parts[i:]))
-            raise DancegrpoError(
-                f"{who}: refusing {path}: it goes through the symlink {prefix} -> {target}",
-                f"write it against the real path {real}",
-            )
-
-
 def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
-    """Every file change of a unified diff, with hunks, paths checked (syntactically)."""
+    """Every file change of a unified diff, with hunks and modes, paths checked (syntactically)."""
     lines = split_lines(diff)
     changes: list[FileChange] = []
     seen: set[str] = set()
-    i, git_header, new_mode, section = 0, False, None, ""
+    i, section, modes = 0, None, {}  # section: the open "diff --git" line, whose change is still to come
+
+    def add(change: FileChange) -> None:
+        if change.path in seen:
+            raise _fail(patch, f"changes {change.path} twice", "merge the two parts into one diff of the file")
+        seen.add(change.path)
+        changes.append(_checked_modes(change, patch))
+
     while i < len(lines):
         line = lines[i]
         if line.startswith(b"diff --git "):
-            if git_header:
-                raise _no_hunks(patch, section)
-            git_header, new_mode, section = True, None, line.rstrip(b"\r\n").decode("utf-8", "replace")
+            if section is not None:
+                add(_headers_only(section, modes, patch))
+            section, modes = line.rstrip(b"\r\n"), {}
             i += 1
             continue
         for marker, what in _UNSUPPORTED.items():
-            if line.startswith(marker) and (git_header or marker == b"Binary files "):
+            if line.startswith(marker) and (section is not None or marker == b"Binary files "):
                 raise _fail(patch, f"diff line {i + 1}: {what} is not supported", "put binary or renamed files in overlay/, and keep patches to text hunks")
-        m = re.match(rb"^new file mode (\d+)", line)
+        m = _MODE_LINE.match(line) if section is not None else None
         if m:
-            new_mode = 0o755 if int(m.group(1), 8) & 0o111 else 0o644
+            modes[m.group(1).decode()] = int(m.group(2), 8)
         if line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
+            git_style = section is not None
             old = _name(line[4:], patch, i + 1)
             new = _name(lines[i + 1][4:], patch, i + 2)
             if old is None and new is None:
                 raise _fail(patch, f"diff line {i + 1}: both sides are /dev/null")
-            old = check_patch_path(old, patch, "a/" if git_header else "") if old is not None else None
-            new = check_patch_path(new, patch, "b/" if git_header else "") if new is not None else None
+            old = check_patch_path(old, patch, "a/" if git_style else "") if old is not None else None
+            new = check_patch_path(new, patch, "b/" if git_style else "") if new is not None else None
             if old is not None and new is not None and old != new:
                 raise _fail(patch, f"diff line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
             i, hunks, no_newline = _parse_hunks(lines, i + 2, patch, new or old)
-            path = new or old
-            if path in seen:
-                raise _fail(patch, f"changes {path} twice", "merge the two parts into one diff of the file")
-            seen.add(path)
             if not hunks:
-                raise _fail(patch, f"{path} has no hunks")
-            changes.append(FileChange(old, new, tuple(hunks), new_mode if old is None else None, no_newline))
-            git_header, new_mode = False, None
+                raise _fail(patch, f"{new or old} has no hunks")
+            add(_change(old, new, tuple(hunks), modes, no_newline, patch))
+            section, modes = None, {}
             continue
         if line.startswith(b"@@ "):
             raise _fail(patch, f"diff line {i + 1}: a hunk without ---/+++ file names before it")
         i += 1
-    if git_header:
-        raise _no_hunks(patch, section)
+    if section is not None:
+        add(_headers_only(section, modes, patch))
     if not changes:
-        raise _fail(patch, "contains no file changes (an empty file? a mode-only change?)", "add the diff, or drop the patch from patches/series")
+        raise _fail(patch, "contains no file changes (an empty file?)", "add the diff, or drop the patch from patches/series")
     return changes
 
 
+def _change(old: str | None, new: str | None, hunks: tuple, modes: dict, no_newline: bool, patch: str) -> FileChange:
+    """A change from its paths and its extended header lines (``modes``: line kind -> mode)."""
+    if old is None:
+        return FileChange(None, new, hunks, modes.get("new file mode", REGULAR), no_newline)
+    if new is None:
+        return FileChange(old, None, hunks, None, no_newline, modes.get("deleted file mode"))
+    return FileChange(old, new, hunks, modes.get("new mode"), no_newline, modes.get("old mode"))
+
+
+def _headers_only(section: bytes, modes: dict, patch: str) -> FileChange:
+    """A git section without ---/+++ lines: a mode change, an empty new file, or the
+    deletion of an empty file (git writes no hunk for these)."""
+    path = _section_path(section, patch)
+    if "old mode" in modes or "new mode" in modes:
+        if "old mode" not in modes or "new mode" not in modes:
+            raise _fail(patch, f"'{section.decode('utf-8', 'replace')}' has an 'old mode' or a 'new mode' line without the other")
+        return _change(path, path, (), modes, False, patch)
+    if "new file mode" in modes:
+        return _change(None, path, (), modes, False, patch)
+    if "deleted file mode" in modes:
+        return _change(path, None, (), modes, False, patch)
+    raise _no_hunks(patch, section.decode("utf-8", "replace"))
+
+
+def _section_path(section: bytes, patch: str) -> str:
+    """The path of a ``diff --git a/P b/P`` line (the same P on both sides: no renames)."""
+    rest = section[len(b"diff --git "):].decode("utf-8", "replace")
+    half = (len(rest) - 1) // 2
+    a, b = rest[:half], rest[half + 1:]
+    if rest[half:half + 1] != " " or not a.startswith("a/") or not b.startswith("b/") or a[2:] != b[2:]:
+        raise _fail(patch, f"cannot read the file name of '{section.decode('utf-8', 'replace')}' (a rename, or a quoted name?)")
+    return check_patch_path(a, patch, "a/")
+
+
+def _checked_modes(change: FileChange, patch: str) -> FileChange:
+    """Modes the engine can reproduce: regular files, executables, and new symlinks."""
+    path = change.path
+    for mode in (change.old_mode, change.new_mode):
+        if mode is not None and mode not in (REGULAR, EXECUTABLE, SYMLINK):
+            raise _fail(patch, f"{path}: file mode {mode:o} is not supported (only 100644, 100755 and new 120000 symlinks)")
+    if change.kind == "modify" and SYMLINK in (change.old_mode, change.new_mode):
+        raise _fail(patch, f"{path}: turns a file into a symlink or back; not supported", "patches may add new symlinks, not change existing ones")
+    if change.kind == "delete" and change.old_mode == SYMLINK:
+        raise _fail(patch, f"deletes the symlink {path}; not supported", "patches may add new symlinks, not change existing ones")
+    if change.kind == "modify" and change.old_mode is not None and change.old_mode == change.new_mode:
+        raise _fail(patch, f"{path}: its 'old mode' and 'new mode' are the same")
+    if change.is_link:
+        new = change.hunks[0].new if len(change.hunks) == 1 else ()
+        if len(new) != 1 or not change.no_newline or not new[0] or b"\0" in new[0]:
+            raise _fail(patch, f"creates the symlink {path}, but its hunk is not one target line without a final newline", "regenerate the patch with `git diff`")
+    return change
+
+
 def _no_hunks(patch: str, section: str) -> DancegrpoError:
-    return _fail(patch, f"'{section}' has no hunks (an empty new file, or a mode-only change): not supported", "put empty or executable new files in overlay/")
+    return _fail(patch, f"'{section}' has no hunks and no mode line", "regenerate the patch with `git diff`")
 
 
 def _parse_hunks(lines: list[bytes], i: int, patch: str, path: str) -> tuple[int, list[Hunk], bool]:
@@ -260,18 +298,56 @@ def _start(hunk: Hunk, src: bool) -> int:
     return start if length == 0 else start - 1
 
 
+def place_hunks(content: bytes, change: FileChange) -> tuple[FileChange, tuple[tuple[Hunk, int], ...]]:
+    """``change`` with each hunk moved to where its lines are in ``content``: at its stated
+    line if they are there, else at the nearest line where all of them are (each hunk
+    after the one before it, carrying that one's offset, as ``git apply`` places hunks;
+    never fuzz: the context must match in full).  For a tree the series makes without
+    some of its patches (``apply --without``): what a left-out patch added above a later
+    hunk moves it.  Returns the placed change and the (hunk, offset) of each moved hunk;
+    a hunk found nowhere stays, and ``apply_exact`` says why it does not apply."""
+    lines = split_lines(content)
+    placed: list[Hunk] = []
+    moved: list[tuple[Hunk, int]] = []
+    pos, delta = 0, 0
+    for h in change.hunks:
+        stated = _start(h, src=True)
+        where = _nearest(lines, h.old, stated + delta, pos) if h.old else None
+        if where is None or where == stated:
+            placed.append(h)
+            pos = stated + len(h.old)
+            continue
+        offset = where - stated
+        delta = offset
+        placed.append(replace(h, src_start=h.src_start + offset, tgt_start=h.tgt_start + offset))
+        moved.append((h, offset))
+        pos = where + len(h.old)
+    return replace(change, hunks=tuple(placed)), tuple(moved)
+
+
+def _nearest(lines: list[bytes], old: tuple[bytes, ...], want: int, lowest: int) -> int | None:
+    """The index nearest to ``want`` (not below ``lowest``) where ``old`` is in ``lines``."""
+    n = len(old)
+    for k in range(len(lines) + 1):
+        for start in ((want + k, want - k) if k else (want,)):
+            if lowest <= start <= len(lines) - n and tuple(lines[start:start + n]) == old:
+                return start
+    return None
+
+
 def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes | None:
     """The file after ``change`` applies exactly to ``content`` (None: absent), or a
     DancegrpoError naming the patch, file and hunk; "already applied" is said as such."""
     path = change.path
     if change.kind == "create":
+        created = b"".join(change.hunks[0].new) if change.hunks else b""  # no hunk: an empty file
         if content is not None:
-            if content == b"".join(change.hunks[0].new):
+            if content == created:
                 raise _fail(patch, f"is already applied: {path} already exists with the content it creates", "drop the patch from patches/series (upstream or an earlier patch has it), or run `dancegrpo-npu rebase`")
             raise _fail(patch, f"creates {path}, which already exists", REBASE_HINT)
-        if len(change.hunks) != 1 or change.hunks[0].src_len != 0:
+        if change.hunks and (len(change.hunks) != 1 or change.hunks[0].src_len != 0):
             raise _fail(patch, f"creates {path} but its hunks are not a single '@@ -0,0 ...' hunk")
-        return b"".join(change.hunks[0].new)
+        return created
     if content is None:
         if change.kind == "delete":
             raise _fail(patch, f"is already applied: it deletes {path}, which does not exist", "drop the patch from patches/series (upstream or an earlier patch did it), or run `dancegrpo-npu rebase`")

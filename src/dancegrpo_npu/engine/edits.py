@@ -39,16 +39,27 @@ class Edit:
         return f"{self.path} ({self.kind})"
 
 
+def state_of(fs) -> tuple[str, object] | None:
+    """A FileState (or None) in ``current_state``'s terms (links by the blob id of their target)."""
+    if fs is None:
+        return None
+    return ("link", blob_id(fs.data)) if fs.link else ("file", (blob_id(fs.data), fs.executable))
+
+
 def target_states(files: dict) -> dict[str, object]:
-    """What apply will write (path -> FileState | None), in ``file_state``'s terms."""
-    return {p: None if fs is None else ("file", (blob_id(fs.data), fs.executable)) for p, fs in files.items()}
+    """What apply will write (path -> FileState | None), in ``current_state``'s terms."""
+    return {p: state_of(fs) for p, fs in files.items()}
 
 
 def expected_state(path: str, applied: Applied | None, head: dict[str, TreeEntry]):
     """What should be at ``path``, in ``file_state``'s terms (links by blob id)."""
     if applied is not None and path in applied.files:
         want = applied.files[path]
-        return None if want is None else ("file", (want["blob"], bool(want["exec"])))
+        if want is None:
+            return None
+        if "link" in want:
+            return ("link", blob_id(os.fsencode(want["link"])))
+        return ("file", (want["blob"], bool(want["exec"])))
     entry = head.get(path)
     if entry is None:
         return None
@@ -140,7 +151,12 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
     zero = "0" * 40
     base_lines = []
     for path, want in sorted((applied.files if applied else {}).items()):
-        base_lines.append(f"0 {zero}\t{path}\n" if want is None else f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}\n")
+        if want is None:
+            base_lines.append(f"0 {zero}\t{path}\n")
+        elif "link" in want:
+            base_lines.append(f"120000 {hash_data(wt.root, os.fsencode(want['link']))}\t{path}\n")
+        else:
+            base_lines.append(f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}\n")
     removals, additions, copies = [], [], []
     regular: list[tuple[str, bool]] = []  # edited files (path, executable), hashed in one git call
     for e in edits:

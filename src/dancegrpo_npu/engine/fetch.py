@@ -28,16 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dancegrpo_npu.engine.edits import find_edits
+from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.vcs.gitutil import git, is_git_repo, last_error_line, ls_tree, missing_objects, rev_parse
+from dancegrpo_npu.vcs.gitutil import (
+    git, is_git_repo, last_error_line, ls_tree, missing_files, missing_objects, rev_parse, sparse_pattern, sparse_patterns_path,
+)
 from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.engine.lockfile import verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.rebase_state import refuse_mid_swap
 from dancegrpo_npu.engine.stage import parent_dirs
 from dancegrpo_npu.files import exclusive
-from dancegrpo_npu.engine.worktree import Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, session, shorten, write_json
+from dancegrpo_npu.engine.worktree import (
+    Fetched, WorkTree, _no_checkpoint, commit_journal, display_path, load_applied, load_fetched, session, shorten, write_json,
+)
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
 # Written into the work tree's .git/info/exclude: what the stock scripts write or read
@@ -71,6 +75,8 @@ class Source:
 class FetchOutcome:
     action: str  # "fetched" | "up to date" | "moved" | "assets added"
     fetched: Fetched
+    left_out: tuple[str, ...] = ()  # files the source lacks, left out of the checkout
+    saved: Path | None = None  # where local edits were saved before a move (``save_edits``)
 
 
 def resolve_source(lock: Lock, given: str | None) -> Source:
@@ -118,7 +124,7 @@ def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOu
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{workdir.name}.fetch-", dir=workdir.parent))
         try:
-            fetched = _populate(staging, lock, src, with_assets)
+            fetched, left_out = _populate(staging, lock, src, with_assets)
             if workdir.is_dir():
                 workdir.rmdir()  # an empty directory stood there
             os.rename(staging, workdir)
@@ -128,10 +134,10 @@ def _fresh(workdir: Path, lock: Lock, src: Source, with_assets: bool) -> FetchOu
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return FetchOutcome("fetched", fetched)
+    return FetchOutcome("fetched", fetched, tuple(left_out))
 
 
-def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetched:
+def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> tuple[Fetched, list[str]]:
     """Fill ``staging`` with the verified work tree; return what fetched.json records."""
     if src.kind == "archive":
         git(None, "init", "-q", os.fspath(staging))
@@ -142,10 +148,10 @@ def _populate(staging: Path, lock: Lock, src: Source, with_assets: bool) -> Fetc
             raise DancegrpoError(f"cannot fetch upstream from {src.location}: {last_error_line(proc.stderr)}", SOURCE_HINT)
         head = _find_commit(staging, src, lock.commit)
     verify_files(staging, ls_tree(staging, head), lock)
-    _checkout(staging, head, with_assets)
+    left_out = _checkout(staging, head, with_assets)
     fetched = Fetched(lock.commit, head, src.location, src.kind, with_assets, _archive_sha(src, lock))
     write_json(WorkTree(staging).fetched_path, fetched.to_json())
-    return fetched
+    return fetched, left_out
 
 
 def _archive_sha(src: Source, lock: Lock) -> str | None:
@@ -167,12 +173,34 @@ def _find_commit(repo: Path, src: Source, commit: str) -> str:
     return commit
 
 
-def _checkout(repo: Path, rev: str, with_assets: bool) -> None:
-    if not with_assets:
-        git(repo, "config", "core.sparseCheckout", "true")
-        git(repo, "config", "core.sparseCheckoutCone", "false")
-        (repo / ".git" / "info").mkdir(parents=True, exist_ok=True)
-        (repo / ".git" / "info" / "sparse-checkout").write_text(SPARSE_WITHOUT_ASSETS)
+def set_sparse(repo: Path, rev: str, with_assets: bool, strict: bool = True) -> list[str]:
+    """Write the sparse-checkout patterns for checking out ``rev``: assets/ left out unless
+    ``with_assets``, and every file whose blob the source lacks (mirrors and partial
+    clones often lack large files: git would check the commit out with errors and the
+    file missing, which verify would then report as a local deletion).  Returns those.
+    ``strict``: refuse when assets/ is wanted and the source lacks some of it (a tree
+    moved by a rebase leaves those out instead, with the rest of what is missing)."""
+    missing = missing_files(repo, rev)
+    if strict and with_assets and any(p.split("/", 1)[0] == "assets" for p in missing):
+        first = [p for p in missing if p.split("/", 1)[0] == "assets"]
+        raise DancegrpoError(
+            f"cannot check out upstream {rev[:12]} with assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
+            "mirrors often lack large files; fetch without --with-assets, or from a complete source",
+        )
+    left_out = [p for p in missing if with_assets or p.split("/", 1)[0] != "assets"]
+    sparse = git(repo, "config", "--bool", "core.sparseCheckout", check=False).stdout.decode().strip() == "true"
+    if with_assets and not left_out and not sparse:
+        return []  # a full checkout, as git makes by default
+    git(repo, "config", "core.sparseCheckout", "true")
+    git(repo, "config", "core.sparseCheckoutCone", "false")
+    target = sparse_patterns_path(repo)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(("/*\n" if with_assets else SPARSE_WITHOUT_ASSETS) + "".join(map(sparse_pattern, left_out)))
+    return left_out
+
+
+def _checkout(repo: Path, rev: str, with_assets: bool) -> list[str]:
+    left_out = set_sparse(repo, rev, with_assets)
     proc = git(repo, "checkout", "-q", "-f", "--detach", rev, check=False)
     if proc.returncode != 0 or rev_parse(repo, "HEAD") != rev:
         raise DancegrpoError(
@@ -184,6 +212,7 @@ def _checkout(repo: Path, rev: str, with_assets: bool) -> None:
     text = exclude.read_text() if exclude.exists() else ""
     if EXCLUDE_MARK not in text:
         exclude.write_text(text + ("\n" if text and not text.endswith("\n") else "") + EXCLUDE)
+    return left_out
 
 
 def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) -> str:
@@ -263,7 +292,7 @@ def _member_name(name: str) -> str:
     return "" if name == "." else name.rstrip("/")
 
 
-def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint, say) -> FetchOutcome:
+def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkpoint, say, for_rebase: bool = False) -> FetchOutcome:
     with session(project.workdir, checkpoint, mid_swap_ok=True) as (wt, fetched):
         head = rev_parse(wt.root, "HEAD")
         if head != fetched.head:
@@ -276,27 +305,49 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
             if with_assets and not fetched.with_assets:
                 return FetchOutcome("assets added", _add_assets(wt, fetched))
             return FetchOutcome("up to date", fetched)
-        refuse_mid_swap(wt.root)  # moving to a lock a rebase is still replacing
-        applied = load_applied(wt)
-        tree = ls_tree(wt.root, head)
-        edits = [e for e in find_edits(wt, applied, tree, set(applied.files) if applied else set()) if e.blocking]
-        if edits:
-            raise DancegrpoError(
-                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shorten(edits)}",
-                "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
-            )
+        if not for_rebase:
+            refuse_mid_swap(wt.root)  # moving to a lock a rebase is still replacing
         say(f"moving the work tree to upstream {lock.commit[:12]} from {src.location} ...")
         if src.kind == "archive":
             new_head = _import_archive(wt.root, Path(src.location), lock, fetched.with_assets)
         else:
             new_head = _find_commit(wt.root, src, lock.commit)
-        verify_files(wt.root, ls_tree(wt.root, new_head), lock)
+        new_tree = ls_tree(wt.root, new_head)
+        verify_files(wt.root, new_tree, lock)
+        applied = load_applied(wt)
+        tree = ls_tree(wt.root, head)
+        edits = find_edits(wt, applied, tree, set(applied.files) if applied else set())
+        # an untracked file where the new commit has a file (or a directory) would be overwritten
+        # by the checkout: as much a local edit as a changed file
+        taken = set(new_tree) | parent_dirs(new_tree)
+        blocking = [e if e.blocking else Edit(e.path, "in the way", True) for e in edits if e.blocking or e.path in taken]
+        saved = None
+        if blocking and not for_rebase:
+            raise DancegrpoError(
+                f"the lock moved to {lock.commit[:12]}, but {wt.root} has local edits: {shorten(blocking)}",
+                "turn them into patches (`dancegrpo-npu export`) or revert them, then re-run fetch",
+            )
+        if blocking:  # a rebase past its commit point moves the tree: keep the edits, as apply --force does
+            saved = save_edits(wt, blocking, applied, head)
+            checkpoint("edits saved")
+        left_out = set_sparse(wt.root, new_head, fetched.with_assets, strict=not for_rebase)
         ours = [p for p in (applied.files if applied else {}) if p not in tree]  # files apply created
         ops = [{"path": p, "want": None} for p in sorted(ours, key=lambda p: -p.count("/"))]
         dirs = sorted(parent_dirs(ours), key=lambda d: -d.count("/"))
         moved = Fetched(lock.commit, new_head, src.location, src.kind, fetched.with_assets, _archive_sha(src, lock))
         commit_journal(wt, None, ops, None, dirs, checkpoint, checkout=moved)
-        return FetchOutcome("moved", moved)
+        return FetchOutcome("moved", moved, tuple(left_out), saved)
+
+
+def move_for_rebase(project: Project, checkpoint=_no_checkpoint) -> FetchOutcome:
+    """Move the work tree to the lock a rebase has just swapped in (its commit is already
+    in the tree's repository: the rebase fetched it).  Unlike ``fetch``, local edits do
+    not stop it (the series is already replaced): they are saved first, as
+    ``apply --force`` saves them, and the outcome says where."""
+    lock = load_lock(project.lock_path)
+    fetched = load_fetched(WorkTree(project.workdir))
+    source = Source("git", fetched.source if fetched is not None else lock.url)
+    return _update(project, lock, source, False, checkpoint, lambda line: None, for_rebase=True)
 
 
 def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
@@ -310,7 +361,10 @@ def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
             f"cannot add assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
             "mirrors often lack large files; work without --with-assets, or fetch from a complete source",
         )
-    proc = git(wt.root, "sparse-checkout", "disable", check=False)
+    if set_sparse(wt.root, fetched.head, True):  # other files the source lacks stay left out
+        proc = git(wt.root, "sparse-checkout", "reapply", check=False)
+    else:
+        proc = git(wt.root, "sparse-checkout", "disable", check=False)
     if proc.returncode != 0:
         raise DancegrpoError(f"cannot add assets/: {last_error_line(proc.stderr)}", "re-run fetch --with-assets")
     updated = Fetched(fetched.commit, fetched.head, fetched.source, fetched.kind, True, fetched.archive_sha256)
@@ -365,4 +419,9 @@ def _cmd_fetch(args) -> int:
         "assets added": f"{where}: assets/ checked out",
     }
     print(messages[outcome.action])
+    if outcome.left_out:
+        print(
+            f"note: the source lacks {len(outcome.left_out)} file(s) the series does not touch; left out of the tree"
+            f" (as assets/ is): {shorten(outcome.left_out, 5)}"
+        )
     return 0

@@ -11,15 +11,26 @@ Layout, under the work tree's git directory (``<workdir>/.git/dancegrpo-npu/``):
       new/               the regenerated series and lock, staged before the swap
       report.txt         the last report shown (the stop reason, or the summary)
     rebase-orig/         after a completed rebase: the previous series and lock
+    refs/dancegrpo-npu/rebase-orig   (in the work tree's repository) the previous
+                         patched tree as a commit: upstream + series + overlay as the
+                         work tree had it before the rebase moved it
+    refs/dancegrpo-npu/rebased-tree  the patched tree the rebase left, likewise (so
+                         `git diff rebase-orig rebased-tree` reviews a rebase)
 
 The patches are moved in a separate checkout, ``<workdir>.rebase`` (the rebase
-tree), where conflicts are resolved; the user's patched tree is never touched.
+tree), where conflicts are resolved; the user's patched tree is not touched until
+the series is replaced.  Then, as ``git rebase`` leaves the branch at its new base,
+the work tree is moved to the new commit and the new series applied (the engine's
+own fetch and apply, with their journals; local edits made meanwhile are saved
+first, as ``apply --force`` saves them).
 
 Phases: ``starting`` (tree being made) -> ``applying`` (patch by patch) <->
 ``stopped`` (waiting for the user) -> ``finishing`` (regenerate, stage, verify)
 -> ``swapping`` (the commit point: staged files replace the project's) -> ``done``
-(cleanup).  Before ``swapping`` the project is untouched; from it on,
-``--continue`` rolls forward and ``--abort`` restores the backup.
+(keep the previous series and tree, move the work tree, apply, clean up).  Before
+``swapping`` the project and the work tree are untouched; from it on,
+``--continue`` rolls forward and ``--abort`` restores the backup (and moves the
+work tree back, re-applying the old series).
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ STATE_VERSION = 1
 PHASES = ("starting", "applying", "stopped", "finishing", "swapping", "done")
 ONTO_REF = "refs/dancegrpo-npu/rebase/onto"
 DONE_REF = "refs/dancegrpo-npu/rebased-onto"
+ORIG_TREE_REF = "refs/dancegrpo-npu/rebase-orig"
+REBASED_TREE_REF = "refs/dancegrpo-npu/rebased-tree"
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,7 @@ class RebaseState:
     stop: str = ""  # why it stopped: conflict | empty | overlay | verify | changed
     conflicts: tuple[str, ...] = ()  # files with conflict markers at the stop
     started: str = ""
+    orig_tree: str = ""  # the work tree before the rebase, as a commit (set when finishing)
     version: int = STATE_VERSION
 
     @property
@@ -267,8 +281,10 @@ def describe_rebase(workdir: Path) -> str | None:
     if state is None:
         return None
     where = f"{state.phase}: {state.stop}" if state.stop else state.phase
-    if state.phase in SWAP_PHASES:
+    if state.phase == "swapping":
         where += ", patches/ and upstream.lock are being replaced"
+    elif state.phase == "done":
+        where += ", patches/ and upstream.lock are replaced; the work tree is being moved to the new commit"
     return f"a rebase onto {state.onto} ({state.new_commit[:12]}) is in progress ({where}); {what_to_run(state)}"
 
 
@@ -278,7 +294,11 @@ def refuse_mid_swap(workdir: Path) -> None:
     undone.  Before the swap the project is untouched, and nothing is refused."""
     state = rebase_in_progress(workdir)
     if state is not None and state.phase in SWAP_PHASES:
+        what = (
+            "the series may be half old, half new" if state.phase == "swapping"
+            else "the work tree is being moved to the new commit"
+        )
         raise DancegrpoError(
-            f"a rebase is replacing patches/ and upstream.lock (it is {state.phase}); the series may be half old, half new",
+            f"a rebase is replacing patches/ and upstream.lock (it is {state.phase}); {what}",
             "run `dancegrpo-npu rebase --continue` to finish it, or `dancegrpo-npu rebase --abort` to undo it",
         )

@@ -166,6 +166,36 @@ def series_sha256(patches: list[Patch]) -> str:
     return h.hexdigest()
 
 
+def select_without(patches: list[Patch], names) -> tuple[list[Patch], tuple[str, ...]]:
+    """The series minus the patches ``names`` gives (each a patch file name, with or
+    without ``.patch``, or its number: ``0006-float32-rope.patch``, ``0006-float32-rope``,
+    ``0006``, ``6``): (the patches kept, in order; the names left out, in series order).
+    A name that is no patch of the series is a one-line error."""
+    chosen: set[str] = set()
+    for given in names:
+        found = [p.name for p in patches if _names_patch(given.strip(), p.name)]
+        if len(found) != 1:
+            what = "no patch of patches/series" if not found else f"ambiguous ({', '.join(found)})"
+            raise DancegrpoError(
+                f"--without {given}: {what}",
+                "name a patch as `dancegrpo-npu series` lists it (with or without .patch), or by its number",
+            )
+        chosen.add(found[0])
+    return [p for p in patches if p.name not in chosen], tuple(p.name for p in patches if p.name in chosen)
+
+
+def _names_patch(given: str, name: str) -> bool:
+    if given in (name, name.removesuffix(".patch")):
+        return True
+    number = re.match(r"^(\d+)-", name)
+    return bool(given.isdigit() and number and int(number.group(1)) == int(given))
+
+
+def series_label(without: tuple[str, ...]) -> str:
+    """"series", or "series without A, B" for a tree applied with ``apply --without``."""
+    return f"series without {', '.join(without)}" if without else "series"
+
+
 TODO_MARK = "[TODO: write its Description:]"
 
 

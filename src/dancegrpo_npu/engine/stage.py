@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from dancegrpo_npu.engine.diffs import FileChange, apply_exact, check_symlinks, parse_diff
+from dancegrpo_npu.engine.diffs import (
+    EXECUTABLE, REGULAR, SYMLINK, FileChange, apply_exact, mode_name, parse_diff, place_hunks,
+)
+from dancegrpo_npu.engine.treepaths import check_symlinks, resolve_link
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import Patch
 
@@ -31,12 +34,21 @@ OVERLAY_SKIP_SUFFIXES = (".pyc", ".pyo", "~", ".swp")
 
 @dataclass(frozen=True)
 class FileState:
+    """A file as the series leaves it: its bytes and executable bit, or a symlink (``data``
+    is then its target)."""
+
     data: bytes
     executable: bool = False
+    link: bool = False
 
     @property
     def mode(self) -> int:
+        """Permission bits of a regular file."""
         return 0o755 if self.executable else 0o644
+
+    @property
+    def git_mode(self) -> int:
+        return SYMLINK if self.link else EXECUTABLE if self.executable else REGULAR
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class Built:
     created: frozenset[str]  # paths the patches create
     overlay: frozenset[str]  # paths the overlay adds
     touched_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # patch name -> its paths
+    moved: tuple[str, ...] = ()  # hunks placed off their stated line (``place``): "patch: path hunk #n by +k lines"
 
 
 
@@ -109,9 +122,15 @@ def build(
     patches: list[Patch],
     overlay: dict[str, FileState],
     stage_dir: Path | None,
+    place: bool = False,
 ) -> Built:
     """Apply the series then the overlay.  With ``stage_dir`` (an empty directory), the
-    files are written there by patch-ng and checked; without, only computed exactly."""
+    files are written there by patch-ng and checked; without, only computed exactly.
+
+    ``place``: for a series with patches left out (``apply --without``), a hunk whose
+    lines are not at its stated line is placed at the nearest line where they all are
+    (``diffs.place_hunks``; never fuzz), and ``Built.moved`` lists it.  The series as
+    written is always applied at its stated lines."""
     parsed = [(p, parse_patch(p)) for p in patches]
     touched: list[str] = []
     for patch, changes in parsed:
@@ -122,24 +141,37 @@ def build(
     pristine = upstream.read([t for t in touched if t in upstream.paths])
     updirs = upstream.dirs
     state: dict[str, FileState | None] = {t: pristine.get(t) for t in touched}
+    links = dict(upstream.symlinks)  # upstream's, then those the series creates
     if stage_dir is not None:
         for path, fs in pristine.items():
             write_file(stage_dir, path, fs)
     created: set[str] = set()
+    moved: list[str] = []
     for patch, changes in parsed:
-        ng_items = _patch_ng_items(patch) if stage_dir is not None else {}
+        if place:
+            changes = _placed(patch.name, changes, state, moved)
+        # patch-ng only for what it does: hunks of regular files (it finds nothing in a
+        # patch of mode lines and empty files, and would write a symlink as a file)
+        needs_ng = stage_dir is not None and any(c.hunks and not c.is_link for c in changes)
+        ng_items = _patch_ng_items(patch) if needs_ng else {}
         results: list[tuple[FileChange, FileState | None]] = []
         for c in changes:  # check the whole patch before any of it is written
+            who = f"patch {patch.name}"
+            check_symlinks(c.path, links, who)  # not through a symlink an earlier patch created
             before = state[c.path]
             if c.kind == "create":
-                _check_new_path(c.path, state, upstream.paths, updirs, f"patch {patch.name}")
-            data = apply_exact(before.data if before else None, c, patch.name)
-            mode = (c.new_mode or 0o644) if before is None else before.mode
-            results.append((c, None if data is None else FileState(data, bool(mode & 0o100))))
+                _check_new_path(c.path, state, upstream.paths, updirs, who)
+            results.append((c, _result(before, c, patch.name, links)))
         for c, after in results:
             if stage_dir is not None:
-                _patch_ng_one(stage_dir, patch.name, ng_items.get(c.path), c, state[c.path], after)
+                if c.hunks and not (after is not None and after.link):
+                    _shift_ng_hunks(ng_items.get(c.path), c)
+                    _patch_ng_one(stage_dir, patch.name, ng_items.get(c.path), c, state[c.path], after)
+                else:  # a symlink, a mode change or an empty file: nothing for patch-ng to do
+                    _write_or_remove(stage_dir, c.path, after)
             state[c.path] = after
+            if after is not None and after.link:
+                links[c.path] = after.data.decode("utf-8", "surrogateescape")
             if c.kind == "create":
                 created.add(c.path)
     for rel, fs in overlay.items():
@@ -149,7 +181,7 @@ def build(
             )
         if rel in state:
             raise DancegrpoError(f"overlay/{rel} is also created by a patch of the series", "keep the file in one place: the overlay or the patch")
-        check_symlinks(rel, upstream.symlinks, "overlay")
+        check_symlinks(rel, links, "overlay")
         _check_new_path(rel, state, upstream.paths, updirs, f"overlay/{rel}")
         state[rel] = fs
         if stage_dir is not None:
@@ -162,7 +194,58 @@ def build(
         created=frozenset(created),
         overlay=frozenset(overlay),
         touched_by={p.name: tuple(c.path for c in ch) for p, ch in parsed},
+        moved=tuple(moved),
     )
+
+
+def _placed(name: str, changes: list[FileChange], state: dict[str, FileState | None], moved: list[str]) -> list[FileChange]:
+    """``changes`` with their hunks placed in the files as the series so far left them."""
+    out = []
+    for c in changes:
+        before = state[c.path]
+        if c.kind == "modify" and c.hunks and before is not None and not before.link:
+            c, shifted = place_hunks(before.data, c)
+            moved += [f"{name}: {c.path} hunk #{h.number} by {k:+d} line(s)" for h, k in shifted]
+        out.append(c)
+    return out
+
+
+def _shift_ng_hunks(item, change: FileChange) -> None:
+    """Move patch-ng's hunks where ``place_hunks`` placed the engine's (no-op otherwise)."""
+    if item is None or len(item.hunks) != len(change.hunks):
+        return
+    for h, mine in zip(item.hunks, change.hunks):
+        shift = mine.src_start - h.startsrc
+        if shift and mine.tgt_start - h.starttgt == shift:
+            h.startsrc += shift
+            h.starttgt += shift
+
+
+def _result(before: FileState | None, change: FileChange, patch: str, links: dict[str, str]) -> FileState | None:
+    """What ``change`` makes of ``before``: contents by the exact hunks, mode as the patch
+    states it (a file it does not give a mode to keeps its own); refused, naming the
+    patch and the path, where the tree is not what the patch says it changes from."""
+    path = change.path
+    if before is not None and change.old_mode is not None and change.old_mode != before.git_mode:
+        already = " (already applied?)" if change.new_mode == before.git_mode else ""
+        raise DancegrpoError(
+            f"patch {patch}: {path} is mode {mode_name(before.git_mode)}, the patch expects {mode_name(change.old_mode)}{already}",
+            "regenerate the patch with `git diff` against the locked tree, or run `dancegrpo-npu rebase`",
+        )
+    data = apply_exact(before.data if before else None, change, patch)
+    if data is None:
+        return None
+    if change.kind == "create" and change.is_link:
+        target = data.decode("utf-8", "surrogateescape")
+        where = resolve_link(path, target, links)
+        if where is None:
+            raise DancegrpoError(
+                f"patch {patch}: refusing to create the symlink {path} -> {target}: its target does not resolve inside the tree",
+                "a patch may add a symlink only to a path inside the upstream tree (relative, not into .git)",
+            )
+        return FileState(data, link=True)
+    mode = change.new_mode if change.new_mode is not None else before.git_mode if before else REGULAR
+    return FileState(data, mode == EXECUTABLE)
 
 
 def _check_new_path(path: str, state: dict[str, FileState | None], paths: frozenset[str], dirs: frozenset[str], who: str) -> None:
@@ -177,11 +260,34 @@ def _check_new_path(path: str, state: dict[str, FileState | None], paths: frozen
 
 
 def write_file(root: Path, rel: str, fs: FileState) -> None:
-    """Write ``fs`` at ``root/rel`` with its mode, making parent directories."""
+    """Write ``fs`` at ``root/rel`` with its mode (or as a symlink), making parent directories."""
     dest = root / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if fs.link:
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        os.symlink(os.fsdecode(fs.data), dest)
+        return
+    if dest.is_symlink():
+        dest.unlink()
     dest.write_bytes(fs.data)
     os.chmod(dest, fs.mode)
+
+
+def _write_or_remove(root: Path, rel: str, fs: FileState | None) -> None:
+    if fs is not None:
+        write_file(root, rel, fs)
+    elif (root / rel).is_symlink() or (root / rel).exists():
+        (root / rel).unlink()
+
+
+def read_state(path: Path) -> FileState | None:
+    """What is at ``path`` as a FileState (None: nothing, or a directory)."""
+    if path.is_symlink():
+        return FileState(os.fsencode(os.readlink(path)), link=True)
+    if not path.is_file():
+        return None
+    return FileState(path.read_bytes(), bool(path.stat().st_mode & stat.S_IXUSR))
 
 
 class _Collect(logging.Handler):
@@ -268,15 +374,16 @@ def _ng_path(item) -> str:
 
 
 def _check_stage(stage: Path, state: dict[str, FileState | None]) -> None:
-    """The staging directory holds exactly the expected files, byte for byte."""
+    """The staging directory holds exactly the expected files and symlinks, byte for byte,
+    with their modes."""
     found = set()
-    for dirpath, _dirs, files in os.walk(stage):
-        for name in files:
+    for dirpath, dirs, files in os.walk(stage):
+        for name in files + [d for d in dirs if (Path(dirpath) / d).is_symlink()]:
             found.add((Path(dirpath) / name).relative_to(stage).as_posix())
     expected = {p for p, s in state.items() if s is not None}
     stray = sorted(found - expected)
     if stray:
         raise DancegrpoError(f"patch-ng wrote unexpected file(s) while staging: {', '.join(stray[:5])}", "report this as an engine bug; the work tree is unchanged")
-    for path in expected:
-        if (stage / path).read_bytes() != state[path].data:  # type: ignore[union-attr]
+    for path in sorted(expected):
+        if read_state(stage / path) != state[path]:
             raise DancegrpoError(f"staged {path} differs from the exact result", "report this as an engine bug; the work tree is unchanged")

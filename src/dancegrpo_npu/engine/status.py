@@ -4,6 +4,9 @@ status: the locked commit, each patch (applied / not applied / drifted), the ove
 (present / missing / modified), and every local edit, file by file; and a rebase in
 progress, if any, with what to run (verify refuses while one swaps the series in).
 
+A tree made by ``apply --without PATCH`` is meant to be the series less that patch:
+status and verify say "series without PATCH" (verify passes when it is exactly that).
+
 verify: exit 0 only when the work tree is exactly lock + series + overlay: at the
 locked commit, every file the series and overlay decide byte-identical (and with the
 same executable bit) to what they make of upstream, every other tracked file as
@@ -17,14 +20,14 @@ import argparse
 from dataclasses import dataclass
 
 from dancegrpo_npu.engine.apply import check_head, upstream_from_git
-from dancegrpo_npu.engine.edits import Edit, current_state, find_edits, target_states
+from dancegrpo_npu.engine.edits import Edit, current_state, find_edits, state_of, target_states
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.vcs.gitutil import blob_id, ls_tree, status_paths
+from dancegrpo_npu.vcs.gitutil import ls_tree, status_paths
 from dancegrpo_npu.engine.lock import Lock, load_lock
 from dancegrpo_npu.engine.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.rebase_state import describe_rebase
-from dancegrpo_npu.engine.series import TODO_MARK, is_todo, load_series, todo_warning
+from dancegrpo_npu.engine.series import TODO_MARK, is_todo, load_series, series_label, todo_warning
 from dancegrpo_npu.engine.stage import build, read_overlay, touched_files
 from dancegrpo_npu.engine.worktree import Fetched, display_path, load_applied, session, shorten
 
@@ -51,10 +54,17 @@ class Report:
     differences: tuple[str, ...]  # differences from the exact tree, "path (how)"
     rebase: str | None = None  # the rebase in progress and what to run
     todo: str | None = None  # warning: patches whose Description: is still a TODO stub
+    without: tuple[str, ...] = ()  # patches the tree was applied without (apply --without)
 
     @property
     def exact(self) -> bool:
+        """The tree is exactly lock + series (without the patches ``without`` names) + overlay."""
         return self.problem is None and not self.differences
+
+    @property
+    def what(self) -> str:
+        """What the tree is meant to be: "lock + series + overlay", or with "series without X"."""
+        return f"lock + {series_label(self.without)} + overlay"
 
 
 def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
@@ -66,6 +76,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         overlay = read_overlay(project.overlay_dir)
         applied = load_applied(wt)
         rebase = describe_rebase(wt.root)
+        without = applied.without if applied else ()
         try:
             head = check_head(wt, fetched, lock)
         except DancegrpoError as e:
@@ -75,7 +86,10 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         problem = None
         try:
             check_series_against_lock(lock, patches, tree, wt.root)
-            expected = build(upstream_from_git(wt.root, tree), patches, overlay, None).files
+            # the tree is meant to be the series less what apply --without left out; the
+            # expected files are computed afresh all the same
+            kept = _kept(patches, without)
+            expected = build(upstream_from_git(wt.root, tree), kept, overlay, None, place=bool(without)).files
         except DancegrpoError as e:
             problem, expected = e.one_line(), {}
         git_status = status_paths(wt.root)  # one `git status` for the edits and the differences
@@ -87,7 +101,9 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         applied_patches = dict(applied.patches) if applied else {}
 
         for p in patches:
-            if p.name not in applied_patches:
+            if p.name in without:
+                states.append(PatchState(p.name, p.description, "left out", "apply --without; `apply` puts it back"))
+            elif p.name not in applied_patches:
                 states.append(PatchState(p.name, p.description, "not applied"))
             elif applied_patches[p.name] != p.sha256:
                 states.append(PatchState(p.name, p.description, "drifted", "the patch changed since it was applied"))
@@ -101,7 +117,21 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
 
         ov_state, ov_detail = _overlay_state(wt.root, overlay)
         differences = [] if problem else _differences(wt.root, tree, expected, git_status)
-        return Report(lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked, tuple(differences), rebase, todo_warning(patches))
+        return Report(
+            lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked,
+            tuple(differences), rebase, todo_warning(patches), without,
+        )
+
+
+def _kept(patches, without: tuple[str, ...]):
+    """The series less the patches an ``apply --without`` left out (all still in it)."""
+    gone = [n for n in without if n not in {p.name for p in patches}]
+    if gone:
+        raise DancegrpoError(
+            f"the tree was applied without {', '.join(gone)}, which patches/series no longer has",
+            "run `dancegrpo-npu apply` (with --without for what to leave out of the series as it is now)",
+        )
+    return [p for p in patches if p.name not in without]
 
 
 def _overlay_state(root, overlay) -> tuple[str, tuple[str, ...]]:
@@ -130,13 +160,20 @@ def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
             if have is not None:
                 out.append(f"{rel} (should be deleted)")
             continue
-        if have == ("file", (blob_id(fs.data), fs.executable)):
+        want = state_of(fs)
+        if have == want:
             continue
         entry = tree.get(rel)
         if have is None:
             out.append(f"{rel} (missing)")
         elif entry is not None and have == ("file", (entry.blob, entry.mode == "100755")):
             out.append(f"{rel} (not patched)")
+        elif want[0] == "link":
+            out.append(f"{rel} (should be a symlink to {fs.data.decode('utf-8', 'replace')})")
+        elif have[0] == "link":
+            out.append(f"{rel} (a symlink, should be a file)")
+        elif have[0] == "file" and have[1][0] == want[1][0]:
+            out.append(f"{rel} (mode differs: should be {'100755' if fs.executable else '100644'})")
         else:
             out.append(f"{rel} (differs)")
     for rel in sorted(git_status):
@@ -210,7 +247,7 @@ def _cmd_status(args) -> int:
         print(f"untracked  {len(r.untracked)} file(s) git does not ignore, not part of the tree")
         for path in r.untracked:
             print(f"  {path}")
-    print("verdict    " + ("exactly lock + series + overlay" if r.exact else "NOT exactly lock + series + overlay (see above; `dancegrpo-npu verify` says why)"))
+    print("verdict    " + (f"exactly {r.what}" if r.exact else f"NOT exactly {r.what} (see above; `dancegrpo-npu verify` says why)"))
     return 0
 
 
@@ -225,7 +262,7 @@ def verify_tree(project: Project) -> Report:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:
         raise DancegrpoError(
-            f"verify: {where} is not exactly lock + series + overlay: {shorten(r.differences, 6)}",
+            f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}",
             "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact",
         )
     return r
@@ -236,5 +273,10 @@ def _cmd_verify(args) -> int:
 
     project = project_from_args(args)
     r = verify_tree(project)
-    print(f"{display_path(project.workdir)}: exactly upstream {r.lock.commit[:12]} + {len(r.patches)} patches + overlay")
+    where = display_path(project.workdir)
+    if r.without:
+        kept = len(r.patches) - len(r.without)
+        print(f"{where}: exactly upstream {r.lock.commit[:12]} + {kept} of {len(r.patches)} patches ({series_label(r.without)}) + overlay")
+    else:
+        print(f"{where}: exactly upstream {r.lock.commit[:12]} + {len(r.patches)} patches + overlay")
     return 0

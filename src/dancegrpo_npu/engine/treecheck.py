@@ -14,17 +14,19 @@ FIX = "run `dancegrpo-npu fetch && dancegrpo-npu apply`"
 
 
 def tree_state(project: Project, script_relpath: str | None = None) -> dict:
-    """{"state": missing|unverified|verified, "detail": why}."""
+    """{"state": missing|unverified|verified, "detail": why}; a verified tree made by
+    ``apply --without`` adds "without": the patches left out."""
     tree = project.workdir
     if not tree.is_dir():
         return {"state": "missing", "detail": f"no patched upstream tree at {tree}"}
     if script_relpath and not (tree / script_relpath).is_file():
         return {"state": "missing", "detail": f"{tree} has no {script_relpath}"}
     try:
-        verify_tree(project)
+        report = verify_tree(project)
     except DancegrpoError as e:
         return {"state": "unverified", "detail": e.one_line()}
-    return {"state": "verified", "detail": f"{tree} is lock + series + overlay"}
+    # an ablation tree (apply --without) runs, and says so: the run's record keeps it
+    return {"state": "verified", "detail": f"{tree} is {report.what}", "without": list(report.without)}
 
 
 def require_tree(project: Project, script_relpath: str) -> dict:

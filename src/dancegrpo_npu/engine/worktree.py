@@ -6,7 +6,8 @@ Layout::
     <workdir>/.git/                 upstream's full history (rebase and upstream-log use it)
     <workdir>/.git/dancegrpo-npu/
         fetched.json                what fetch put there: the commit it stands for, source
-        applied.json                what the last apply wrote: path -> git blob id (or deleted)
+        applied.json                what the last apply wrote: path -> git blob id (or deleted),
+                                    and the patches it left out (apply --without)
         journal.json                present only while an apply is being swapped in
         staging-*/tree/             the staged files a journal moves into place
         saved/<time>/               local edits saved by ``apply --force``
@@ -93,6 +94,7 @@ class Applied:
     files: dict[str, dict | None]  # path -> {"blob": id, "exec": bool} or None (deleted)
     overlay: tuple[str, ...] = ()
     created: tuple[str, ...] = ()
+    without: tuple[str, ...] = ()  # patches of the series left out (apply --without), in order
 
     def to_json(self) -> dict:
         return {
@@ -104,6 +106,7 @@ class Applied:
             "files": self.files,
             "overlay": list(self.overlay),
             "created": list(self.created),
+            "without": list(self.without),
         }
 
     @staticmethod
@@ -116,6 +119,7 @@ class Applied:
             files=dict(data["files"]),
             overlay=tuple(data.get("overlay", ())),
             created=tuple(data.get("created", ())),
+            without=tuple(data.get("without", ())),
         )
 
 
@@ -189,8 +193,20 @@ def session(
     if not mid_swap_ok:
         refuse_mid_swap(workdir)
     with hold(wt):
-        roll_forward(wt, checkpoint)
+        if roll_forward(wt, checkpoint):  # a finished move (fetch to a new lock) rewrote fetched.json
+            fetched = load_fetched(wt) or fetched
         yield wt, fetched
+
+
+def require_full_series(wt: WorkTree, verb: str) -> None:
+    """Refuse ``verb`` (rebase, export: they read the tree as the whole series) on a tree
+    made by ``apply --without``: what the left-out patches change would look like edits."""
+    applied = load_applied(wt)
+    if applied is not None and applied.without:
+        raise DancegrpoError(
+            f"{display_path(wt.root)} is the series without {', '.join(applied.without)} (apply --without); {verb} needs the whole series",
+            "run `dancegrpo-npu apply` there first (it restores the full series), or keep ablations in another --workdir",
+        )
 
 
 @contextmanager

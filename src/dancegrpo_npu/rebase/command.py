@@ -2,14 +2,15 @@
 
 The series becomes a patch queue (one commit per patch on the locked commit, as
 ``gbp pq`` does) in a separate checkout, ``<workdir>.rebase``; the user's patched
-tree is never touched.  Each patch is re-applied on REF: as is (``git apply``,
+tree is not touched until the end.  Each patch is re-applied on REF: as is (``git apply``,
 which also finds context that moved), else by git's 3-way merge of its queue
 commit, file by file, following files upstream renamed (merge3).  A conflict stops
 the rebase with markers in that checkout and a report; ``--continue``,
 ``--skip`` and ``--abort`` go on from there, also after a crash.  At the end
 every patch is regenerated against REF, the lock is rewritten, the new series is
 verified by applying it from scratch with the engine, and only then are
-``patches/`` and ``upstream.lock`` replaced (see rebase_state for the journal).
+``patches/`` and ``upstream.lock`` replaced (see rebase_state for the journal);
+last, the work tree is moved to REF with the new series applied and verified.
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.vcs.gitcmd import Git, choose_source, fetch_commit, remove_tree, scratch_clone
+from dancegrpo_npu.vcs.gitcmd import Git, choose_source, fetch_commit, leave_out_missing, remove_tree, scratch_clone
 from dancegrpo_npu.engine.apply import check_head
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.rebase.queue import (
     JUNK_PATHSPECS, build_queue,
 )
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.rebase.finish import complete, finish
+from dancegrpo_npu.rebase.finish import complete, finish, move_worktree
 from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, short
 from dancegrpo_npu.engine.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
 from dancegrpo_npu.engine.series import load_series
-from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.engine.worktree import require_full_series, session
 from dancegrpo_npu.rebase.dry_run import dry_run
 from dancegrpo_npu.rebase.steps import RebaseResult, Stop, commit_step, local_edits, move_patch, paths_for, reset_tree
 
@@ -81,6 +82,7 @@ def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git)
             f"{project.workdir} has edits that are in no patch: {', '.join(edits[:6])}{' ...' if len(edits) > 6 else ''}",
             "save them into the series with `dancegrpo-npu export NAME` (or discard them), then rebase",
         )
+    leave_out_missing(tree, state.new_commit)
     tree.run("checkout", "--quiet", "--detach", state.new_commit)
     state = save_state(paths, replace(state, phase="applying", queue=tuple(queue), tip=state.new_commit))
     checkpoint("start:ready")
@@ -114,6 +116,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
                     "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
                 )
             check_head(wt, fetched, lock)  # the work tree stands for the locked commit
+            require_full_series(wt, "rebase")
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
         fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)
@@ -158,8 +161,9 @@ def resume(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
     elif state.phase == "applying":
         reset_tree(Git(Path(state.tree)), state.tip)
     if state.phase in ("swapping", "done"):
-        complete(project, paths, state, main)
-        return RebaseResult("done", paths.report.read_text(encoding="utf-8") if paths.report.exists() else "rebase completed\n")
+        report = paths.report.read_text(encoding="utf-8") if paths.report.exists() else "rebase completed\n"
+        state, notes = complete(project, paths, state, main)
+        return RebaseResult("done", report + "".join(line + "\n" for line in notes))
     if state.phase == "stopped" and state.stop in ("overlay", "verify", "changed"):
         state = replace(state, phase="finishing")
     return run_loop(project, paths, state, main)
@@ -226,14 +230,18 @@ def abort_rebase(project: Project) -> RebaseResult:
     main, paths = paths_for(project)
     with exclusive(paths):
         state = _require(paths, project, need_tree=False)
+        tree_note = f"{project.workdir} was never touched"
         if state.phase in ("swapping", "done"):
             restore_backup(project, paths.backup, paths.staged)
             checkpoint("abort:restored")
+            # the work tree may have been moved already: back to the old commit and series
+            moved = [line for line in move_worktree(project) if not line.startswith("next:")]
+            tree_note = "the work tree is back as it was:\n" + "".join(f"  {line}\n" for line in moved)
         discard(paths, state, main)
         return RebaseResult(
             "aborted",
-            f"rebase aborted: patches/ and upstream.lock are as before (at {short(state.old_commit)}); "
-            f"{project.workdir} was never touched\n",
+            f"rebase aborted: patches/ and upstream.lock are as before (at {short(state.old_commit)}); {tree_note}"
+            + ("" if tree_note.endswith("\n") else "\n"),
         )
 
 
@@ -253,11 +261,16 @@ GUIDE = textwrap.dedent(
 
     Each patch is applied as is, else 3-way merged on the upstream history. When all
     went through, every patch is regenerated against REF (fresh context and line
-    numbers, header kept, Last-Update set to today), upstream.lock is rewritten, and
-    the new series is verified by applying it from scratch; only then are patches/
-    and upstream.lock replaced. Your patched tree is never touched: afterwards run
-    `dancegrpo-npu fetch && dancegrpo-npu apply` to move it. The state of a rebase
-    lives in <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
+    numbers; a patch whose diff changed gets Last-Update set to today, the others
+    keep their bytes), upstream.lock is rewritten, and the new series is verified by
+    applying it from scratch; only then are patches/ and upstream.lock replaced.
+    Then, as git rebase leaves your branch on its new base, your work tree is moved
+    to REF with the new series applied and verified (local edits made meanwhile are
+    saved first, as `apply --force` saves them).  The previous series and lock are
+    kept in <workdir>/.git/dancegrpo-npu/rebase-orig/, the previous patched tree as
+    the commit refs/dancegrpo-npu/rebase-orig (the new one: .../rebased-tree), until
+    the next rebase.  The state of a rebase lives in
+    <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
     """
 )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import load_series
-from dancegrpo_npu.vcs.gitcmd import choose_source, fetch_commit, open_workdir_repo, scratch_clone
+from dancegrpo_npu.vcs.gitcmd import choose_source, fetch_commit, leave_out_missing, open_workdir_repo, scratch_clone
 from dancegrpo_npu.engine.apply import check_head
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.rebase.queue import build_queue
@@ -23,7 +23,7 @@ from dancegrpo_npu.rebase.steps import RebaseResult, Stop, local_edits, move_pat
 from dancegrpo_npu.rebase.finish import gained_and_left, lock_changes, overlay_collisions, regenerate, stage, verify_staged
 from dancegrpo_npu.rebase.report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.engine.rebase_state import RebasePaths, RebaseState, Step
-from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.engine.worktree import require_full_series, session
 
 
 def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseResult:
@@ -32,6 +32,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
     patches = load_series(project.patches_dir)
     with session(project.workdir) as (wt, fetched):
         check_head(wt, fetched, lock)
+        require_full_series(wt, "rebase")
         if fetched.kind == "archive":
             raise DancegrpoError(f"{project.workdir} was made from an archive, which has no upstream history",
                                  "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)")
@@ -46,6 +47,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         queue = build_queue(tree, lock.commit, patches, paths.index)
         with session(project.workdir):
             edits = local_edits(main, tree, project, queue[-1] if queue else lock.commit, lock.commit, paths.index)
+        leave_out_missing(tree, fetched.commit)
         tree.run("checkout", "--quiet", "--detach", fetched.commit)
         state = RebaseState(
             phase="applying", project_root=str(project.root), workdir=str(project.workdir), tree=str(tree.cwd),

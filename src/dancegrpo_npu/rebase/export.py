@@ -34,7 +34,8 @@ from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.rebase.finish import apply_with_engine, overlay_files
 from dancegrpo_npu.engine.rebase_state import RebasePaths
 from dancegrpo_npu.engine.series import Patch, format_header, load_series, parse_header, read_series_names, split_patch
-from dancegrpo_npu.engine.worktree import session
+from dancegrpo_npu.engine.stage import read_state
+from dancegrpo_npu.engine.worktree import require_full_series, session
 
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _NUMBERED = re.compile(r"^(\d{4})-")
@@ -98,6 +99,7 @@ def export_edits(project: Project, name: str, description: str | None = None, co
     # In the engine's session: an interrupted apply is finished first, and none runs meanwhile.
     with session(project.workdir) as (wt, fetched), tempfile.TemporaryDirectory(prefix="dancegrpo-npu-export-") as tmp:
         base = check_head(wt, fetched, lock)  # the locked commit (a local commit for a tree made from an archive)
+        require_full_series(wt, "export")
         git = main.with_objects(Path(tmp) / "objects", main.git_path("objects"))
         queue = build_queue(git, base, patches, Path(tmp) / "index")
         tip = queue[-1] if queue else base
@@ -181,9 +183,7 @@ def check_with_engine(git: Git, base: str, patches: list[Patch], workdir: Path) 
         root = Path(tmp)
         touched = apply_with_engine(git, base, patches, None, root)
         for rel in touched:
-            got = (root / rel).read_bytes() if (root / rel).is_file() else None
-            want = (workdir / rel).read_bytes() if (workdir / rel).is_file() else None
-            if got != want:
+            if read_state(root / rel) != read_state(workdir / rel):
                 raise DancegrpoError(
                     f"the exported patch would not reproduce {rel} exactly when applied (nothing was written)",
                     "check the file for a missing final newline or CRLF line ends, which patches cannot carry reliably",

@@ -9,22 +9,25 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dancegrpo_npu.engine.apply import apply_series_to_dir, touched_files
+from dancegrpo_npu.engine.apply import apply_series_to_dir, apply_worktree, touched_files
+from dancegrpo_npu.engine.fetch import move_for_rebase
+from dancegrpo_npu.engine.status import inspect
+from dancegrpo_npu.engine.worktree import WorkTree, display_path, load_applied, load_fetched
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import ls_tree
 from dancegrpo_npu.engine.lockfile import compute_files
 from dancegrpo_npu.vcs.gitcmd import Git, remove_tree
 from dancegrpo_npu.engine.lock import Lock, dump_lock, parse_lock
 from dancegrpo_npu.rebase.queue import (
-    all_paths, bump_last_update, context_lines, diff_between, files_at, index_abbrev, patch_text, today,
+    all_paths, bump_last_update, context_lines, diff_between, entries, files_at, index_abbrev, patch_text, today,
 )
 from dancegrpo_npu.rebase.report import describe, short
 from dancegrpo_npu.engine.rebase_state import (
-    DONE_REF, ONTO_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
+    DONE_REF, ONTO_REF, ORIG_TREE_REF, REBASED_TREE_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import Patch, load_series
-from dancegrpo_npu.engine.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES
+from dancegrpo_npu.engine.stage import OVERLAY_SKIP_DIRS, OVERLAY_SKIP_SUFFIXES, read_state
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Staged:
     series_text: str
     lock: Lock
     old_lock: Lock
+    rewritten: tuple[str, ...] = ()  # the patches whose diff changed (the others keep their bytes)
 
 
 def overlay_files(overlay_dir: Path) -> list[str]:
@@ -62,19 +66,27 @@ def touched_by(patches: list[Patch]) -> list[str]:
 
 
 def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> Staged:
-    """Every kept patch as ``git diff`` between its commit and the one before, on the new base."""
+    """Every kept patch as ``git diff`` between its commit and the one before, on the new base.
+
+    A patch whose diff comes out the same keeps its file byte for byte (its
+    ``Last-Update:`` too): a rebase that moves nothing leaves patches/ unchanged, and
+    the review of a rebase shows only the patches it really changed."""
     old = {p.name: p for p in load_series(backup / "patches")}
-    parent, texts, date = state.new_commit, [], today()
+    parent, texts, rewritten, date = state.new_commit, [], [], today()
     for step in state.steps:
         if step.outcome == "skipped":
             continue
         patch = old[step.name]
         diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff))
-        texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
+        if diff == patch.diff:
+            texts.append((patch.path.name, patch.path.read_bytes()))
+        else:
+            texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
+            rewritten.append(patch.name)
         parent = step.commit
     dropped = {s.name for s in state.steps if s.outcome == "skipped"}  # series entries, as written
     series = new_series_text((backup / "patches" / "series").read_text(encoding="utf-8"), dropped)
-    return Staged(tuple(texts), series, old_lock, old_lock)
+    return Staged(tuple(texts), series, old_lock, old_lock, tuple(rewritten))
 
 
 def stage(paths: RebasePaths, staged: Staged, tree: Git, new_commit: str) -> Staged:
@@ -116,9 +128,11 @@ def apply_with_engine(git: Git, commit: str, patches: list[Patch], overlay_dir: 
     """``commit``'s files that the series touches, written under ``root`` and patched there by
     the engine (with the overlay, if given); returns the touched paths."""
     touched = touched_by(patches)
+    modes = entries(git, commit, touched)
     for rel, data in files_at(git, commit, touched).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
+        os.chmod(root / rel, 0o755 if modes[rel].mode == "100755" else 0o644)  # a patch may change the mode
     apply_series_to_dir(root, patches, overlay_dir, upstream_paths=all_paths(git, commit))
     return touched
 
@@ -132,9 +146,11 @@ def verify_staged(tree: Git, state: RebaseState, staged_dir: Path, overlay_dir: 
         overlay = overlay_dir if overlay_dir.is_dir() else None
         touched = apply_with_engine(tree, state.new_commit, patches, overlay, root)
         expected = files_at(tree, state.tip, touched)
+        modes = {p: int(e.mode, 8) for p, e in entries(tree, state.tip, touched).items()}
         for rel in touched:
-            actual = (root / rel).read_bytes() if (root / rel).is_file() else None
-            if actual != expected.get(rel):
+            fs = read_state(root / rel)
+            actual = None if fs is None else (fs.git_mode, fs.data)
+            if actual != ((modes[rel], expected[rel]) if rel in expected else None):
                 raise DancegrpoError(
                     f"verification failed: applying the regenerated series to {short(state.new_commit)} gives "
                     f"another {rel} than the rebased tree",
@@ -212,33 +228,117 @@ def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
     except DancegrpoError as e:
         raise _stop(paths, state, "verify", e.message, e.hint or "--abort restores the old series") from None
     checkpoint("finish:verified")
+    kept = len(staged.patches) - len(staged.rewritten)
     extra = [
+        f"patches/: {len(staged.rewritten)} rewritten (new diff, Last-Update: {today()})"
+        + (f": {', '.join(staged.rewritten)}" if staged.rewritten else "")
+        + f"; {kept} kept byte for byte (same diff)",
         f"overlay: {len(overlay_files(project.overlay_dir))} file(s), none exists upstream",
         f"replaced patches/ and upstream.lock; the previous ones are kept in {paths.orig}",
-        f"next: dancegrpo-npu fetch && dancegrpo-npu apply && dancegrpo-npu verify   (moves {project.workdir} to the new commit)",
-        "      then review `git diff patches/ upstream.lock` and commit them",
     ]
     report = summary(state, old_lock, staged.lock, verified, extra, tree)
     paths.report.write_text(report, encoding="utf-8")
-    state = save_state(paths, replace(state, phase="swapping"))
+    state = save_state(paths, replace(state, phase="swapping", orig_tree=orig_tree(main, project.workdir, state)))
     checkpoint("swap:begin")
-    return complete(project, paths, state, main), report
+    state, notes = complete(project, paths, state, main)
+    report += "".join(line + "\n" for line in notes)
+    return state, report
 
 
-def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseState:
-    """Past the commit point: swap the staged files in and clean up (safe to re-run)."""
+def orig_tree(main: Git, workdir: Path, state: RebaseState) -> str:
+    """The work tree as the rebase found it, as a commit: the previous tree, kept until
+    the next rebase as the previous series is."""
+    return tree_commit(main, workdir, f"the patched tree before the rebase onto {state.onto}", state.old_commit)
+
+
+def tree_commit(main: Git, workdir: Path, what: str, fallback_head: str) -> str:
+    """The patched work tree (upstream HEAD + what the last apply wrote), as a commit on
+    its upstream commit in the tree's repository; its blobs are already there (apply
+    writes them), so only trees and a commit are added."""
+    wt = WorkTree(workdir)
+    fetched, applied = load_fetched(wt), load_applied(wt)
+    head = fetched.head if fetched is not None else fallback_head
+    lines = []
+    for path, want in sorted((applied.files if applied else {}).items()):
+        if want is None:
+            lines.append(f"0 {'0' * 40}\t{path}")
+        elif "link" in want:
+            blob = main.out("hash-object", "-w", "--stdin", input=os.fsencode(want["link"]))
+            lines.append(f"120000 {blob}\t{path}")
+        else:
+            lines.append(f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}")
+    with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-orig-") as tmp:
+        g = main.with_index(Path(tmp) / "index")
+        g.run("read-tree", head)
+        if lines:
+            g.run("update-index", "--add", "--remove", "--replace", "--index-info", input=("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+        tree_id = g.out("write-tree", "--missing-ok")  # blobs a mirror lacks (assets/) are only referenced
+    series = ", ".join(applied_names(applied)) or "no patches"
+    without = f" (without {', '.join(applied.without)})" if applied and applied.without else ""
+    message = f"dancegrpo-npu: {what}\n\nupstream {head}; series{without}: {series}\n"
+    return main.out("commit-tree", tree_id, "-p", head, "-F", "-", input=message.encode("utf-8"))
+
+
+def applied_names(applied) -> list[str]:
+    return [name for name, _ in applied.patches] if applied else []
+
+
+def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, list[str]]:
+    """Past the commit point: swap the staged files in, keep the previous series and tree,
+    move the work tree to the new commit with the new series applied, clean up.  Every
+    step is safe to re-run (``--continue`` after a kill); returns notes for the report."""
     if state.phase == "swapping":
         swap_in(project, paths.staged, paths.backup)
         state = save_state(paths, replace(state, phase="done"))
         checkpoint("swap:done")
     keep_orig(paths)
     checkpoint("done:orig")
+    notes = move_worktree(project)
+    if state.orig_tree:
+        rebased = tree_commit(main, project.workdir, f"the patched tree after the rebase onto {state.onto}", state.new_commit)
+        main.run("update-ref", REBASED_TREE_REF, rebased)
+        notes[-1:-1] = [
+            f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}), kept until the next rebase;"
+            f" what the rebase changed in the patched tree: git -C {display_path(project.workdir)} diff {ORIG_TREE_REF} {REBASED_TREE_REF}"
+        ]
     remove_tree(Path(state.tree))
+    if state.orig_tree:
+        main.run("update-ref", ORIG_TREE_REF, state.orig_tree)
     main.run("update-ref", DONE_REF, state.new_commit)
     main.run("update-ref", "-d", ONTO_REF, check=False)
     checkpoint("done:tree")
     remove_tree(paths.state_dir)
-    return state
+    return state, notes
+
+
+def move_worktree(project: Project) -> list[str]:
+    """The work tree to the lock's commit, the series and overlay applied, then verified:
+    the engine's fetch and apply (journaled, so a kill anywhere is finished by a re-run).
+    Local edits are saved first, never lost.  Returns lines for the report."""
+    moved = move_for_rebase(project, checkpoint=lambda step: checkpoint(f"move:{step}"))
+    checkpoint("done:moved")
+    applied = apply_worktree(project, force=True, checkpoint=lambda step: checkpoint(f"apply:{step}"), mid_swap_ok=True)
+    checkpoint("done:applied")
+    report = inspect(project, mid_swap_ok=True)
+    where = display_path(project.workdir)
+    lines = [
+        f"work tree: {where} is at {short(report.lock.commit)} with {applied.patches} patch(es) and"
+        f" {applied.overlay} overlay file(s) applied"
+    ]
+    for saved in (moved.saved, applied.saved):
+        if saved is not None:
+            lines.append(f"  local edits in it were saved first: {display_path(saved / 'local-edits.patch')} (copies in files/ beside it)")
+    if moved.left_out:
+        lines.append(f"  the source lacks {len(moved.left_out)} file(s) of the new commit that the series does not touch;"
+                     f" left out of the tree: {', '.join(moved.left_out[:5])}{' ...' if len(moved.left_out) > 5 else ''}")
+    if report.exact:
+        lines.append(f"verified: {where} is exactly upstream.lock + patches/series + overlay/")
+    else:
+        why = report.problem or ", ".join(report.differences[:6])
+        lines.append(f"NOT verified: {where} differs from upstream.lock + patches/series + overlay/ ({why});"
+                     " `dancegrpo-npu status` says more")
+    lines.append("next: review `git diff patches/ upstream.lock` and commit them")
+    return lines
 
 
 def _stop(paths: RebasePaths, state: RebaseState, why: str, message: str, hint: str) -> DancegrpoError:

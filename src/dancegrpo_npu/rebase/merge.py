@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitcmd import Git
-from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs
+from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, missing_objects
 from dancegrpo_npu.rebase.queue import changed_files, entries
 
 _NULL = "0" * 40
@@ -36,13 +36,30 @@ class MergeResult:
 
 
 def upstream_renames(git: Git, base: str, ours: str, paths: list[str]) -> dict[str, str]:
-    """Which of ``paths`` (at ``base``) upstream renamed on the way to ``ours``, and to what."""
-    out = git.run("diff", "-z", "--name-status", "-M", "--diff-filter=R", base, ours).stdout.decode("utf-8", "surrogateescape")
+    """Which of ``paths`` (at ``base``) upstream renamed on the way to ``ours``, and to what.
+
+    Rename detection compares file contents, so it reads blobs; a mirror or a partial
+    clone may lack large ones the series never touches (DanceGRPO's dancegrpo.pdf), and
+    git fails on the first it cannot read.  So it runs only among the candidates: the
+    files of ``paths`` that are gone at ``ours`` (found without reading any blob), and
+    the files added on the way whose contents the repository has.
+    """
+    changes = changed_files(git, base, ours)  # --no-renames: trees only, no blob is read
+    gone = [c.path for c in changes if c.status == "D" and c.path in set(paths)]
+    if not gone:
+        return {}
+    added = entries(git, ours, [c.path for c in changes if c.status == "A"])
+    missing = set(missing_objects(git.cwd, [e.blob for e in added.values()]))
+    candidates = [p for p, e in sorted(added.items()) if e.blob not in missing]
+    if not candidates:
+        return {}
+    specs = [f":(literal){p}" for p in gone + candidates]
+    out = git.run("diff", "-z", "--name-status", "-M", "--diff-filter=R", base, ours, "--", *specs).stdout.decode("utf-8", "surrogateescape")
     parts = [p for p in out.split("\0") if p]
     renames = {}
     for i in range(0, len(parts) - 2, 3):
         old, new = parts[i + 1], parts[i + 2]
-        if old in paths:
+        if old in gone:
             renames[old] = new
     return renames
 

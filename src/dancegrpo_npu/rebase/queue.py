@@ -4,7 +4,8 @@ On top of an upstream commit, each patch of the series becomes a commit whose
 message is the patch's DEP-3 header.  git can then move the queue with its 3-way
 merge, and every patch is regenerated from two neighbouring commits with
 ``git diff``: fresh context and line numbers, the same amount of context as
-before, the header kept and ``Last-Update:`` set to today.
+before, the header kept and ``Last-Update:`` set to today when the diff changed
+(``rebase.finish.regenerate`` keeps an unchanged patch byte for byte).
 """
 
 from __future__ import annotations

@@ -147,6 +147,7 @@ def upstream_facts(project: Project) -> dict:
     except DancegrpoError as e:
         facts["series_sha256"] = None
         facts["series_error"] = e.one_line()
+    facts["patches_left_out"] = left_out_patches(project)
     return facts
 
 
@@ -169,6 +170,18 @@ def trainer_matmul_precision(run_dir: Path) -> dict:
     if not isinstance(data, dict):
         return {"reported": False, "why": f"{MATMUL_RECORD} is not a JSON object"}
     return {"reported": True, "source": f"{MATMUL_RECORD}, written by the trainer's rank 0 at start", **data}
+
+
+def left_out_patches(project: Project) -> list[str] | None:
+    """The patches the tree was applied without (``apply --without``, an ablation): [] for
+    the full series, None when the tree records no apply."""
+    from dancegrpo_npu.engine.worktree import WorkTree, load_applied
+
+    try:
+        applied = load_applied(WorkTree(project.workdir))
+    except DancegrpoError:
+        return None
+    return list(applied.without) if applied is not None else None
 
 
 def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True) -> dict:

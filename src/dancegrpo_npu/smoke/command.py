@@ -295,7 +295,7 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
     try:
         report = verify_tree(project)
         parts = (report.lock.commit, series_sha256(load_series(project.patches_dir)),
-                 overlay_sha256(read_overlay(project.overlay_dir)))
+                 overlay_sha256(read_overlay(project.overlay_dir)), repr(report.without))  # an ablation tree is another input
     except DancegrpoError:
         return None
     code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too

@@ -242,8 +242,19 @@ def scratch_clone(src: Git, dest: Path, commit: str) -> Git:
     hooks.mkdir(exist_ok=True)
     clone.run("config", "core.hooksPath", str(hooks))
     copy_sparse_settings(src, clone)
+    leave_out_missing(clone, commit)
     clone.run("checkout", "--quiet", "--detach", commit)
     return clone
+
+
+def leave_out_missing(git: Git, commit: str) -> list[str]:
+    """Leave the files of ``commit`` whose blobs the repository lacks out of ``git``'s
+    checkouts (sparse patterns), before it checks ``commit`` out: git checks such a
+    commit out with errors and the files missing, and ``reset --hard`` refuses it.
+    The series never touches them (the lock's hashes need their blobs)."""
+    missing = gitutil.missing_files(git.cwd, commit)
+    gitutil.leave_out_of_checkout(git.cwd, missing)
+    return missing
 
 
 def remove_tree(path: Path) -> None:

@@ -123,6 +123,45 @@ def missing_objects(repo: Path, ids: list[str]) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.endswith(" missing")]
 
 
+def missing_files(repo: Path, rev: str) -> list[str]:
+    """The files of ``rev`` whose contents ``repo`` lacks (mirrors and partial clones
+    often lack large blobs, e.g. DanceGRPO's dancegrpo.pdf), in path order."""
+    tree = ls_tree(repo, rev)
+    missing = set(missing_objects(repo, sorted({e.blob for e in tree.values()})))
+    return sorted(p for p, e in tree.items() if e.blob in missing)
+
+
+def sparse_pattern(path: str) -> str:
+    """A sparse-checkout (gitignore-syntax) line that leaves out exactly ``path``."""
+    escaped = "".join("\\" + c if c in "\\*?[" else c for c in path)
+    if escaped.endswith(" "):
+        escaped = escaped[:-1] + "\\ "
+    return f"!/{escaped}\n"
+
+
+def sparse_patterns_path(repo: Path) -> Path:
+    out = git(repo, "rev-parse", "--git-path", "info/sparse-checkout").stdout.decode().strip()
+    path = Path(out)
+    return path if path.is_absolute() else Path(repo) / path
+
+
+def leave_out_of_checkout(repo: Path, paths: list[str]) -> None:
+    """Add ``paths`` to the sparse-checkout patterns of ``repo`` (turning a sparse checkout
+    of everything on first), so that the next checkout neither writes nor reads them."""
+    if not paths:
+        return
+    target = sparse_patterns_path(repo)
+    enabled = git(repo, "config", "--bool", "core.sparseCheckout", check=False).stdout.decode().strip() == "true"
+    text = target.read_text(encoding="utf-8") if enabled and target.is_file() else "/*\n"
+    lines = set(text.splitlines(keepends=True))
+    text += "".join(line for line in map(sparse_pattern, paths) if line not in lines)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    if not enabled:
+        git(repo, "config", "core.sparseCheckout", "true")
+        git(repo, "config", "core.sparseCheckoutCone", "false")
+
+
 def hash_files(repo: Path, files: list[Path]) -> list[str]:
     """Write files' bytes (no filters) into ``repo``'s object database; returns their blob ids."""
     if not files:

@@ -61,3 +61,44 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert [row[0] for row in rows] == ["1", "2"]
     assert "rollout samples/s against N=1: N=2 " in r.stdout
+
+
+@pytest.mark.parametrize("error, expected", [
+    ("torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')", True),
+    ("RuntimeError('[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can\\'t allocate memory: you tried to allocate 42 bytes')", True),
+    ("RuntimeError('NPU out of memory. Tried to allocate 1.00 GiB')", True),
+    ("MemoryError()", True),
+    ("RuntimeError('mat1 and mat2 shapes cannot be multiplied')", False),
+    ("ValueError('out of memory')", False),
+])  # fmt: skip
+def test_what_counts_as_out_of_memory(error, expected):
+    import torch  # noqa: F401  (used by the expressions)
+
+    from dancegrpo_npu.throughput.phases import is_out_of_memory
+
+    assert is_out_of_memory(eval(error)) is expected
+
+
+OOM_IN_ROLLOUT = """
+import sys
+from dancegrpo_npu.throughput import phases
+
+def rollout(self, n):
+    raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 123456789 bytes. Error code 12 (Cannot allocate memory)")
+
+phases.Bench.rollout = rollout
+from dancegrpo_npu.cli import main
+sys.exit(main(["-C", sys.argv[1], "bench", "--preset", "tiny", "--device", "cpu", "--sample-batch-sizes", "2"]))
+"""
+
+
+@pytest.mark.upstream
+def test_running_out_of_memory_is_one_line_exit_2(patched_tree):
+    r = subprocess.run([sys.executable, "-c", OOM_IN_ROLLOUT, str(patched_tree.project.root)],
+                       capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
+    assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last

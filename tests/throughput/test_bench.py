@@ -102,3 +102,28 @@ def test_running_out_of_memory_is_one_line_exit_2(patched_tree):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
     assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last
+
+
+def test_fp32_switches_the_trainers_autocast_off():
+    """On the CPU (fp32) the trainer's own device_autocast(bfloat16) calls must not cast
+    matmuls to bf16 (a fallback ~100x slower there); in bf16 they stay as they are."""
+    import types
+
+    import torch
+
+    from dancegrpo_npu.throughput.command import precision_autocast, resolve_dtype
+
+    def original(dtype=None, enabled=True):
+        return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=enabled)
+
+    trainer = types.SimpleNamespace(device_autocast=original)
+    assert precision_autocast(trainer, "cpu", torch.bfloat16) is original and trainer.device_autocast is original
+    autocast = precision_autocast(trainer, "cpu", torch.float32)
+    assert trainer.device_autocast is autocast
+    x = torch.ones(2, 2)
+    with trainer.device_autocast(torch.bfloat16):
+        assert (x @ x).dtype == torch.float32
+    with original(torch.bfloat16):
+        assert (x @ x).dtype == torch.bfloat16
+    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("bf16", "cpu") == torch.bfloat16

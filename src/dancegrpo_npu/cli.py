@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "doctor.command",
     "run.runs",
     "run.plot",
+    "throughput.command",
 )
 
 DESCRIPTION = textwrap.dedent(

@@ -1,0 +1,228 @@
+"""``dancegrpo-npu bench``: GRPO steps of FLUX.1-dev's architecture, timed phase by phase.
+
+It builds the FLUX.1-dev transformer, its VAE and a ViT-H-14 HPSv2 reward from shipped
+configs with random weights (nothing is downloaded), on the chosen device, and runs GRPO
+steps made of the patched trainer's own functions (``phases``): rollout, decode, reward,
+train.  Each ``--sample-batch-sizes`` value N is measured in the same process, one after
+the other: the G generations of a prompt go through the transformer N at a time.
+
+Before building anything it estimates the memory the preset needs and refuses, with what
+to do instead, when the device (or, on the CPU, the host) has less free; running out of
+memory anyway ends the same way, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.throughput import presets
+from dancegrpo_npu.throughput.phases import PHASES, TRAINER
+
+EXAMPLES = """\
+presets (explicit size flags win over the preset's):
+  full   FLUX.1-dev (11.9e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 16 sampling steps,
+         12 generations, timestep fraction 0.6, eta 0.3, shift 3, 512 text tokens (upstream's recipe)
+  cpu    full width, 1 double + 1 single block, HPS with 1 + 1 layers; 128x128, 4 steps,
+         4 generations, 64 text tokens, 1 timed step (minutes on a 2-core CPU)
+  tiny   the smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
+
+examples:
+  dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
+  dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
+  dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
+
+rollout samples/s = G / (rollout + decode + reward seconds); step samples/s = G / all four.
+Peak memory: the device allocator's max_memory_allocated in the phase; on the CPU the
+process's peak RSS in the phase (weights included).
+"""
+
+
+def _progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def options_from_args(args) -> dict:
+    options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
+    options.update(
+        preset=args.preset, sample_batch_sizes=args.sample_batch_sizes, vae_decode_chunk=args.vae_decode_chunk,
+        device=args.device, dtype=args.dtype,
+    )  # fmt: skip
+    return options
+
+
+def resolve_dtype(requested: str, kind: str):
+    """bf16 (upstream's autocast type) on accelerators; fp32 on the CPU, where bf16 matmuls
+    without AVX512-BF16/AMX run a fallback ~100x slower than fp32."""
+    import torch
+
+    if requested == "auto":
+        requested = "fp32" if kind == "cpu" else "bf16"
+    return torch.bfloat16 if requested == "bf16" else torch.float32
+
+
+def precision_autocast(trainer, kind: str, dtype):
+    """The autocast the phases use.  In fp32 the trainer's own ``device_autocast(bfloat16)``
+    calls (in run_sample_step and grpo_one_step) are switched off for this process."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return trainer.device_autocast
+
+    def disabled(dtype=None, enabled=True):
+        return torch.autocast(kind, enabled=False)
+
+    trainer.device_autocast = disabled  # looked up at call time by the trainer's functions
+    return disabled
+
+
+def run_bench(project, config: presets.BenchConfig, progress=_progress):
+    """Build, check, measure: (results, facts for the fingerprint)."""
+    from dancegrpo_npu.engine.treecheck import tree_state
+    from dancegrpo_npu.throughput import models as model_lib
+    from dancegrpo_npu.throughput import phases
+
+    state = tree_state(project, TRAINER)
+    if state["state"] == "missing":
+        raise DancegrpoError(f"bench: {state['detail']}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
+    if state["state"] == "unverified":
+        progress(f"warning: measuring a tree that is not lock + series + overlay ({state['detail']})")
+    progress(f"importing the trainer from {project.workdir}")
+    trainer, kind = phases.load_trainer(project.workdir, config.device)
+    import torch
+
+    dtype = resolve_dtype(config.dtype, kind)
+    configs = model_lib.model_configs(config.preset)
+    counts = model_lib.count_parameters(configs)
+    weight_bytes = torch.finfo(dtype).bits // 8
+    estimate = model_lib.estimate_memory(counts, configs, config.sizes, config.sample_batch_sizes, config.decode_chunk, weight_bytes)
+    available, what = model_lib.available_memory(kind)
+    model_lib.check_fits(estimate, available, what, config.preset.name, kind)
+    facts = {
+        **config.describe(),
+        "device_kind": kind,
+        "dtype": str(dtype).replace("torch.", ""),
+        "parameters": {"transformer": counts.transformer, "vae": counts.vae, "hps": counts.hps},
+        "memory_estimate_bytes": estimate.total,
+        "memory_available_bytes": available,
+        "peak_memory": "max_memory_allocated per phase" if kind != "cpu" else "peak RSS of the process per phase (VmHWM)",
+        "torch_threads": torch.get_num_threads(),
+        "tree": state,
+    }
+    bench = None
+    try:
+        progress(f"building the models on {kind} in {facts['dtype']} (transformer: {counts.transformer:.3g} parameters)")
+        torch.manual_seed(0)
+        from fastvideo.utils.device import current_device
+
+        target = current_device()
+        built = model_lib.build_models(trainer, configs, target, dtype)
+        inputs = phases.make_inputs(configs[0], built.hps_config, config.sizes, target, dtype)
+        bench = phases.Bench(trainer, built, inputs, config.sizes, kind, target, dtype, precision_autocast(trainer, kind, dtype))
+        results = []
+        for n in config.sample_batch_sizes:
+            results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
+        facts["rewards_finite"] = all(r.rewards_finite for r in results)
+        return results, facts
+    except Exception as error:  # noqa: BLE001 - only out-of-memory is translated
+        if not phases.is_out_of_memory(error):
+            raise
+        where = f" in the {bench.meter.phase} phase" if bench is not None and bench.meter.phase else ""
+        raise DancegrpoError(
+            f"bench: ran out of memory on {kind}{where} (preset {config.preset.name}, estimated "
+            f"{estimate.total / 2**30:.1f} GiB): {str(error).splitlines()[0][:160]}",
+            "use a smaller preset, smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk",
+            exit_code=2,
+        ) from None
+
+
+def format_table(results, facts) -> str:
+    gib = 2**30
+    head = (f"{'N':>3}  {'rollout/s':>9}  {'step/s':>8}  " + "  ".join(f"{p + ' s':>9}" for p in PHASES)
+            + "  " + "  ".join(f"{'peak ' + p:>12}" for p in PHASES))  # fmt: skip
+    lines = [
+        f"preset {facts['preset']} on {facts['device_kind']} ({facts['dtype']}): {facts['height']}x{facts['width']}, "
+        f"{facts['sampling_steps']} sampling steps, G={facts['generations']}, {facts['train_timesteps']} trained "
+        f"timesteps a sample, {facts['steps']} timed step(s) after {facts['warmup_steps']} warm-up",
+        "samples/s; seconds per GRPO step; peak memory in GiB (" + facts["peak_memory"] + ")",
+        head,
+    ]
+    for r in results:
+        peaks = ["-" if r.peak_memory_bytes[p] is None else f"{r.peak_memory_bytes[p] / gib:.2f}" for p in PHASES]
+        lines.append(
+            f"{r.sample_batch_size:>3}  {r.rollout_samples_per_s:>9.3f}  {r.step_samples_per_s:>8.3f}  "
+            + "  ".join(f"{r.phases_s[p]:>9.3f}" for p in PHASES) + "  " + "  ".join(f"{x:>12}" for x in peaks))
+    if len(results) > 1:
+        base = results[0]
+        lines.append("rollout samples/s against N=%d: %s" % (base.sample_batch_size, ", ".join(
+            f"N={r.sample_batch_size} {r.rollout_samples_per_s / base.rollout_samples_per_s:.2f}x" for r in results[1:])))
+    if not facts.get("rewards_finite", True):
+        lines.append("note: some rewards were not finite (random weights); the timings stand")
+    return "\n".join(lines)
+
+
+def bench_fingerprint(project, facts: dict) -> dict:
+    from dancegrpo_npu.run.fingerprint import fingerprint
+
+    env = dict(os.environ)
+    return {**fingerprint(project, env, facts.get("tree", {})), "bench": facts}
+
+
+def write_json(path: str, results, fingerprint: dict) -> None:
+    from pathlib import Path
+
+    from dancegrpo_npu.files import write_atomic
+
+    document = {"results": [r.as_json() for r in results], "fingerprint": fingerprint}
+    try:
+        write_atomic(Path(path), json.dumps(document, indent=2) + "\n")
+    except OSError as e:
+        raise DancegrpoError(f"bench: cannot write {path}: {e.strerror}", "give a writable --json path") from None
+
+
+def _cmd_bench(args) -> int:
+    config = presets.resolve(options_from_args(args))
+    project = project_from_args(args)
+    results, facts = run_bench(project, config)
+    print(format_table(results, facts), flush=True)
+    if args.json:
+        write_json(args.json, results, bench_fingerprint(project, facts))
+        _progress(f"wrote {args.json}")
+    return 0
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="time GRPO steps of FLUX.1-dev's architecture (random weights) phase by phase",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Names are checked in presets.resolve, so a wrong one is a one-line error, not argparse's usage.
+    p.add_argument("--preset", default="full", help=f"one of {', '.join(presets.PRESETS)} (default full)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | npu (default auto: npu, else cuda, else cpu)")
+    p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 (default auto: bf16 on npu/cuda, fp32 on cpu)")
+    p.add_argument("--sample-batch-sizes", default="1", metavar="N,N,...",
+                   help="samples per transformer call in the rollout, each measured in turn; each must divide "
+                   "--generations (default 1: upstream's)")
+    p.add_argument("--vae-decode-chunk", type=int, default=None, metavar="K", help="images per VAE decode call (default N)")
+    p.add_argument("--height", type=int, default=None, help="image height (multiple of 16)")
+    p.add_argument("--width", type=int, default=None, help="image width (multiple of 16)")
+    p.add_argument("--sampling-steps", type=int, default=None, help="denoising steps of the rollout")
+    p.add_argument("--generations", type=int, default=None, metavar="G", help="samples of one prompt in a GRPO step")
+    p.add_argument("--timestep-fraction", type=float, default=None, help="share of the timesteps trained")
+    p.add_argument("--eta", type=float, default=None, help="the SDE sampler's noise level")
+    p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
+    p.add_argument("--text-tokens", type=int, default=None, help="T5 prompt-embedding length (upstream: 512)")
+    p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
+                   help="samples per optimizer step (must divide G)")
+    p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="untimed GRPO steps before them (default 1)")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the results and the fingerprint here")
+    p.set_defaults(func=_cmd_bench)

@@ -1,0 +1,261 @@
+"""The bench's three models, with random weights, and whether they fit before they are built.
+
+- the transformer: diffusers' ``FluxTransformer2DModel`` from FLUX.1-dev's
+  ``transformer/config.json`` (shipped here as ``flux1-dev-transformer.json``),
+- the VAE: ``AutoencoderKL`` from FLUX.1-dev's ``vae/config.json`` (``flux1-dev-vae.json``),
+- the HPSv2 reward: hpsv2's open_clip ``CLIP`` from its bundled ``ViT-H-14`` config, built by
+  ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast),
+
+or, for the ``tiny`` preset, the smoke's tiny configurations (``smoke.tiny_models``).
+
+Nothing is downloaded and nothing is materialised twice: the parameter counts come from a
+build on the meta device; the real build runs under ``torch.device(target)`` with the
+default dtype set to the weights' dtype, so each parameter is allocated and initialised
+once, on the target device, in its final dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import tempfile
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+TRANSFORMER_CONFIG_FILE = "flux1-dev-transformer.json"
+VAE_CONFIG_FILE = "flux1-dev-vae.json"
+HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
+GiB = 1024**3
+
+
+def shipped_config(filename: str) -> dict:
+    """A model config shipped with the package (package data), without diffusers' ``_`` keys."""
+    text = resources.files(__package__).joinpath(filename).read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def model_configs(preset) -> tuple[dict, dict, dict]:
+    """(transformer, vae, hps) configs for a preset, overrides applied."""
+    if preset.models == "tiny":
+        from dancegrpo_npu.smoke import tiny_models
+
+        transformer, vae, hps = tiny_models.TRANSFORMER_CONFIG, tiny_models.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
+        return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
+    transformer = {**shipped_config(TRANSFORMER_CONFIG_FILE), **preset.transformer_overrides}
+    vae = shipped_config(VAE_CONFIG_FILE)
+    hps = hpsv2_model_config(HPS_BASE_MODEL)
+    if "vision_layers" in preset.hps_overrides:
+        hps["vision_cfg"]["layers"] = preset.hps_overrides["vision_layers"]
+    if "text_layers" in preset.hps_overrides:
+        hps["text_cfg"]["layers"] = preset.hps_overrides["text_layers"]
+    return transformer, vae, hps
+
+
+def hpsv2_model_config(name: str) -> dict:
+    open_clip = hpsv2_open_clip()
+    config = open_clip.factory.get_model_config(name)
+    if config is None:
+        raise DancegrpoError(f"bench: hpsv2's open_clip has no model config {name!r}", "reinstall hpsv2 (see the README)")
+    return copy.deepcopy(config)
+
+
+def hpsv2_open_clip():
+    """hpsv2's bundled open_clip; its tokenizer reads CLIP's vocabulary at import, which the
+    hpsv2 wheel lacks: the smoke's fixtures put it there (idempotent)."""
+    from dancegrpo_npu.smoke.fixtures import ensure_hpsv2_vocab
+
+    ensure_hpsv2_vocab()
+    with warnings.catch_warnings():  # timm's FutureWarning about hpsv2's old import path
+        warnings.simplefilter("ignore", FutureWarning)
+        import hpsv2.src.open_clip as open_clip
+        import hpsv2.src.open_clip.factory  # noqa: F401  (the attribute used above)
+
+    return open_clip
+
+
+# ---- building -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def materialising(device, dtype):
+    """New parameters go straight to ``device`` in ``dtype`` (one allocation, one init each)."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_transformer(config: dict):
+    from diffusers import FluxTransformer2DModel
+
+    return FluxTransformer2DModel.from_config(config)
+
+
+def build_vae(config: dict):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL.from_config(config)
+
+
+def build_hps(config: dict, device, precision: str):
+    """hpsv2's ``create_model`` on a registered copy of ``config`` (as the trainer calls it).
+
+    It builds on the default device and then moves the model to ``device``: call it under
+    ``torch.device(device)`` (``materialising``) so that the build happens there.
+    """
+    open_clip = hpsv2_open_clip()
+    name = "dancegrpo-bench-hps"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.json"
+        path.write_text(json.dumps(config))
+        open_clip.factory.add_model_config(path)  # read now; the registry keeps the dict
+    return open_clip.create_model(name, None, precision=precision, device=device, output_dict=True)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    transformer: int
+    vae: int
+    hps: int
+
+
+def count_parameters(configs) -> ParamCounts:
+    """Parameter counts from builds on the meta device (no memory, no init)."""
+    import torch
+
+    transformer_cfg, vae_cfg, hps_cfg = configs
+    with torch.device("meta"):
+        built = (build_transformer(transformer_cfg), build_vae(vae_cfg), build_hps(hps_cfg, "meta", "fp32"))
+    return ParamCounts(*(sum(p.numel() for p in m.parameters()) for m in built))
+
+
+@dataclass(frozen=True)
+class Models:
+    transformer: object
+    vae: object
+    hps: object
+    hps_config: dict
+
+
+def build_models(trainer, configs, device, dtype) -> Models:
+    """The three models on ``device``: transformer and VAE in ``dtype``, HPS as the trainer loads it.
+
+    The transformer gets what the trainer does to it: float32 RoPE (``install_float32_rope``)
+    and activation checkpointing of every block (``--gradient_checkpointing``:
+    ``apply_fsdp_checkpointing`` with ``--selective_checkpointing 1``).
+    """
+    import torch
+    from fastvideo.utils.load import get_no_split_modules
+
+    transformer_cfg, vae_cfg, hps_cfg = configs
+    with materialising(device, dtype):
+        transformer = build_transformer(transformer_cfg)
+        vae = build_vae(vae_cfg)
+    trainer.install_float32_rope(transformer)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "--> applying ... checkpointing"
+        trainer.apply_fsdp_checkpointing(transformer, get_no_split_modules(transformer), 1.0)
+    vae.requires_grad_(False)
+    vae.enable_tiling()  # as sample_reference_model does (a no-op below the VAE's sample_size)
+    with materialising(device, torch.float32):
+        hps = build_hps(hps_cfg, device, "amp" if dtype == torch.bfloat16 else "fp32")
+    hps.requires_grad_(False).eval()
+    return Models(transformer, vae, hps, hps_cfg)
+
+
+# ---- will it fit? ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int  # every model's weights, plus the transformer's gradients and AdamW moments
+    activations: int  # a rough upper bound on the largest phase's live activations
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations
+
+
+def estimate_memory(counts: ParamCounts, configs, sizes, batch_sizes, decode_chunk, weight_bytes: int) -> MemoryEstimate:
+    """What the bench needs at its largest, before anything is built.
+
+    Weights: the transformer's weights, gradients and AdamW's two moments, all in the weights'
+    dtype (4 copies), the VAE in that dtype, HPS in float32.  Activations: the largest of the
+    four phases, each bounded from the sizes: ~24 hidden-sized tensors per token live in a
+    block, plus one attention-score matrix per head should the attention backend
+    materialise it; training (batch 1) keeps each checkpointed block's inputs.
+    """
+    transformer_cfg, vae_cfg, hps_cfg = configs
+    act = weight_bytes
+    hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
+    heads = transformer_cfg["num_attention_heads"]
+    blocks = transformer_cfg["num_layers"] + transformer_cfg["num_single_layers"]
+    image_tokens = (sizes.height // 16) * (sizes.width // 16)
+    tokens = image_tokens + sizes.text_tokens
+    n = max(batch_sizes)
+
+    def block(batch: int) -> int:
+        return batch * (tokens * hidden * act * 24 + heads * tokens * tokens * 4)
+
+    trajectory = sizes.generations * (sizes.sampling_steps + 1) * image_tokens * 64 * 4
+    rollout = block(n) + trajectory
+    train = blocks * tokens * hidden * act * 2 + 2 * block(1) + trajectory
+    chunk = max(decode_chunk(b) for b in batch_sizes)
+    widest = max(vae_cfg["block_out_channels"])
+    latent_pixels = (sizes.height // 8) * (sizes.width // 8)
+    decode = chunk * (sizes.height * sizes.width * vae_cfg["block_out_channels"][0] * act * 8
+                      + latent_pixels * widest * act * 8 + latent_pixels**2 * 4)  # fmt: skip
+    vision = hps_cfg["vision_cfg"]
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2 + 1
+    reward = n * (patches * vision["width"] * 4 * 24 + (vision["width"] // vision.get("head_width", 64)) * patches**2 * 4)
+    weights = counts.transformer * weight_bytes * 4 + counts.vae * weight_bytes + counts.hps * 4
+    return MemoryEstimate(weights=weights, activations=max(rollout, train, decode, reward))
+
+
+def available_memory(kind: str) -> tuple[int | None, str]:
+    """(free bytes, what they are): free device memory, or the host's MemAvailable on the CPU."""
+    if kind != "cpu":
+        import torch
+
+        free, _total = getattr(torch, kind).mem_get_info()
+        return int(free), f"free {kind} memory"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "available RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "available RAM (unknown here)"
+
+
+# Room left for what the estimate does not count (the runtime, the allocator's slack).
+HEADROOM = 1.1
+
+
+def check_fits(estimate: MemoryEstimate, available: int | None, what: str, preset: str, kind: str) -> None:
+    """Refuse (exit 2) a bench that would not fit, saying what to do instead."""
+    if available is None or estimate.total * HEADROOM <= available:
+        return
+    smaller = {"full": "--preset cpu", "cpu": "--preset tiny"}.get(preset)
+    if estimate.weights * HEADROOM > available:  # no size flag helps: the models themselves do not fit
+        hint = "use " + (f"{smaller} (fewer blocks) or " if smaller else "") + "a device with more memory (--device)"
+    else:
+        hint = ("use " + (f"{smaller}, or " if smaller else "")
+                + "smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk")
+    raise DancegrpoError(
+        f"bench: the {preset} preset needs about {estimate.total / GiB:.1f} GiB on {kind} "
+        f"({estimate.weights / GiB:.1f} GiB of weights, gradients and AdamW moments, "
+        f"~{estimate.activations / GiB:.1f} GiB of activations) but only {available / GiB:.1f} GiB is {what}",
+        hint,
+        exit_code=2,
+    )

@@ -1,0 +1,213 @@
+"""What ``dancegrpo-npu bench`` measures: the presets, the sizes, and their checks.
+
+Plain data and plain Python (no torch), so bad input is refused before anything is
+imported or built.  A preset names the models (a shipped config plus overrides) and the
+GRPO recipe's sizes; every explicit size flag wins over the preset's value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from dancegrpo_npu.errors import DancegrpoError
+
+DEVICES = ("auto", "cpu", "cuda", "npu")
+DTYPES = ("auto", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The GRPO recipe one bench step runs (upstream's flag names in the comments)."""
+
+    height: int  # --h
+    width: int  # --w
+    sampling_steps: int  # --sampling_steps
+    generations: int  # --num_generations (G: the samples of one prompt, one GRPO step)
+    timestep_fraction: float  # --timestep_fraction
+    eta: float  # --eta
+    shift: float  # --shift
+    text_tokens: int  # the T5 prompt-embedding length (FluxPipeline's max_sequence_length)
+    gradient_accumulation_steps: int  # --gradient_accumulation_steps (samples per optimizer step)
+    steps: int  # timed GRPO steps
+    warmup_steps: int  # untimed GRPO steps before them
+
+    @property
+    def train_timesteps(self) -> int:
+        """Timesteps trained per sample: the trainer's ``int(len(timesteps) * fraction)``,
+        where the last of the ``sampling_steps`` timesteps is dropped (``[:, :-1]``)."""
+        return int((self.sampling_steps - 1) * self.timestep_fraction)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str
+    # "flux1-dev" (the shipped FLUX.1-dev configs, with overrides) or "tiny" (the smoke's).
+    models: str
+    transformer_overrides: dict = field(default_factory=dict)
+    hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
+    sizes: Sizes = None  # type: ignore[assignment]
+
+
+# Upstream's recipe: scripts/finetune/finetune_flux_grpo.sh (720x720, 16 sampling steps,
+# 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 4) and
+# FluxPipeline's 512 T5 tokens.
+UPSTREAM = Sizes(
+    height=720, width=720, sampling_steps=16, generations=12, timestep_fraction=0.6, eta=0.3, shift=3.0,
+    text_tokens=512, gradient_accumulation_steps=4, steps=2, warmup_steps=1,
+)  # fmt: skip
+
+PRESETS = {
+    "full": Preset(
+        name="full",
+        summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe",
+        models="flux1-dev",
+        sizes=UPSTREAM,
+    ),
+    # Full width, few blocks: what one block of FLUX.1-dev costs, on a machine without
+    # 100 GB.  Sized for a 2-core, 24 GiB CPU: a full-width block is ~1 GFLOP per token
+    # per forward (fp32 there: ~20 GFLOPS), so the token count decides the time: 128x128
+    # images (64 image tokens) and 64 text tokens; one timed step after the warm-up.
+    "cpu": Preset(
+        name="cpu",
+        summary="FLUX.1-dev width with 1 double + 1 single block, the full VAE, ViT-H-14 width with 1 + 1 layers",
+        models="flux1-dev",
+        transformer_overrides={"num_layers": 1, "num_single_layers": 1},
+        hps_overrides={"vision_layers": 1, "text_layers": 1},
+        sizes=replace(UPSTREAM, height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1),
+    ),
+    # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
+    "tiny": Preset(
+        name="tiny",
+        summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
+        models="tiny",
+        sizes=replace(UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2),
+    ),
+}
+
+# The flags that override a preset's sizes: (flag, Sizes field).
+SIZE_FLAGS = (
+    ("--height", "height"),
+    ("--width", "width"),
+    ("--sampling-steps", "sampling_steps"),
+    ("--generations", "generations"),
+    ("--timestep-fraction", "timestep_fraction"),
+    ("--eta", "eta"),
+    ("--shift", "shift"),
+    ("--text-tokens", "text_tokens"),
+    ("--gradient-accumulation-steps", "gradient_accumulation_steps"),
+    ("--steps", "steps"),
+    ("--warmup-steps", "warmup_steps"),
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: Preset
+    sizes: Sizes
+    sample_batch_sizes: tuple[int, ...]
+    vae_decode_chunk: int | None  # None: N, the sample batch size
+    device: str
+    dtype: str
+
+    def decode_chunk(self, n: int) -> int:
+        return self.vae_decode_chunk or n
+
+    def describe(self) -> dict:
+        """The preset and sizes, for the fingerprint."""
+        return {
+            "preset": self.preset.name,
+            "models": self.preset.models,
+            "transformer_overrides": dict(self.preset.transformer_overrides),
+            "hps_overrides": dict(self.preset.hps_overrides),
+            **asdict(self.sizes),
+            "train_timesteps": self.sizes.train_timesteps,
+            "sample_batch_sizes": list(self.sample_batch_sizes),
+            "vae_decode_chunk": self.vae_decode_chunk or "N",
+            "gradient_checkpointing": True,
+        }
+
+
+def _bad(message: str, hint: str) -> DancegrpoError:
+    return DancegrpoError(f"bench: {message}", hint, exit_code=2)
+
+
+def parse_batch_sizes(text: str) -> tuple[int, ...]:
+    """``"1,4,12"`` -> (1, 4, 12); each value once, in the order given."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise _bad(f"--sample-batch-sizes {text!r}: {part!r} is not a whole number", "give e.g. 1,4,12") from None
+        if value < 1:
+            raise _bad(f"--sample-batch-sizes: {value} samples per transformer call is fewer than 1", "give counts of 1 or more, e.g. 1,4,12")
+        if value not in values:
+            values.append(value)
+    return tuple(values)
+
+
+def check_sizes(sizes: Sizes) -> None:
+    positive = ("height", "width", "sampling_steps", "generations", "text_tokens", "gradient_accumulation_steps", "steps")
+    for flag, name in SIZE_FLAGS:
+        value = getattr(sizes, name)
+        if name in positive and value < 1:
+            raise _bad(f"{flag} {value} is below 1", f"give {flag} 1 or more")
+    if sizes.warmup_steps < 0:
+        raise _bad(f"--warmup-steps {sizes.warmup_steps} is negative", "give 0 or more")
+    for flag, value in (("--height", sizes.height), ("--width", sizes.width)):
+        if value % 16:
+            # the VAE's 8x and the 2x2 latent packing (pack_latents) need multiples of 16
+            raise _bad(f"{flag} {value} is not a multiple of 16", f"use e.g. {max(16, value // 16 * 16)}")
+    if sizes.sampling_steps < 2:
+        raise _bad(f"--sampling-steps {sizes.sampling_steps}: GRPO trains on the steps but the last, so it needs 2 or more", "give --sampling-steps 2 or more")
+    if not 0 < sizes.timestep_fraction <= 1:
+        raise _bad(f"--timestep-fraction {sizes.timestep_fraction} is not in (0, 1]", "upstream uses 0.6")
+    if sizes.train_timesteps < 1:
+        raise _bad(
+            f"--timestep-fraction {sizes.timestep_fraction} of {sizes.sampling_steps - 1} timesteps trains none",
+            "raise --timestep-fraction or --sampling-steps")
+    if sizes.eta <= 0:
+        raise _bad(f"--eta {sizes.eta}: the GRPO sampler needs noise (eta > 0)", "upstream uses 0.3")
+    if sizes.generations % sizes.gradient_accumulation_steps:
+        raise _bad(
+            f"--generations {sizes.generations} is not a multiple of --gradient-accumulation-steps "
+            f"{sizes.gradient_accumulation_steps}: the last samples would never reach the optimizer",
+            "change one of them")
+
+
+def resolve(options: dict) -> BenchConfig:
+    """The checked configuration from parsed options (``None``: the preset's value).
+
+    ``options`` holds ``preset``, ``sample_batch_sizes`` (text), ``vae_decode_chunk``,
+    ``device``, ``dtype`` and one key per :data:`SIZE_FLAGS` field.
+    """
+    name = options.get("preset") or "full"
+    if name not in PRESETS:
+        raise _bad(f"unknown preset {name!r}", f"choose one of: {', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    given = {f: options[f] for _, f in SIZE_FLAGS if options.get(f) is not None}
+    sizes = replace(preset.sizes, **given)
+    check_sizes(sizes)
+    text = options.get("sample_batch_sizes")
+    batch_sizes = parse_batch_sizes(text) if text is not None else (1,)
+    for n in batch_sizes:
+        if sizes.generations % n:
+            raise _bad(
+                f"--sample-batch-sizes: {n} does not divide the {sizes.generations} generations of a prompt",
+                f"use divisors of {sizes.generations}: {', '.join(str(d) for d in divisors(sizes.generations))}")
+    chunk = options.get("vae_decode_chunk")
+    if chunk is not None and chunk < 1:
+        raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
+    device = options.get("device") or "auto"
+    dtype = options.get("dtype") or "auto"
+    if device not in DEVICES:
+        raise _bad(f"unknown device {device!r}", f"choose one of: {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise _bad(f"unknown dtype {dtype!r}", f"choose one of: {', '.join(DTYPES)}")
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,129 @@
+"""``dancegrpo-npu bench`` end to end: the tiny preset on the CPU, through the patched trainer.
+
+Runs in a child process (the bench imports the trainer from the tree and sets the device for
+its process).  One OpenMP thread: on a shared machine two spinning threads per process slow
+a tiny model's many small ops tenfold; timings are not asserted anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+pytest.importorskip("hpsv2")
+
+RESULT_KEYS = {"sample_batch_size", "rollout_samples_per_s", "step_samples_per_s", "phases_s", "peak_memory_bytes"}
+PHASES = {"rollout", "decode", "reward", "train"}
+
+
+def bench(project_root, *args, timeout=1200):
+    return subprocess.run(
+        [sys.executable, "-m", "dancegrpo_npu", "-C", str(project_root), "bench", *args],
+        capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
+    out = tmp_path / "bench.json"
+    r = bench(patched_tree.project.root, "--preset", "tiny", "--device", "cpu", "--sample-batch-sizes", "1,2",
+              "--steps", "1", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert set(document) == {"results", "fingerprint"}
+    results = document["results"]
+    assert [x["sample_batch_size"] for x in results] == [1, 2]
+    for x in results:
+        assert set(x) == RESULT_KEYS
+        assert set(x["phases_s"]) == PHASES and set(x["peak_memory_bytes"]) == PHASES
+        numbers = [x["rollout_samples_per_s"], x["step_samples_per_s"], *x["phases_s"].values(), *x["peak_memory_bytes"].values()]
+        assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in numbers), x
+        # rollout means sampling, decode and reward: G over their seconds; a step is all four
+        s = x["phases_s"]
+        assert math.isclose(x["rollout_samples_per_s"], 4 / (s["rollout"] + s["decode"] + s["reward"]))
+        assert math.isclose(x["step_samples_per_s"], 4 / sum(s.values()))
+    fingerprint = document["fingerprint"]
+    assert {"host", "devices", "packages"} <= set(fingerprint)
+    facts = fingerprint["bench"]
+    assert (facts["preset"], facts["device_kind"], facts["dtype"]) == ("tiny", "cpu", "float32")
+    assert (facts["height"], facts["width"], facts["sampling_steps"], facts["generations"]) == (64, 64, 4, 4)
+    assert facts["sample_batch_sizes"] == [1, 2] and facts["train_timesteps"] == 1
+    assert facts["tree"]["state"] == "verified"
+    # the table: a row per N and the ratio line
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    assert [row[0] for row in rows] == ["1", "2"]
+    assert "rollout samples/s against N=1: N=2 " in r.stdout
+
+
+@pytest.mark.parametrize("error, expected", [
+    ("torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')", True),
+    ("RuntimeError('[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can\\'t allocate memory: you tried to allocate 42 bytes')", True),
+    ("RuntimeError('NPU out of memory. Tried to allocate 1.00 GiB')", True),
+    ("MemoryError()", True),
+    ("RuntimeError('mat1 and mat2 shapes cannot be multiplied')", False),
+    ("ValueError('out of memory')", False),
+])  # fmt: skip
+def test_what_counts_as_out_of_memory(error, expected):
+    import torch  # noqa: F401  (used by the expressions)
+
+    from dancegrpo_npu.throughput.phases import is_out_of_memory
+
+    assert is_out_of_memory(eval(error)) is expected
+
+
+OOM_IN_ROLLOUT = """
+import sys
+from dancegrpo_npu.throughput import phases
+
+def rollout(self, n):
+    raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 123456789 bytes. Error code 12 (Cannot allocate memory)")
+
+phases.Bench.rollout = rollout
+from dancegrpo_npu.cli import main
+sys.exit(main(["-C", sys.argv[1], "bench", "--preset", "tiny", "--device", "cpu", "--sample-batch-sizes", "2"]))
+"""
+
+
+@pytest.mark.upstream
+def test_running_out_of_memory_is_one_line_exit_2(patched_tree):
+    r = subprocess.run([sys.executable, "-c", OOM_IN_ROLLOUT, str(patched_tree.project.root)],
+                       capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
+    assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last
+
+
+def test_fp32_switches_the_trainers_autocast_off():
+    """On the CPU (fp32) the trainer's own device_autocast(bfloat16) calls must not cast
+    matmuls to bf16 (a fallback ~100x slower there); in bf16 they stay as they are."""
+    import types
+
+    import torch
+
+    from dancegrpo_npu.throughput.command import precision_autocast, resolve_dtype
+
+    def original(dtype=None, enabled=True):
+        return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=enabled)
+
+    trainer = types.SimpleNamespace(device_autocast=original)
+    assert precision_autocast(trainer, "cpu", torch.bfloat16) is original and trainer.device_autocast is original
+    autocast = precision_autocast(trainer, "cpu", torch.float32)
+    assert trainer.device_autocast is autocast
+    x = torch.ones(2, 2)
+    with trainer.device_autocast(torch.bfloat16):
+        assert (x @ x).dtype == torch.float32
+    with original(torch.bfloat16):
+        assert (x @ x).dtype == torch.bfloat16
+    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("bf16", "cpu") == torch.bfloat16

@@ -109,3 +109,24 @@ def test_npu_path_with_the_fake_torch_npu(run_python):
     for causal in ("False", "True"):
         assert got[causal][0] < 1e-5 and got[causal][1]
     assert got["call"] == ["BSND", 2, 8 ** -0.5, 1.0, "torch.bool", [2, 1, 6, 6]]
+
+
+@pytest.mark.fake_npu
+def test_fake_fusion_attention_refuses_off_the_npu(run_python):
+    """The real kernel takes NPU tensors only; the FAKE refuses to run when the run's device is
+    not the NPU, so code that hands it CPU tensors on a CPU run fails in the tests too."""
+    out = run_python(
+        """
+        import torch, torch_npu
+        q = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16)
+        try:
+            torch_npu.npu_fusion_attention(q, q, q, 2, input_layout="BNSD", scale=8 ** -0.5)
+        except RuntimeError as e:
+            print(e)
+        print(len(torch_npu.calls))
+        """,
+        fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    assert out.stdout.splitlines() == [
+        "fake torch_npu: npu_fusion_attention called while DANCEGRPO_DEVICE='cpu': the real kernel would get cpu tensors",
+        "0"]

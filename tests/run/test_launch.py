@@ -15,6 +15,7 @@ from dancegrpo_npu.run import ascend
 from dancegrpo_npu.run import records
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.fingerprint import trainer_matmul_precision
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan, launch
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.run.upstream_args import FLUX_DEFAULTS, PREPROCESS_DEFAULTS
@@ -391,6 +392,8 @@ def test_real_launch_one_process_keeps_the_record(project, tmp_path):
     assert env["packages"]["torch"] and env["devices"]["kind"] == "cpu"
     assert env["upstream"]["locked_commit"] == "15cc71d53cc2e6e18a68ee607d5fb6ba9a99e344"
     assert len(env["upstream"]["series_sha256"]) == 64
+    assert env["matmul_precision"] == {"reported": True, "device": "cpu", "allow_tf32": True,
+                                       "source": "matmul_precision.json, written by the trainer's rank 0 at start"}
     launched = json.loads((run / "launch.json").read_text())
     assert launched["command"] == list(record.command) and launched["user_args"] == ["--max_train_steps", "3"]
     assert "synthetic trainer rank 0/1 started" in (run / "logs" / "console.log").read_text()
@@ -437,6 +440,15 @@ def test_failed_run_records_the_failure(project):
     assert summary["status"] == "failed" and summary["returncode"] == record.returncode
     assert summary["failure"]["log"].endswith("1/stderr.log")
     assert any("synthetic failure on purpose" in line for line in summary["failure"]["tail"])
+
+
+def test_matmul_precision_report_missing_or_broken_says_why(tmp_path):
+    assert trainer_matmul_precision(tmp_path) == {
+        "reported": False,
+        "why": "the trainer wrote no matmul_precision.json (it stopped before main(), or its tree predates patch 0016)"}
+    (tmp_path / "matmul_precision.json").write_text("{not json")
+    got = trainer_matmul_precision(tmp_path)
+    assert got["reported"] is False and got["why"].startswith("matmul_precision.json is unreadable: ")
 
 
 def test_two_launches_in_the_same_second_get_two_directories(tmp_path):

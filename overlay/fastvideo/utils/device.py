@@ -25,12 +25,18 @@ cpu           gloo      cpu            FSDP without CPU offload / sync_module_st
 The scripts call :func:`activate` before anything touches CUDA: on Ascend,
 ``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
 so that it can redirect them to ``torch.npu``.  This module needs only torch; it
-imports torch_npu only when the NPU is asked for (or ``auto`` probes for it).
+imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), and
+diffusers only in :func:`choose_attention_processors`.
+
+Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
+(TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
+(diffusers' NPU attention only on an NPU run; patch 0017).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -216,3 +222,71 @@ def broadcast_module_states(module: torch.nn.Module, src: int = 0) -> None:
         for tensor in list(module.parameters()) + list(module.buffers()):
             dist.broadcast(tensor.data, src=src)
 
+
+
+# --------------------------------------------------------------------------- matmul precision
+
+MATMUL_RECORD = "matmul_precision.json"  # rank 0 writes it in the working directory (the run directory)
+
+
+def allow_tf32(flag: bool = True, record: str | None = MATMUL_RECORD) -> dict:
+    """TF32 for float32 matmuls and convolutions on CUDA, and its NPU counterpart, HF32.
+
+    Upstream's recipe sets ``torch.backends.cuda.matmul.allow_tf32 = True``; transfer_to_npu
+    does not carry that switch over, so on the NPU float32 matmuls would run at full float32
+    while the CUDA recipe runs them in TF32.  torch_npu's documented switches
+    ``torch.npu.matmul.allow_hf32`` (default False, "like torch.backends.cuda.matmul.allow_tf32")
+    and ``torch.npu.conv.allow_hf32`` (default True, "like torch.backends.cudnn.allow_tf32")
+    are set to ``flag`` on the NPU.  Returns the switches as read back after setting them;
+    rank 0 (``RANK``, default 0) also writes them to ``record`` (JSON), for the run's record.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = flag
+    torch.backends.cudnn.allow_tf32 = flag
+    kind = accelerator().kind
+    settings = {
+        "device": kind,
+        "allow_tf32": flag,
+        "torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "torch.npu.matmul.allow_hf32": None,  # None: not an NPU run, left alone
+        "torch.npu.conv.allow_hf32": None,
+    }
+    if kind == "npu":
+        torch.npu.matmul.allow_hf32 = flag
+        torch.npu.conv.allow_hf32 = flag
+        settings["torch.npu.matmul.allow_hf32"] = bool(torch.npu.matmul.allow_hf32)
+        settings["torch.npu.conv.allow_hf32"] = bool(torch.npu.conv.allow_hf32)
+    if record and int(os.environ.get("RANK", "0")) == 0:
+        with open(record, "w") as f:
+            json.dump(settings, f, indent=1)
+            f.write("\n")
+    return settings
+
+
+# --------------------------------------------------------------------------- attention processor
+
+
+def choose_attention_processors(transformer: torch.nn.Module) -> int:
+    """Attention processors from the run's device, not from whether torch_npu is installed.
+
+    diffusers 0.32 gives FluxSingleTransformerBlock its ``FluxAttnProcessor2_0_NPU`` whenever
+    ``is_torch_npu_available()`` (torch_npu installed), and that processor calls
+    ``torch_npu.npu_fusion_attention`` for fp16/bf16 queries - on CPU (or CUDA) tensors when the
+    run's device is not the NPU.  Off the NPU each such processor is replaced by
+    ``FluxAttnProcessor2_0`` (scaled_dot_product_attention); on the NPU diffusers' choice stands.
+    Returns how many processors were replaced.  A diffusers without the NPU class has nothing
+    to replace.
+    """
+    if accelerator().kind == "npu":
+        return 0
+    from diffusers.models import attention_processor
+
+    npu_processor = getattr(attention_processor, "FluxAttnProcessor2_0_NPU", None)
+    if npu_processor is None:
+        return 0
+    replaced = 0
+    for module in transformer.modules():
+        if isinstance(getattr(module, "processor", None), npu_processor):
+            module.set_processor(attention_processor.FluxAttnProcessor2_0())
+            replaced += 1
+    return replaced

@@ -150,6 +150,27 @@ def upstream_facts(project: Project) -> dict:
     return facts
 
 
+# Written in the run directory by the patched trainers' rank 0 at the start of main() (patch 0016,
+# overlay fastvideo/utils/device.py allow_tf32): the TF32 / HF32 switches as set and read back.
+# Only the trainer can see them, so the launcher folds the file in after the run.
+MATMUL_RECORD = "matmul_precision.json"
+
+
+def trainer_matmul_precision(run_dir: Path) -> dict:
+    """The matmul precision switches the trainer reported, or why there is no report."""
+    path = run_dir / MATMUL_RECORD
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"reported": False,
+                "why": f"the trainer wrote no {MATMUL_RECORD} (it stopped before main(), or its tree predates patch 0016)"}
+    except (OSError, ValueError) as e:
+        return {"reported": False, "why": f"{MATMUL_RECORD} is unreadable: {e}"}
+    if not isinstance(data, dict):
+        return {"reported": False, "why": f"{MATMUL_RECORD} is not a JSON object"}
+    return {"reported": True, "source": f"{MATMUL_RECORD}, written by the trainer's rank 0 at start", **data}
+
+
 def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True) -> dict:
     home = ascend.cann_home(env)
     cann_version, cann_file = ascend.cann_version(home) if home else (None, None)

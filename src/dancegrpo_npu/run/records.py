@@ -4,12 +4,14 @@ Layout of ``runs/<YYYYmmdd-HHMMSS>-<name>/``::
 
     launch.json       what was asked and what ran: spec, script arguments, command, environment set
     command.sh        the same as a shell script: cd, exports, the torchrun command (re-runnable)
-    environment.json  the fingerprint: host, devices, CANN, driver, package versions, upstream, series
+    environment.json  the fingerprint: host, devices, CANN, driver, package versions, upstream, series;
+                      after the run also ``matmul_precision`` (TF32/HF32 as the trainer set them)
     summary.json      status, return code, start/end, wall time, steps, reward and loss figures
     logs/console.log  torchrun's own output with every rank's lines (each prefixed with its rank)
     logs/torchrun/    each rank's stdout.log / stderr.log (torchrun --log_dir --redirects)
     outputs/          the script's --output_dir (checkpoints), unless the user named another
-    images/, reward.txt, metrics.jsonl, wandb/   written by the script in its working directory
+    images/, reward.txt, metrics.jsonl, matmul_precision.json, wandb/   written by the script in its
+                      working directory
 
 ``summary.json`` is written when the run starts (status "running") and rewritten when it ends,
 whatever the end, so a run killed with the launcher still says what it was.

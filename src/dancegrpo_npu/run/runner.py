@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dancegrpo_npu.run import records
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.fingerprint import fingerprint
+from dancegrpo_npu.run.fingerprint import fingerprint, trainer_matmul_precision
 from dancegrpo_npu.run.environment import recorded_value, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import RunRecord
@@ -162,7 +162,7 @@ def run_plan(project: Project, plan):
     start = time.time()
     records.write_json(run_dir / "summary.json", _summary(plan, "running", None, start, None))
     print(f"dancegrpo-npu: run directory {run_dir}", flush=True)
-    status, returncode, extra, device_kind = "interrupted", None, {}, None
+    status, returncode, extra, device_kind, fp = "interrupted", None, {}, None, None
     try:
         with _sigterm_raises():
             fp = _fingerprint(project, plan)
@@ -189,6 +189,9 @@ def run_plan(project: Project, plan):
     except _Terminated:
         pass  # recorded below; the exit code says it
     finally:
+        if fp is not None:  # what only the trainer could see, once it has run
+            fp["matmul_precision"] = trainer_matmul_precision(run_dir)
+            records.write_json(run_dir / "environment.json", fp)
         summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
         records.write_json(run_dir / "summary.json", summary)
     print(_one_line(run_dir, summary), flush=True)

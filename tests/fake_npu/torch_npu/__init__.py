@@ -8,9 +8,12 @@ NPUs present).  The NPUs "present" are FAKE_NPU_COUNT (default 8) Ascend910B3 wi
 Compute on an "npu" device fails, as it must: no result obtained with this fake is an NPU
 result.
 
+It registers no HCCL backend and no "npu" device type, has no ``npu_fusion_attention`` and no
+HF32 switches, and ships no distribution metadata (``importlib.metadata`` does not see it).
+
 Why a second fake beside tests/fakes/torch_npu: that one registers the "npu" device with torch
-(privateuse1 renamed, device module, HCCL), which cannot be undone, so it is only imported in
-the subprocesses the overlay and patch tests start.  This one registers nothing with torch, so
+(privateuse1 renamed, device module; no HCCL backend either), which cannot be undone, so it is
+only imported in the subprocesses the overlay and patch tests start.  This one registers nothing with torch, so
 doctor's tests can import it inside the pytest process without changing torch for the tests
 that run after them (merging the two broke the fixtures and smoke tests that way).
 """

@@ -1,9 +1,9 @@
 """A FAKE ``torch_npu`` for tests.  It is not Huawei's torch_npu and runs nothing on an NPU.
 
-It exists so that the port's NPU-only code paths (device selection, HCCL,
-``transfer_to_npu`` ordering, ``npu_fusion_attention``) can be exercised on machines
-without an Ascend NPU.  Every result obtained with it is a CPU result: it never
-stands for an NPU measurement.
+It exists so that the port's NPU-only code paths (device selection, ``transfer_to_npu``
+ordering, the HF32 switches, ``npu_fusion_attention``) can be exercised on machines without
+an Ascend NPU.  Every result obtained with it is a CPU result: it never stands for an NPU
+measurement.
 
 What it imitates, from torch_npu's documentation:
 
@@ -11,16 +11,30 @@ What it imitates, from torch_npu's documentation:
   the ``torch.npu`` device module (``is_available``, ``device_count``, ``set_device``,
   ``current_device``, ``get_amp_supported_dtype`` - so ``torch.autocast("npu")`` can be
   constructed; autocast then changes nothing, no kernel here is an NPU kernel);
-  ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see;
+  ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see.  No tensor
+  can be allocated on that "npu" device;
+* ``torch.npu.matmul.allow_hf32`` (default False) and ``torch.npu.conv.allow_hf32`` (default
+  True), the documented defaults: plain attributes that remember what was set and are read
+  by nothing (no kernel here runs in HF32);
 * ``npu_fusion_attention(query, key, value, head_num, input_layout, ..., atten_mask,
   scale, keep_prob)`` for the ``BSND`` and ``BNSD`` layouts, where ``atten_mask`` is
   boolean, True means "do not attend", and its shape is one the documentation lists
-  ([B,N,S1,S2], [B,1,S1,S2], [1,1,S1,S2], [S1,S2]; no broadcasting); it returns a 7-tuple whose first item is the
-  attention output, computed here in plain torch on whatever device the inputs are on;
+  ([B,N,S1,S2], [B,1,S1,S2], [1,1,S1,S2], [S1,S2]; no broadcasting); it returns a 7-tuple whose
+  first item is the attention output, computed here in plain torch on the CPU tensors it is
+  given.  The real kernel takes NPU tensors only; the fake cannot have NPU tensors, so it
+  stands in for that rule by refusing to run in a process whose run device is not the NPU
+  (``DANCEGRPO_DEVICE`` cpu or cuda, or auto with no fake NPU), where the real kernel would
+  be handed CPU or CUDA tensors;
 * ``FAKE_TORCH_NPU_BROKEN=1``: the import fails the way a torch_npu without CANN's
   libraries on the loader path does;
 * ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
   and whether CUDA was initialised (``transfer_state``), so tests can check the order.
+
+What it does NOT imitate: it registers no HCCL backend (``init_process_group("hccl")``
+fails with it), redirects no ``torch.cuda`` call, and ships no distribution metadata - so
+``importlib.metadata`` (and diffusers' ``is_torch_npu_available()``, which reads it) sees it
+as installed only where a test writes a ``torch_npu`` dist-info beside it
+(tests/patches/patched_tree_runner.py, ``fake_npu="installed"``).
 
 Tests that use it are marked ``fake_npu``.
 """
@@ -75,15 +89,27 @@ class _FakeNpuModule(types.ModuleType):
 
 
 npu = _FakeNpuModule()
+npu.matmul = types.SimpleNamespace(allow_hf32=False)  # torch_npu's documented defaults
+npu.conv = types.SimpleNamespace(allow_hf32=True)
 if torch._C._get_privateuse1_backend_name() == "privateuseone":
     torch.utils.rename_privateuse1_backend("npu")
 torch._register_device_module("npu", npu)  # sets torch.npu, as torch_npu does
+
+
+def _run_device_is_npu() -> bool:
+    """Whether this process's run device is the (fake) NPU, by the overlay's rule."""
+    requested = os.environ.get("DANCEGRPO_DEVICE", "auto").strip().lower() or "auto"
+    return requested == "npu" or (requested == "auto" and _device_count() > 0)
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
                          atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=2147483647,
                          next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
                          actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False):
+    if not _run_device_is_npu():
+        raise RuntimeError(
+            f"fake torch_npu: npu_fusion_attention called while DANCEGRPO_DEVICE="
+            f"{os.environ.get('DANCEGRPO_DEVICE', 'auto')!r}: the real kernel would get {query.device.type} tensors")
     calls.append(("npu_fusion_attention", {
         "input_layout": input_layout, "head_num": head_num, "scale": scale, "keep_prob": keep_prob,
         "atten_mask_dtype": None if atten_mask is None else atten_mask.dtype,

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu.align.options import AlignOptions, add_align_options, options_from_args, records_index
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
 
@@ -55,6 +56,7 @@ class SmokeOptions:
     device: str = "auto"
     verbose: bool = False  # stream the run's own output
     env: tuple[tuple[str, str], ...] = ()  # more environment for the job (wins over the smoke's)
+    align: AlignOptions = AlignOptions()  # --rng/--record.../--replay: launch maps and checks them
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,7 @@ def _launch(project: Project, options: SmokeOptions, fixtures):
         env=job_env(options.device, options.nproc) + tuple(options.env),
         upstream_defaults=False,
         strict=True,
+        align=options.align,
     )
     with _quiet(not options.verbose):
         return launch(project, spec)
@@ -339,9 +342,25 @@ def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
         write_atomic(project.build_dir / PASSED_NAME, json.dumps(passes, indent=1))
 
 
+def align_options(args, project: Project) -> AlignOptions:
+    """The smoke's alignment options (launch turns them into trainer arguments and checks a
+    replay against the planned run).  A replay source is looked up here already, so that one
+    without records is refused before the fixtures are built."""
+    from dancegrpo_npu.run.records import find_run
+
+    align = options_from_args(args)
+    if align.given() and args.if_needed:
+        raise DancegrpoError(f"--if-needed skips the run, so it does not combine with {', '.join(align.given())}",
+                             "drop --if-needed", exit_code=2)
+    if align.replay is not None:
+        records_index(find_run(project.runs_dir, align.replay))
+    return align
+
+
 def _cmd_smoke(args) -> int:
     project = project_from_args(args)
-    options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose)
+    options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
+                           align=align_options(args, project))
     check_options(options)
     key = inputs_sha256(project, options)
     if args.if_needed:
@@ -376,4 +395,5 @@ def register(sub, common) -> None:
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "
                    "series, overlay and fixtures (what ./scripts/bootstrap.sh uses to stay idempotent)")
+    add_align_options(p)
     p.set_defaults(func=_cmd_smoke)

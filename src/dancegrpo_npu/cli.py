@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "doctor.command",
     "run.runs",
     "run.plot",
+    "align.compare",
 )
 
 DESCRIPTION = textwrap.dedent(

@@ -1,0 +1,348 @@
+"""Alignment with a reference run (issue 9): one noise source, stage records, GRPO health.
+
+The Flux trainers call into this module (patches 0018-0020); it imports only torch,
+safetensors and the standard library, never the dancegrpo_npu tool.  ``main()`` calls
+``start()`` once and the run is kept in ``RUN``: upstream draws its SDE noise deep inside
+``flux_step``, which has no handle on the run.  Without ``start()`` every function behaves
+as upstream (``--rng device``, nothing recorded).
+
+Noise (``--rng``, ``--replay``)
+  device  upstream's draws, call for call: ``torch.randn(shape, device=, dtype=bfloat16)``
+          for the initial latents (one (1, 16, h/8, w/8) draw before the rollout with
+          --init_same_noise, else one (n, 16, h/8, w/8) draw per rollout batch of n),
+          ``torch.randn_like(prev_sample_mean)`` for the SDE noise of every sampling step,
+          ``torch.randperm(S - 1)`` on the global CPU generator, one per sample, for the
+          timestep permutations.
+  cpu     ONE ``torch.Generator("cpu")`` seeded ``seed * 1000 + rank`` for the whole run.
+          Each step draws, in this order, in float32 on the CPU (B samples on the rank,
+          S sampling steps, tokens = (h/16) * (w/16)):
+            with --init_same_noise: randn((1, 16, h/8, w/8))          shared initial latents
+            for each sample b = 0..B-1:
+              without --init_same_noise: randn((1, 16, h/8, w/8))     its initial latents
+              randn((S, tokens, 64))                                   its SDE noise, steps 0..S-1
+            for each sample b = 0..B-1: randperm(S - 1)                its timestep permutation
+          The draws are then cast to the dtype upstream uses (bfloat16 initial latents,
+          float32 SDE noise) and moved to the device.  A sample's noise does not depend on
+          how the rollout is batched.
+  replay  ``noise.init``, ``noise.sde`` and ``noise.perms`` of a recorded run, cast and moved
+          the same way.
+
+Records (``--record``, ``--record_steps``, ``--record_modules``): see ``alignment_records``.
+GRPO health (metrics.jsonl): ``step_health()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastvideo.utils import alignment_records as records
+from fastvideo.utils.alignment_health import Health
+
+RUN = None  # the current run (start())
+RNG_CHOICES = ("device", "cpu")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What this module needs of the trainer's arguments (defaults: upstream's behaviour)."""
+
+    rng: str = "device"
+    seed: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    record: bool = False
+    record_steps: frozenset | None = None  # None: every step
+    record_modules: bool = False
+    replay: str | None = None
+    clip_range: float = 1e-4
+    group_size: int | None = None  # --num_generations with --use_group, else None (one group)
+
+    @classmethod
+    def from_args(cls, args, rank: int, world_size: int) -> "Settings":
+        return cls(
+            rng=getattr(args, "rng", "device"), seed=args.seed, rank=rank, world_size=world_size,
+            record=bool(getattr(args, "record", False)),
+            record_steps=records.parse_steps(getattr(args, "record_steps", None)),
+            record_modules=bool(getattr(args, "record_modules", False)),
+            replay=getattr(args, "replay", None), clip_range=args.clip_range,
+            group_size=args.num_generations if args.use_group else None)
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def argument_problem(args, environ=None) -> str | None:
+    """What is wrong with the alignment arguments (one line), or None.  Replay is checked
+    against this rank's files before anything is loaded."""
+    environ = os.environ if environ is None else environ
+    if getattr(args, "rng", "device") not in RNG_CHOICES:
+        return f"--rng {args.rng!r} is not one of {', '.join(RNG_CHOICES)}"
+    if getattr(args, "rng", "device") == "cpu" and args.seed is None:
+        return "--rng cpu needs --seed (the CPU generator is seeded seed * 1000 + rank)"
+    record = bool(getattr(args, "record", False))
+    if getattr(args, "record_modules", False) and not record:
+        return "--record_modules needs --record"
+    if getattr(args, "record_steps", None) is not None:
+        if not record:
+            return "--record_steps needs --record"
+        try:
+            records.parse_steps(args.record_steps)
+        except ValueError as exc:
+            return str(exc)
+    if getattr(args, "replay", None):
+        world_size, rank = int(environ.get("WORLD_SIZE", "1")), int(environ.get("RANK", "0"))
+        return records.replay_problem(args.replay, run_fields(args, world_size), rank,
+                                      samples_per_rank(args), args.max_train_steps or 0)
+    return None
+
+
+def check_args(args) -> None:
+    """Refuse bad alignment arguments before anything is loaded: one line on stderr, exit 2."""
+    problem = argument_problem(args)
+    if problem:
+        print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def samples_per_rank(args) -> int:
+    return args.train_batch_size * (args.num_generations if args.use_group else 1)
+
+
+def run_fields(args, world_size: int) -> dict:
+    """The run's description in records/index.json (the replay check compares some of it)."""
+    return {
+        "format": records.FORMAT, "script": os.path.basename(sys.argv[0]), "world_size": world_size,
+        "rng": getattr(args, "rng", "device"), "seed": args.seed, "h": args.h, "w": args.w, "t": args.t,
+        "num_generations": args.num_generations, "sampling_steps": args.sampling_steps,
+        "init_same_noise": bool(args.init_same_noise), "eta": args.eta, "clip_range": args.clip_range,
+        "timestep_fraction": args.timestep_fraction,
+        "replayed_from": os.path.abspath(args.replay) if getattr(args, "replay", None) else None,
+    }
+
+
+# ---------------------------------------------------------------- noise
+
+
+class Noise:
+    """The random draws of the training path (see the module doc for modes and order)."""
+
+    def __init__(self, mode: str, seed: int | None = None, rank: int = 0, replay_dir: str | None = None):
+        self.mode = "replay" if replay_dir else mode
+        self.generator = torch.Generator("cpu").manual_seed(seed * 1000 + rank) if self.mode == "cpu" else None
+        self.replay_dir, self.rank = replay_dir, rank
+        self.keep = False  # keep this step's noise for the record
+        self.step = None
+        self._clear()
+
+    def _clear(self):
+        self.init = self.sde = self.perms = None  # float32 / int64, on the CPU
+        self.same = False
+        self.batch = None
+        self._init_parts = []
+
+    def begin_step(self, step: int, keep: bool) -> None:
+        self.step, self.keep = step, keep
+        self._clear()
+        if self.mode == "replay":
+            self.init, self.sde, self.perms = records.load_noise(self.replay_dir, step, self.rank)
+
+    def begin_rollout(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
+        """Before the rollout of a step: B samples, latents (C, h/8, w/8), S steps."""
+        channels, lh, lw = latent_shape
+        sde_shape = (num_samples, sampling_steps, (lh // 2) * (lw // 2), channels * 4)
+        init_shape = (1 if same_noise else num_samples, channels, lh, lw)
+        self.same = same_noise
+        if self.mode == "cpu":
+            g = self.generator
+            shared = torch.randn((1, channels, lh, lw), generator=g) if same_noise else None
+            init, sde = [], []
+            for _ in range(num_samples):
+                if not same_noise:
+                    init.append(torch.randn((1, channels, lh, lw), generator=g))
+                sde.append(torch.randn(sde_shape[1:], generator=g))
+            self.init = shared if same_noise else torch.cat(init)
+            self.sde = torch.stack(sde)
+        elif self.mode == "replay":
+            for name, have, want in (("noise.init", self.init, init_shape), ("noise.sde", self.sde, sde_shape)):
+                if tuple(have.shape) != want:
+                    raise RuntimeError(f"--replay {self.replay_dir}: step {self.step} {name} has shape "
+                                       f"{tuple(have.shape)}, this rollout needs {want}")
+        elif self.keep:  # device: keep the draws as they are made
+            self.sde = torch.zeros(sde_shape)
+
+    def select(self, batch_idx) -> None:
+        """The samples (indices into the step's B) of the rollout batch about to be sampled."""
+        self.batch = batch_idx
+
+    def initial_latents(self, shape, device, dtype) -> torch.Tensor:
+        if self.mode == "device":
+            latents = torch.randn(shape, device=device, dtype=dtype)
+            if self.keep:
+                self._init_parts.append(latents.detach().to("cpu", torch.float32))
+            return latents
+        drawn = self.init if self.same else self.init[self.batch]
+        _same_shape("initial latents", drawn, shape)
+        return drawn.to(device=device, dtype=dtype)
+
+    def sde_noise(self, like: torch.Tensor, index: int) -> torch.Tensor:
+        if self.mode == "device":
+            noise = torch.randn_like(like)
+            if self.keep and self.sde is not None:
+                self.sde[self.batch, index] = noise.detach().to("cpu", torch.float32)
+            return noise
+        if self.batch is None:
+            raise RuntimeError("SDE noise asked for outside a rollout batch (alignment.rollout_batch not called)")
+        drawn = self.sde[self.batch, index]
+        _same_shape("SDE noise", drawn, like.shape)
+        return drawn.to(device=like.device, dtype=like.dtype)
+
+    def timestep_perms(self, batch_size: int, n: int) -> torch.Tensor:
+        if self.mode == "device":
+            perms = torch.stack([torch.randperm(n) for _ in range(batch_size)])
+        elif self.mode == "cpu":
+            perms = torch.stack([torch.randperm(n, generator=self.generator) for _ in range(batch_size)])
+        else:
+            perms = self.perms
+            _same_shape("timestep permutations", perms, (batch_size, n))
+            perms = perms.clone()
+        if self.keep:
+            self.perms = perms.clone()
+        return perms
+
+    def recorded(self) -> dict:
+        """This step's noise as the record keeps it: as drawn, float32 (int64 permutations)."""
+        init = torch.cat(self._init_parts) if self.mode == "device" and self._init_parts else self.init
+        out = {"noise.init": init, "noise.sde": self.sde, "noise.perms": self.perms}
+        return {k: v.contiguous() for k, v in out.items() if v is not None}
+
+
+def _same_shape(what: str, tensor: torch.Tensor, shape) -> None:
+    if tuple(tensor.shape) != tuple(shape):
+        raise RuntimeError(f"alignment: the {what} prepared have shape {tuple(tensor.shape)}, "
+                           f"the trainer asks for {tuple(shape)}")
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Run:
+    def __init__(self, settings: Settings, device=None, fields: dict | None = None):
+        self.settings, self.device = settings, device
+        self.noise = Noise(settings.rng, settings.seed, settings.rank, settings.replay)
+        self.health = Health(settings.clip_range, settings.group_size)
+        self.recorder = None
+        if settings.record:
+            self.recorder = records.Recorder(Path("records"), settings.rank, settings.world_size,
+                                             settings.record_steps, settings.record_modules, fields or {})
+        self.step = None
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        keep = bool(self.recorder and self.recorder.begin(step))
+        self.noise.begin_step(step, keep)
+        self.health.reset()
+
+    def end_step(self) -> None:
+        if self.recorder:
+            self.recorder.end(self.noise.recorded() if self.noise.keep else {})
+
+
+_UPSTREAM = Run(Settings())  # used before start(): upstream's draws, nothing recorded
+
+
+def _run() -> Run:
+    return RUN if RUN is not None else _UPSTREAM
+
+
+def start(args, rank: int, world_size: int, device=None) -> Run:
+    """Once, in main(), after the process group is up."""
+    global RUN
+    RUN = Run(Settings.from_args(args, rank, world_size), device, run_fields(args, world_size))
+    return RUN
+
+
+def begin_step(step: int) -> None:
+    _run().begin_step(step)
+
+
+def end_step() -> None:
+    _run().end_step()
+
+
+def begin_rollout(num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
+    _run().noise.begin_rollout(num_samples, latent_shape, sampling_steps, same_noise)
+
+
+def rollout_batch(batch_idx) -> None:
+    _run().noise.select(batch_idx)
+
+
+def initial_latents(shape, device, dtype) -> torch.Tensor:
+    return _run().noise.initial_latents(shape, device, dtype)
+
+
+def sde_noise(like: torch.Tensor, index: int) -> torch.Tensor:
+    return _run().noise.sde_noise(like, index)
+
+
+def timestep_perms(batch_size: int, n: int) -> torch.Tensor:
+    return _run().noise.timestep_perms(batch_size, n)
+
+
+def observe(name: str, tensor: torch.Tensor) -> None:
+    """A stage of the step (latents, log_probs, rewards, advantages): for health and record."""
+    run = _run()
+    run.health.observe(name, tensor)
+    if run.recorder:
+        run.recorder.add(name, tensor)
+
+
+def observe_images(images) -> None:
+    run = _run()
+    if run.recorder and run.recorder.active:
+        run.recorder.add("images", torch.stack([records.image_tensor(im) for im in images]))
+
+
+def trained_pair(new_log_prob, old_log_prob, ratio, loss) -> None:
+    """One trained (sample, timestep): its recomputed and sampling log-probs, ratio, loss."""
+    run = _run()
+    run.health.pair(new_log_prob, old_log_prob, ratio)
+    if run.recorder:
+        for name, value in (("train.log_prob", new_log_prob), ("train.old_log_prob", old_log_prob),
+                            ("train.ratio", ratio), ("train.loss", loss)):
+            run.recorder.add(name, value.reshape(-1))
+
+
+def optimizer_stepped(grad_norm) -> None:
+    run = _run()
+    run.health.stepped()
+    if run.recorder:
+        run.recorder.add("grad_norm", torch.as_tensor(grad_norm).reshape(-1))
+
+
+@contextmanager
+def capture_modules(prefix: str, root):
+    """Around the first transformer forward, VAE decode and reward call: with
+    --record_modules, every module's output the first time through (then the hooks go)."""
+    recorder = _run().recorder
+    if recorder is None or not recorder.modules_due(prefix):
+        yield
+        return
+    capture = records.ModuleCapture(prefix, root)
+    try:
+        yield
+    finally:
+        capture.remove()
+        recorder.add_modules(prefix, capture)
+
+
+def step_health() -> dict:
+    """The GRPO health figures of the step, over all ranks (a collective: every rank calls)."""
+    run = _run()
+    return run.health.metrics(run.device)

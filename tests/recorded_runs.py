@@ -30,6 +30,7 @@ MODULES = (
     "vae/decoder",
     "reward/visual.transformer",
     "reward/visual",
+    "reward.image_features",  # an item of the root module's (dict) output
 )
 
 

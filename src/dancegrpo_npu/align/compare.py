@@ -20,7 +20,15 @@ from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.options import parse_step_spec
-from dancegrpo_npu.align.records import RunRecords, check_comparable, common_steps, load_records, open_pair
+from dancegrpo_npu.align.records import (
+    MODULE_GROUPS,
+    RunRecords,
+    check_comparable,
+    common_steps,
+    load_records,
+    module_group,
+    open_pair,
+)
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
 
@@ -47,7 +55,6 @@ AXES = {
     "train.loss": ("sample", "trained_timestep"),
     "grad_norm": ("optimizer_step",),
 }
-MODULE_GROUPS = ("transformer", "vae", "reward")  # execution order within step 1
 
 
 @dataclass
@@ -176,8 +183,7 @@ def _module_checks(a: RunRecords, b: RunRecords, tol: dict) -> list:
 
 
 def _group(row) -> str:
-    head = (row.module or "").split("/", 1)[0]
-    return head if head in MODULE_GROUPS else "transformer"
+    return module_group(row.module or "")
 
 
 def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[str, float]) -> Comparison:

@@ -31,6 +31,15 @@ MUST_MATCH = (
     ("sampling_steps", "sampling steps"),
 )
 
+MODULE_GROUPS = ("transformer", "vae", "reward")  # the models of module records, in step 1's order
+
+
+def module_group(name: str) -> str:
+    """transformer | vae | reward: the model a module record belongs to ("reward/visual", and
+    "reward.image_features", an item of the root's output); other names count as transformer."""
+    head = name.split("/", 1)[0].split(".", 1)[0]
+    return head if head in MODULE_GROUPS else "transformer"
+
 
 def _safetensors():
     try:

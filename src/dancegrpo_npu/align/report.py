@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.options import format_steps
+from dancegrpo_npu.align.records import module_group
 from dancegrpo_npu.files import write_atomic
 
 MAX_MODULE_ROWS = 40  # more modules than this (a real FLUX): the table shows a summary and the failures
@@ -77,10 +78,10 @@ def _table_rows(rows: list) -> list:
             out.append((_label(r), str(r.step), r.metric, value_text(r), tolerance_text(r),
                         "ok" if r.ok else "FAIL", _where(r)))  # fmt: skip
             continue
-        group = (r.module or "").split("/", 1)[0]
+        group = module_group(r.module or "")
         if group not in shown_groups:
             shown_groups.add(group)
-            members = [m for m in modules if (m.module or "").split("/", 1)[0] == group]
+            members = [m for m in modules if module_group(m.module or "") == group]
             bad = [m for m in members if not m.ok]
             worst = min((m.extra.get("cosine", float("nan")) for m in members), key=lambda c: (c == c, c))
             out.append((f"{group}/* ({len(members)} modules)", str(r.step), "worst cosine", _num(worst), "msprobe",

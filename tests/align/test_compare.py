@@ -231,6 +231,13 @@ def test_noise_that_differs_is_reported_first_and_is_not_like_for_like(project, 
     )
 
 
+def test_module_records_of_one_run_only_are_noted_not_compared(project, capsys):
+    make_run(project / "runs", "a", modules=True)
+    make_run(project / "runs", "b")
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 0 and "note: module outputs not compared: only a recorded them" in out
+
+
 def test_a_stage_one_run_lacks_is_a_divergence(project, capsys):
     make_run(project / "runs", "a")
 

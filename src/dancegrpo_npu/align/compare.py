@@ -66,6 +66,7 @@ class Comparison:
     rows: list  # metrics.Check, in order
     worst_images: tuple | None  # (psnr, step, rank, sample, image_a, image_b)
     rewards: dict  # step -> (mean reward A, mean reward B) from the records
+    notes: tuple[str, ...] = ()
 
     @property
     def first_divergence(self):
@@ -202,7 +203,10 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
                         merged[row.stage] = row
         rows += _splice_modules(list(merged.values()), modules if step == module_step else [])
     rewards = {s: (v[0] / v[2], v[1] / v[2]) for s, v in state.get("rewards", {}).items() if v[2]}
-    return Comparison(a, b, steps, tol, rows, state.get("worst_images"), rewards)
+    notes = ()
+    if a.has_modules() != b.has_modules():
+        notes = (f"module outputs not compared: only {(a if a.has_modules() else b).name} recorded them",)
+    return Comparison(a, b, steps, tol, rows, state.get("worst_images"), rewards, notes)
 
 
 # When step 1 computes each stage, module outputs included: the transformer runs after the noise is

@@ -142,8 +142,8 @@ def open_pair(path_a: Path, path_b: Path) -> Iterator[tuple[TensorFile, TensorFi
     for p in (path_a, path_b):
         if not p.is_file():
             raise DancegrpoError(
-                f"compare: {p} is missing although its run's index lists the step",
-                "the run was interrupted while recording; compare other steps with --steps",
+                f"compare: {p} is missing although its run's index lists it",
+                "the run was interrupted while recording, or the file was removed; compare other steps with --steps",
                 exit_code=2,
             )
     with ExitStack() as stack:

@@ -141,7 +141,7 @@ def render(result, written: dict) -> str:
         f"steps compared: {format_steps(result.steps)}" + (f"; module outputs: {modules}" if modules else ""),
     ]
     lines += [f"wrote {path}" for path in written.get("files", [])]
-    lines += [f"note: {note}" for note in written.get("notes", [])]
+    lines += [f"note: {note}" for note in (*result.notes, *written.get("notes", []))]
     lines += ["", format_table(result.rows), "", first_divergence_text(result), verdict_text(result)]
     return "\n".join(lines)
 
@@ -180,6 +180,7 @@ def compare_json(result) -> dict:
         "verdict": verdict_text(result),
         "exit_code": 0 if result.aligned else 1,
         "reward_means": {str(s): list(v) for s, v in result.rewards.items()},
+        "notes": list(result.notes),
     })  # fmt: skip
 
 

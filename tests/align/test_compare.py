@@ -82,22 +82,46 @@ def test_compare_png_has_the_panels(project, capsys):
 
 
 def test_perturbed_reward_is_the_first_divergence(project, capsys):
+    """The row holds the error of the step's mean reward (the field's figure), and the worst sample."""
     make_run(project / "runs", "a")
 
     def reward(step, rank, t):
         if step == 2:
-            t["rewards"][1] *= 1.001  # 0.1% > 0.02%
+            t["rewards"][1] *= np.float32(1.001)  # 0.1% on one sample of two
 
     b = make_run(project / "runs", "b", perturb=reward)
     rc, out, _ = compare(project, capsys, "a", "b")
     assert rc == 1
-    line = first_divergence(out)
-    assert line.startswith("first divergence: rewards at step 2 (rank 0, sample 1): max rel error (%) 0.1")
-    assert verdict(out) == "verdict: not aligned: 1 of 30 checks out of tolerance"
     report = json.loads((b / "compare.json").read_text())
-    assert report["first_divergence"]["stage"] == "rewards" and report["first_divergence"]["step"] == 2
-    assert report["first_divergence"]["value"] == pytest.approx(0.1, rel=1e-3)
-    assert report["exit_code"] == 1 and report["first_divergence"]["text"] == line
+    first = report["first_divergence"]
+    mean_a, mean_b = first["extra"]["mean_a"], first["extra"]["mean_b"]
+    expected = abs(mean_b - mean_a) / mean_a * 100
+    assert 0.02 < expected < 0.1 and first["value"] == pytest.approx(expected)
+    assert first["extra"]["max_sample_rel_err_pct"] == pytest.approx(0.1, rel=1e-3)
+    line = first_divergence(out)
+    assert line == f"first divergence: rewards at step 2 (rank 0, sample 1): mean rel error (%) {expected:.6g} > 0.02"
+    assert verdict(out) == "verdict: not aligned: 1 of 30 checks out of tolerance"
+    assert first["stage"] == "rewards" and first["step"] == 2
+    assert report["exit_code"] == 1 and first["text"] == line
+    assert "(worst sample 0.1" in out
+
+
+def test_a_sample_off_by_less_than_the_mean_tolerance_is_aligned(project, capsys):
+    """One sample of 2x2 (two ranks) off by 0.05%: the mean of the four moves by less than 0.02%."""
+    make_run(project / "runs", "a", world_size=2)
+
+    def reward(step, rank, t):
+        if rank == 1:
+            t["rewards"][0] *= np.float32(1.0005)
+
+    b = make_run(project / "runs", "b", world_size=2, perturb=reward)
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 0, out
+    rows = [r for r in json.loads((b / "compare.json").read_text())["rows"] if r["stage"] == "rewards"]
+    assert [r["where"] for r in rows] == [{"rank": 1, "sample": 0}] * 2
+    for r in rows:
+        assert r["extra"]["max_sample_rel_err_pct"] == pytest.approx(0.05, rel=1e-3)
+        assert 0 < r["value"] < 0.02 and r["ok"]
 
 
 def test_reward_within_the_field_tolerance_is_aligned_and_tol_flips_it(project, capsys):

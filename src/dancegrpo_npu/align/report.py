@@ -48,6 +48,8 @@ def value_text(row) -> str:
         text = f"cos {_num(e['cosine'])}, abs {_num(e['max_abs_err'])}, rel {_num(e['max_rel_err'])}"
         return text + ("" if e.get("finite", True) else ", NaN/Inf")
     text = _num(row.value)
+    if "max_sample_rel_err_pct" in row.extra:
+        text += f" (worst sample {_num(row.extra['max_sample_rel_err_pct'])})"
     if "max_pixel_diff" in row.extra:
         text += f" (max pixel diff {_num(row.extra['max_pixel_diff'])})"
     return text
@@ -228,9 +230,10 @@ def write_png(result, path: Path) -> None:
     ax.set(title="reward (mean per step)", xlabel="step")
     ax.legend(fontsize="small")
     ax = fig.add_subplot(grid[0, 2])
-    rel = [(r.step, r.value) for r in result.rows if r.stage == "rewards"]
+    rel = [(r.step, r.value, r.extra.get("max_sample_rel_err_pct")) for r in result.rows if r.stage == "rewards"]
     if rel:
-        ax.plot([s for s, _ in rel], [v for _, v in rel], marker="o", label="max per-sample")
+        ax.plot([s for s, _, _ in rel], [v for _, v, _ in rel], marker="o", label="mean reward")
+        ax.plot([s for s, _, _ in rel], [w for _, _, w in rel], marker=".", linestyle=":", label="worst sample")
         ax.set_yscale("symlog", linthresh=1e-4)
     ax.axhline(result.tolerances["rewards_rel_pct"], color="red", linestyle="--", label="tolerance")
     ax.set(title="reward relative error (%)", xlabel="step")

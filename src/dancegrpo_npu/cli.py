@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "doctor.command",
     "run.runs",
     "run.plot",
+    "align.compare",
     "throughput.command",
 )
 

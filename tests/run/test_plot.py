@@ -83,3 +83,32 @@ def test_plot_refuses_runs_without_rewards_and_bad_names(runs, capsys):
     assert main(["-C", str(root), "plot", "gpu", "-o", str(root / "x.jpg")]) == 2
     err = capsys.readouterr().err
     assert "no run 'nosuchrun'" in err and "not a .png" in err
+
+
+def test_health_panels_for_runs_that_have_the_keys(runs):
+    root, dirs = runs
+    health = fake_run(
+        root / "runs",
+        "20260101-130000-health",
+        metrics=[
+            {"step": 1, "loss": 1.0, "reward_mean": 0.3, "clip_frac": 0.0, "clip_frac_first": 0.0,
+             "logprob_diff_max": 0.0, "ratio_min": 1.0, "ratio_max": 1.0},
+            {"step": 2, "loss": 0.5, "reward_mean": 0.4, "clip_frac": 0.5, "clip_frac_first": None,
+             "logprob_diff_max": 3e-5, "ratio_min": 0.99, "ratio_max": 1.02},
+        ],
+    )  # fmt: skip
+    fig = make_figure([load_run(dirs[0]), load_run(health)])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[2:] == [
+        "clip fraction (all pairs; before the first update)",
+        "|new - old log-prob| before the first update (0 expected)",
+        "ratio new/old",
+    ]
+    clip = fig.axes[2]
+    assert [line.get_label() for line in clip.get_lines()] == [
+        "20260101-130000-health (npu: Ascend910B3 ×8): clip_frac",
+        "20260101-130000-health (npu: Ascend910B3 ×8): clip_frac_first",
+    ]
+    first = clip.get_lines()[1].get_ydata()
+    assert first[0] == 0.0 and first[1] != first[1]  # null is a gap, not a zero
+    assert list(fig.axes[3].get_lines()[0].get_ydata()) == [0.0, 3e-5]

@@ -43,13 +43,33 @@ def test_runs_lists_each_run_with_reward_trend(tmp_path, capsys):
     fake_run(runs, "20260101-120000-bad", summary={"status": "failed"})
     assert main(["-C", str(tmp_path), "runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["RUN", "STATUS", "DEVICE", "WORLD", "STEPS", "REWARD", "first", "->", "last", "WALL"]
-    assert lines[1].split() == ["20260101-100000-gpu", "succeeded", "cuda", "8", "3", "0.3", "->", "0.35", "12.5s"]
-    assert lines[2].split() == ["20260101-110000-npu", "succeeded", "npu", "8", "2", "0.31", "->", "0.32", "12.5s"]
-    assert lines[3].split() == ["20260101-120000-bad", "failed", "npu", "8", "0", "-", "12.5s"]
+    assert lines[0].split() == [
+        "RUN", "STATUS", "DEVICE", "WORLD", "STEPS", "REWARD", "first", "->", "last", "CLIP_FRAC", "LOGP_DIFF_MAX", "WALL"
+    ]  # fmt: skip
+    # runs without the GRPO health keys (older runs, reward.txt only) show "-" there
+    assert lines[1].split() == ["20260101-100000-gpu", "succeeded", "cuda", "8", "3", "0.3", "->", "0.35", "-", "-", "12.5s"]
+    assert lines[2].split() == ["20260101-110000-npu", "succeeded", "npu", "8", "2", "0.31", "->", "0.32", "-", "-", "12.5s"]
+    assert lines[3].split() == ["20260101-120000-bad", "failed", "npu", "8", "0", "-", "-", "-", "12.5s"]
     assert main(["-C", str(tmp_path), "runs", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["reward_last"] for r in rows] == [0.35, 0.32, None]
+
+
+def test_runs_shows_the_last_grpo_health_values(tmp_path, capsys):
+    """The last non-null value of each key (null: a step without pairs to compute it on)."""
+    (tmp_path / "upstream.lock").write_text((Path(__file__).parents[2] / "upstream.lock").read_text())
+    health = [
+        {"step": 1, "loss": 1.0, "reward_mean": 0.3, "clip_frac": 0.25, "logprob_diff_max": 2e-5, "approx_kl": 1e-9},
+        {"step": 2, "loss": 0.5, "reward_mean": 0.4, "clip_frac": 0.5, "logprob_diff_max": None, "zero_std_groups": 1},
+    ]
+    fake_run(tmp_path / "runs", "20260101-100000-npu", metrics=health)
+    assert main(["-C", str(tmp_path), "runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["0.5", "2e-05", "12.5s"]
+    assert main(["-C", str(tmp_path), "runs", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["health"] == {
+        "reward_mean": 0.4, "clip_frac": 0.5, "logprob_diff_max": 2e-5, "approx_kl": 1e-9, "zero_std_groups": 1.0
+    }  # fmt: skip
 
 
 def test_runs_with_no_runs(tmp_path, capsys):

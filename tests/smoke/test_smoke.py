@@ -432,3 +432,18 @@ def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
         assert [smoke.previous_pass(project, k) for k in keys] == runs
     finally:
         (project.build_dir / smoke.PASSED_NAME).unlink(missing_ok=True)
+
+
+def test_no_strict_reaches_the_launch(monkeypatch):
+    """--no-strict (for an ablation tree that runs float64 on purpose) turns strict mode off in
+    the launch the smoke plans; by default the smoke launches with strict mode on."""
+    from dancegrpo_npu.cli import build_parser
+
+    assert build_parser().parse_args(["smoke", "--no-strict"]).no_strict is True
+    assert build_parser().parse_args(["smoke"]).no_strict is False
+    seen = []
+    monkeypatch.setattr("dancegrpo_npu.run.launch.launch", lambda project, spec, dry_run=False: seen.append(spec))
+    monkeypatch.setattr(smoke, "all_trainer_args", lambda options, fixtures: ())
+    smoke._launch(None, smoke.SmokeOptions(), None)
+    smoke._launch(None, smoke.SmokeOptions(strict=False), None)
+    assert [spec.strict for spec in seen] == [True, False]

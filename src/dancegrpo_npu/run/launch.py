@@ -22,13 +22,22 @@ from pathlib import Path
 
 from dancegrpo_npu.run import records
 
+from dancegrpo_npu.align.options import ALIGN_SCRIPTS, TRAINER_FLAGS, add_align_options, check_replay, options_from_args
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
 from dancegrpo_npu.run.runner import run_plan
-from dancegrpo_npu.run.upstream_args import SCRIPTS, ScriptInfo, build_script_args, check_inputs, script_info
+from dancegrpo_npu.run.upstream_args import (
+    SCRIPTS,
+    ScriptInfo,
+    build_script_args,
+    check_inputs,
+    script_info,
+    split_flags,
+    trainer_values,
+)
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
@@ -65,7 +74,38 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
         if name == "DANCEGRPO_DEVICE":
             raise DancegrpoError("DANCEGRPO_DEVICE is set by --device", "use --device instead of --env", exit_code=2)
     run_name(spec)
+    given = spec.align.given()
+    if given and info.name not in ALIGN_SCRIPTS:
+        raise DancegrpoError(
+            f"{', '.join(given)}: only the Flux trainers ({', '.join(ALIGN_SCRIPTS)}) draw noise and record stages",
+            f"launch {info.name} without {' '.join(given)}",
+            exit_code=2,
+        )
+    spec.align.check()
     return info
+
+
+def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], world_size: int) -> list[str]:
+    """The contract's trainer arguments for spec.align, appended to the final script arguments;
+    a replay is checked here, against what this launch will run with."""
+    align = spec.align
+    if not align.given():
+        return []
+    typed = {flag for flag, _, _ in split_flags(spec.args)} & set(TRAINER_FLAGS)
+    if typed:
+        raise DancegrpoError(
+            f"{', '.join(sorted(typed))} given after -- as well as launch's alignment options",
+            "use launch's --rng / --record / --record-steps / --record-modules / --replay only",
+            exit_code=2,
+        )
+    planned = {**trainer_values(script_args), "world_size": world_size}
+    if align.rng == "cpu" and planned["seed"] is None:
+        raise DancegrpoError("--rng cpu: the launch sets no --seed to seed the CPU generator from",
+                             "pass --seed N after --", exit_code=2)
+    replay_records = None
+    if align.replay is not None:
+        replay_records = check_replay(records.find_run(project.runs_dir, align.replay), planned)
+    return list(align.trainer_args(replay_records))
 
 
 def build_plan(
@@ -95,6 +135,7 @@ def build_plan(
         upstream_defaults=spec.upstream_defaults,
     )
     check_inputs(info, script_args)
+    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
     port = spec.master_port
     if port is None:
@@ -224,6 +265,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         default=d(False),
         help="print the environment and torchrun command, start nothing (works on a host without the NPUs, e.g. a login node)",
     )
+    add_align_options(p, d)
 
 
 EPILOG = textwrap.dedent(
@@ -310,6 +352,7 @@ def _cmd_launch(args) -> int:
         env=tuple(env),
         upstream_defaults=args.upstream_defaults,
         strict=args.strict,
+        align=options_from_args(args),
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dancegrpo_npu.align.options import AlignOptions
 from dancegrpo_npu.run.upstream_args import ScriptInfo
 
 
@@ -24,6 +25,7 @@ class LaunchSpec:
     env: tuple[tuple[str, str], ...] = ()  # extra environment; wins over everything
     upstream_defaults: bool = True  # False: pass exactly `args` (smoke does this)
     strict: bool = False  # DANCEGRPO_NPU_STRICT=1
+    align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (flux, flux-lora only)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""``dancegrpo-npu plot RUN [RUN...]``: reward (and loss) per step of one or more runs, to a PNG.
+"""``dancegrpo-npu plot RUN [RUN...]``: reward, loss and GRPO health per step of one or more runs, to a PNG.
 
 Several runs go on one figure (a GPU run beside an NPU run), each curve labelled with the
 run's name and the device it ran on.  Figures come from metrics.jsonl (contract 4), or from
-upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).
+upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).  The GRPO
+health keys (alignment contract: clip fraction, ratios, log-prob difference before the first
+update, ...) get a panel each group, when some run has them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,17 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.run.records import RunInfo, find_run, load_run, read_metrics
+
+# (panel title, metrics.jsonl keys drawn in it), in the order the panels appear
+HEALTH_PANELS = (
+    ("grad norm", ("grad_norm",)),
+    ("clip fraction (all pairs; before the first update)", ("clip_frac", "clip_frac_first")),
+    ("|new - old log-prob| before the first update (0 expected)", ("logprob_diff_max", "logprob_diff_mean")),
+    ("ratio new/old", ("ratio_min", "ratio_mean", "ratio_max")),
+    ("approx KL", ("approx_kl",)),
+    ("advantages", ("adv_min", "adv_max")),
+    ("reward std; groups with reward std 0", ("reward_std", "zero_std_groups")),
+)
 
 
 def make_figure(runs: list[RunInfo]):
@@ -31,8 +44,10 @@ def make_figure(runs: list[RunInfo]):
             f"no rewards to plot in {names}", "a run writes reward.txt / metrics.jsonl from its first step on"
         )
     with_loss = [(run, m) for run, m in plotted if m.loss]
-    rows = 2 if with_loss else 1
-    fig, axes = plt.subplots(rows, 1, figsize=(9, 4 * rows), sharex=True, squeeze=False)
+    panels = [(title, keys) for title, keys in HEALTH_PANELS if any(k in m.health for _, m in plotted for k in keys)]
+    rows = (2 if with_loss else 1) + len(panels)
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 4 * min(rows, 2) + 2.5 * max(rows - 2, 0)), sharex=True,
+                             squeeze=False)  # fmt: skip
     reward_ax = axes[0][0]
     for run, m in plotted:
         reward_ax.plot(m.steps, m.reward, marker="." if len(m.steps) < 50 else None, label=run.label)
@@ -47,6 +62,16 @@ def make_figure(runs: list[RunInfo]):
         loss_ax.set_ylabel("loss")
         loss_ax.grid(True, alpha=0.3)
         loss_ax.legend(fontsize="small")
+    for (title, keys), row in zip(panels, axes[rows - len(panels) :]):
+        ax = row[0]
+        for run, m in plotted:
+            for key in keys:
+                if key in m.health:
+                    values = [float("nan") if v is None else v for v in m.health[key]]  # null: a gap
+                    ax.plot(m.steps, values, marker="." if len(m.steps) < 50 else None, label=f"{run.label}: {key}")
+        ax.set_title(title, fontsize="medium")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="x-small")
     axes[-1][0].set_xlabel("step")
     axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
@@ -71,6 +71,25 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+# GRPO health keys of metrics.jsonl (alignment contract; every run, recorded or not), and the
+# grad norm upstream already logs.  A value is None where the step had no pairs to compute it on.
+HEALTH_KEYS = (
+    "grad_norm",
+    "reward_std",
+    "adv_min",
+    "adv_max",
+    "zero_std_groups",
+    "ratio_min",
+    "ratio_max",
+    "ratio_mean",
+    "clip_frac",
+    "approx_kl",
+    "logprob_diff_max",
+    "logprob_diff_mean",
+    "clip_frac_first",
+)
+
+
 @dataclass(frozen=True)
 class Metrics:
     """Per-step figures of one run: from metrics.jsonl, else rewards from reward.txt."""
@@ -81,6 +100,13 @@ class Metrics:
     step_time: tuple[float, ...]
     source: str | None  # "metrics.jsonl" | "reward.txt" | None
     skipped_lines: int = 0
+    # HEALTH_KEYS present in metrics.jsonl: one value (or None) per step, aligned with steps
+    health: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+
+    def last(self, key: str) -> float | None:
+        """The last non-null value of a health key (or reward_mean / loss), None without one."""
+        column = {"reward_mean": self.reward, "loss": self.loss}.get(key) or self.health.get(key) or ()
+        return next((v for v in reversed(column) if v is not None), None)
 
 
 def _num(x) -> float | None:
@@ -101,6 +127,7 @@ def read_metrics(run_dir: Path) -> Metrics:
     jsonl = run_dir / "metrics.jsonl"
     if jsonl.is_file():
         steps, reward, loss, step_time, skipped = [], [], [], [], 0
+        health: dict[str, list[float | None]] = {k: [] for k in HEALTH_KEYS}
         for line in jsonl.read_text(errors="replace").splitlines():
             if not line.strip():
                 continue
@@ -114,6 +141,8 @@ def read_metrics(run_dir: Path) -> Metrics:
             reward.append(_num(rec.get("reward_mean")))
             loss.append(_num(rec.get("loss")))
             step_time.append(_num(rec.get("step_time")))
+            for key, column in health.items():
+                column.append(_num(rec.get(key)))
         if steps:
             return Metrics(
                 tuple(steps),
@@ -122,6 +151,7 @@ def read_metrics(run_dir: Path) -> Metrics:
                 _complete(step_time),
                 "metrics.jsonl",
                 skipped,
+                {k: tuple(v) for k, v in health.items() if any(x is not None for x in v)},
             )
     rewards_file = run_dir / "reward.txt"
     if rewards_file.is_file():

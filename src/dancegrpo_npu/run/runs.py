@@ -7,7 +7,7 @@ import os
 import socket
 
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import RunInfo, list_runs
+from dancegrpo_npu.run.records import HEALTH_KEYS, RunInfo, list_runs, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -35,6 +35,8 @@ def _fmt(x) -> str:
 
 def row(run: RunInfo) -> dict:
     reward = run.summary.get("reward") or {}
+    metrics = read_metrics(run.path)  # live: a running run's summary is only rewritten at its end
+    health = {k: metrics.last(k) for k in ("reward_mean", *HEALTH_KEYS) if metrics.last(k) is not None}
     return {
         "name": run.name,
         "status": status_of(run),
@@ -45,16 +47,19 @@ def row(run: RunInfo) -> dict:
         "reward_last": reward.get("last"),
         "wall_time_s": run.summary.get("wall_time_s"),
         "path": str(run.path),
+        "health": health,  # the last value of each GRPO health key metrics.jsonl has (alignment contract)
     }
 
 
 def format_table(rows: list[dict]) -> str:
-    header = ("RUN", "STATUS", "DEVICE", "WORLD", "STEPS", "REWARD first -> last", "WALL")
+    header = ("RUN", "STATUS", "DEVICE", "WORLD", "STEPS", "REWARD first -> last", "CLIP_FRAC", "LOGP_DIFF_MAX", "WALL")
     lines = [header]
     for r in rows:
         trend = "-" if r["reward_first"] is None else f"{_fmt(r['reward_first'])} -> {_fmt(r['reward_last'])}"
         wall = "-" if r["wall_time_s"] is None else f"{r['wall_time_s']:.1f}s"
-        lines.append((r["name"], r["status"], r["device"], str(r["world_size"] or "-"), str(r["steps"]), trend, wall))
+        health = r["health"]
+        lines.append((r["name"], r["status"], r["device"], str(r["world_size"] or "-"), str(r["steps"]), trend,
+                      _fmt(health.get("clip_frac")), _fmt(health.get("logprob_diff_max")), wall))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
@@ -63,8 +68,12 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "runs",
         parents=[common],
-        help="list the run records with their reward trend",
-        description="List runs/<time>-<name>/ records: status, device, world size, steps, reward first -> last, wall time.",
+        help="list the run records with their reward trend and GRPO health",
+        description=(
+            "List runs/<time>-<name>/ records: status, device, world size, steps, reward first -> last, the last "
+            "clip fraction and log-prob difference before the first update (metrics.jsonl; should be 0), wall time. "
+            "--json adds the last value of every GRPO health key."
+        ),
     )
     p.add_argument("--json", action="store_true", help="one JSON object per run, for scripts")
     p.set_defaults(func=_cmd_runs)

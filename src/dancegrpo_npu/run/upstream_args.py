@@ -313,3 +313,38 @@ def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
                     f"{flag}: {p} does not exist ({what})",
                     f"put the file there (docs/ascend-910b.md, Weights) or pass {flag} PATH",
                 )
+
+
+# The Flux trainers' own argparse defaults (fastvideo/train_grpo_flux.py and train_grpo_flux_lora.py,
+# commit 15cc71d5) for the arguments a replay must match: what the trainer uses when the launch
+# passes no such flag (smoke and --no-upstream-defaults pass only what they name).  None: no
+# default (upstream's scripts always pass one).
+TRAINER_ARGPARSE_DEFAULTS: dict[str, object] = {
+    "seed": None,
+    "h": None,
+    "w": None,
+    "num_generations": 16,
+    "sampling_steps": None,
+    "init_same_noise": False,
+    "max_train_steps": None,
+}
+_STORE_TRUE = ("init_same_noise",)
+
+
+def trainer_values(script_args: tuple[str, ...] | list[str]) -> dict[str, object]:
+    """The values the trainer will run with for TRAINER_ARGPARSE_DEFAULTS' arguments, read from
+    the final script arguments as argparse would (the last occurrence wins); ints where they
+    parse, else the text (which then differs from any recorded value)."""
+    values = dict(TRAINER_ARGPARSE_DEFAULTS)
+    for flag, value, _ in split_flags(script_args):
+        name = flag[2:]
+        if name not in values:
+            continue
+        if name in _STORE_TRUE:
+            values[name] = True
+            continue
+        try:
+            values[name] = int(value) if value is not None else None
+        except ValueError:
+            values[name] = value
+    return values

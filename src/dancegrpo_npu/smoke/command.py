@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu.align.options import AlignOptions, add_align_options, options_from_args, records_index
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.smoke.checks import (
@@ -82,6 +83,8 @@ class SmokeOptions:
     steps: int = STEPS
     generations: int = GENERATIONS
     extra_args: tuple[str, ...] = ()  # trainer arguments after the smoke's own (argparse: the later wins)
+    align: AlignOptions = AlignOptions()  # --rng/--record.../--replay: launch maps and checks them
+    strict: bool = True  # off only for trees that run float64 on purpose (an ablation without 0006)
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,8 @@ def _launch(project: Project, options: SmokeOptions, fixtures):
         name="smoke-lora" if options.lora else "smoke",
         env=job_env(options.device, options.nproc) + tuple(options.env),
         upstream_defaults=False,
-        strict=True,
+        strict=options.strict,
+        align=options.align,
     )
     with _quiet(not options.verbose):
         return launch(project, spec)
@@ -300,7 +304,7 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
         return None
     code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
     settings = (options.nproc, options.lora, options.device, options.steps, options.generations,
-                tuple(options.extra_args), str(project.workdir))
+                tuple(options.extra_args), str(project.workdir), options.strict)
     h = hashlib.sha256()
     for part in (*parts, params_sha256(), *code, repr(settings)):
         h.update(part.encode() + b"\0")
@@ -332,10 +336,26 @@ def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
         write_atomic(project.build_dir / PASSED_NAME, json.dumps(passes, indent=1))
 
 
+def align_options(args, project: Project) -> AlignOptions:
+    """The smoke's alignment options (launch turns them into trainer arguments and checks a
+    replay against the planned run).  A replay source is looked up here already, so that one
+    without records is refused before the fixtures are built."""
+    from dancegrpo_npu.run.records import find_run
+
+    align = options_from_args(args)
+    if align.given() and args.if_needed:
+        raise DancegrpoError(f"--if-needed skips the run, so it does not combine with {', '.join(align.given())}",
+                             "drop --if-needed", exit_code=2)
+    if align.replay is not None:
+        records_index(find_run(project.runs_dir, align.replay))
+    return align
+
+
 def _cmd_smoke(args) -> int:
     project = project_from_args(args)
     options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
-                           steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args))
+                           steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
+                           align=align_options(args, project), strict=not args.no_strict)
     check_options(options)
     key = inputs_sha256(project, options)
     if args.if_needed:
@@ -346,7 +366,7 @@ def _cmd_smoke(args) -> int:
             return 0
     what = "LoRA" if options.lora else "full"
     print(f"smoke: {what} FLUX GRPO, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
-          f"generations, HPSv2 reward, strict mode; {options.nproc} process(es), device {options.device}; "
+          f"generations, HPSv2 reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:
         print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)
@@ -383,4 +403,8 @@ def register(sub, common) -> None:
     p.add_argument("trainer_args", nargs="*", metavar="-- ARGS",
                    help="more trainer arguments, after the smoke's own: the later wins (not --max_train_steps, "
                    "--checkpointing_steps, --num_generations, --output_dir: the checks depend on them)")
+    p.add_argument("--no-strict", action="store_true",
+                   help="run without strict mode (DANCEGRPO_NPU_STRICT): for a tree that runs float64 on purpose, "
+                   "e.g. one applied --without 0006-float32-rope.patch, diffusers' float64 RoPE")
+    add_align_options(p)
     p.set_defaults(func=_cmd_smoke)

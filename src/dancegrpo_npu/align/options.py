@@ -1,0 +1,197 @@
+"""The alignment flags of ``launch`` and ``smoke``, the trainer arguments they become, and the
+replay check made before anything starts.
+
+=====================  ==============================================================
+tool flag              trainer argument (the alignment contract)
+=====================  ==============================================================
+``--rng device|cpu``   ``--rng device|cpu``
+``--record``           ``--record``
+``--record-steps S``   ``--record --record_steps S`` (implies --record)
+``--record-modules``   ``--record --record_modules`` (implies --record)
+``--replay RUN``       ``--replay <RUN>/records`` after ``check_replay`` says it fits
+=====================  ==============================================================
+
+Only the Flux trainers (``flux``, ``flux-lora``) know these arguments; ``preprocess`` refuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+
+RNG_CHOICES = ("device", "cpu")
+ALIGN_SCRIPTS = ("flux", "flux-lora")
+TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
+_SPEC_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_step_spec(spec: str, what: str = "--record-steps") -> tuple[int, ...]:
+    """``"1-10,50"`` -> (1, ..., 10, 50): steps counted from 1, ranges inclusive."""
+    steps: set[int] = set()
+    items = spec.split(",") if spec else [""]
+    for item in items:
+        m = _SPEC_ITEM.match(item.strip())
+        first = int(m.group(1)) if m else 0
+        last = int(m.group(2)) if m and m.group(2) else first
+        if not m or first < 1 or last < first:
+            raise DancegrpoError(
+                f"{what} {spec!r}: {item.strip() or 'an empty item'!r} is not a step or a range of steps",
+                "write steps counted from 1 and ranges FIRST-LAST, comma-separated, e.g. 1-10,50",
+                exit_code=2,
+            )
+        steps.update(range(first, last + 1))
+    return tuple(sorted(steps))
+
+
+def format_steps(steps) -> str:
+    """(1, 2, 3, 7) -> "1-3,7"."""
+    out, run = [], []
+    for s in sorted(steps):
+        if run and s == run[-1] + 1:
+            run.append(s)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out) or "none"
+
+
+@dataclass(frozen=True)
+class AlignOptions:
+    rng: str | None = None  # None: the trainer's default (device)
+    record: bool = False
+    record_steps: str | None = None  # a validated SPEC, passed as typed
+    record_modules: bool = False
+    replay: str | None = None  # a run directory or name, as typed
+
+    def given(self) -> list[str]:
+        names = [("--rng", self.rng), ("--record", self.record), ("--record-steps", self.record_steps),
+                 ("--record-modules", self.record_modules), ("--replay", self.replay)]  # fmt: skip
+        return [name for name, value in names if value not in (None, False)]
+
+    def check(self) -> None:
+        if self.rng is not None and self.rng not in RNG_CHOICES:
+            raise DancegrpoError(f"--rng {self.rng!r} is not a choice", f"choose one of: {', '.join(RNG_CHOICES)}", 2)
+        if self.record_steps is not None:
+            parse_step_spec(self.record_steps)
+
+    def recording(self) -> bool:
+        return self.record or self.record_steps is not None or self.record_modules
+
+    def trainer_args(self, replay_records: Path | None) -> tuple[str, ...]:
+        """The contract's trainer arguments; ``replay_records`` is ``<run>/records`` (checked)."""
+        out: list[str] = []
+        if self.rng is not None:
+            out += ["--rng", self.rng]
+        if self.recording():
+            out.append("--record")
+        if self.record_steps is not None:
+            out += ["--record_steps", self.record_steps]
+        if self.record_modules:
+            out.append("--record_modules")
+        if replay_records is not None:
+            out += ["--replay", str(replay_records)]
+        return tuple(out)
+
+
+def add_align_options(p: argparse.ArgumentParser, default=lambda v: v) -> None:
+    """The flags, on ``launch`` and ``smoke``.  Values are checked by ``AlignOptions.check`` (a
+    one-line error) rather than by argparse, whose errors print the whole usage."""
+    p.add_argument("--rng", default=default(None), metavar="{device,cpu}",
+                   help="where the trainer draws its noise: device (upstream's draws, the default) or cpu "
+                   "(one CPU generator seeded from --seed and the rank: the same noise on CPU, CUDA and NPU)")
+    p.add_argument("--record", action="store_true", default=default(False),
+                   help="record every stage (noise, latents, log-probs, images, rewards, advantages, ratios, "
+                   "loss, grad norm) per rank and step into <run>/records/ (docs/alignment.md)")
+    p.add_argument("--record-steps", default=default(None), metavar="SPEC",
+                   help="record only these steps, e.g. 1-10,50 (implies --record; default: every step)")
+    p.add_argument("--record-modules", action="store_true", default=default(False),
+                   help="also record every module's output of step 1's first transformer forward, VAE decode "
+                   "and reward call (implies --record)")
+    p.add_argument("--replay", default=default(None), metavar="RUN",
+                   help="take every noise tensor from RUN's records instead of drawing it (a run directory or "
+                   "name; refused before anything starts when RUN does not fit this launch)")
+
+
+def options_from_args(args) -> AlignOptions:
+    options = AlignOptions(
+        rng=getattr(args, "rng", None),
+        record=bool(getattr(args, "record", False)),
+        record_steps=getattr(args, "record_steps", None),
+        record_modules=bool(getattr(args, "record_modules", False)),
+        replay=getattr(args, "replay", None),
+    )
+    options.check()
+    return options
+
+
+# ---------------------------------------------------------------- replay
+
+
+def records_index(run_dir: Path, what: str = "--replay") -> dict:
+    """``<run>/records/index.json``, or a one-line refusal naming what is missing."""
+    index_path = run_dir / "records" / "index.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except FileNotFoundError:
+        raise DancegrpoError(
+            f"{what}: run {run_dir.name} has no records ({index_path} does not exist)",
+            "record a run first: launch or smoke with --record",
+            exit_code=2,
+        ) from None
+    except (OSError, ValueError) as e:
+        raise DancegrpoError(f"{what}: {index_path} is not readable JSON ({e})", "record the run again", 2) from None
+    if not isinstance(index, dict) or index.get("format") != 1:
+        raise DancegrpoError(
+            f"{what}: {index_path} is not a format-1 records index",
+            "this dancegrpo-npu reads format 1 (docs/alignment.md); record the run again",
+            exit_code=2,
+        )
+    return index
+
+
+# What the replayed run must share with the planned one (the contract's list), in message order.
+REPLAY_KEYS = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
+
+
+def check_replay(run_dir: Path, planned: dict) -> Path:
+    """Refuse, in one line, a replay whose records do not fit ``planned`` (REPLAY_KEYS and
+    ``max_train_steps``); return the records directory to pass to the trainer."""
+    index = records_index(run_dir)
+    differ = [(key, index.get(key), planned.get(key)) for key in REPLAY_KEYS if index.get(key) != planned.get(key)]
+    if differ:
+        recorded = ", ".join(f"{k} {_show(r)}" for k, r, _ in differ)
+        here = ", ".join(f"{k} {_show(p)}" for k, _, p in differ)
+        raise DancegrpoError(
+            f"--replay {run_dir.name}: it was recorded with {recorded}, but this launch has {here}",
+            "launch with the recorded settings, or record a run with these",
+            exit_code=2,
+        )
+    max_steps = planned.get("max_train_steps")
+    if not isinstance(max_steps, int):
+        raise DancegrpoError(
+            "--replay: this launch does not set --max_train_steps, so the steps to replay are unknown",
+            "pass --max_train_steps N after --",
+            exit_code=2,
+        )
+    recorded_steps = {s for s in index.get("steps") or [] if isinstance(s, int)}
+    missing = [s for s in range(1, max_steps + 1) if s not in recorded_steps]
+    if missing:
+        raise DancegrpoError(
+            f"--replay {run_dir.name}: steps {format_steps(missing)} of this launch (max_train_steps {max_steps}) "
+            f"were not recorded (recorded: {format_steps(recorded_steps)})",
+            "lower --max_train_steps, or record those steps",
+            exit_code=2,
+        )
+    return run_dir / "records"
+
+
+def _show(value) -> str:
+    return "not set" if value is None else json.dumps(value)

@@ -1,0 +1,153 @@
+"""compare against the real patched trainers (slow): records made by ``smoke`` on the tiny fixtures.
+
+- two ``--rng cpu --record`` smokes (1 and 2 ranks) are bit-identical: compare exits 0;
+- a ``--replay`` of a recorded run reproduces it: compare exits 0;
+- numeric faults planted in a COPY of the patched tree (a phase-shifted RoPE table, a scaled
+  attention output, a changed norm weight, a changed VAE weight) are caught with
+  ``--record-modules``: compare exits 1 and ``first divergence:`` names the planted module.
+
+They need the trainer side of the alignment contract (patches adding --rng/--record/--replay to
+the Flux trainers); without those in the series they are skipped, saying so.  The planted trees
+are not lock + series + overlay by design: the tests replace only launch's verdict on them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT_ROOT
+
+from dancegrpo_npu.align.options import AlignOptions
+from dancegrpo_npu.cli import main
+from dancegrpo_npu.project import find_project
+
+pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+pytest.importorskip("safetensors")
+
+pytestmark = [pytest.mark.slow, pytest.mark.upstream]
+
+
+def _alignment_in_series() -> bool:
+    trainer_side = ("--rng", "--record_modules", "--replay")
+    text = "".join(p.read_text(errors="replace") for p in (PROJECT_ROOT / "patches").glob("*.patch"))
+    text += "".join(p.read_text(errors="replace") for p in (PROJECT_ROOT / "overlay").rglob("*.py"))
+    return all(f'"{flag}"' in text for flag in trainer_side)
+
+
+needs_trainer_side = pytest.mark.skipif(
+    not _alignment_in_series(),
+    reason="the trainer side of the alignment contract (--rng/--record/--replay patches) is not in this series",
+)
+
+
+def smoke_run(project, nproc: int = 1, **align) -> Path:
+    from dancegrpo_npu.smoke import command as smoke
+
+    options = smoke.SmokeOptions(nproc=nproc, device="cpu", align=AlignOptions(**align))
+    return smoke.run_smoke(project, options).run_dir
+
+
+def compare(project, capsys, a: Path, b: Path, *more) -> tuple[int, str]:
+    rc = main(["-C", str(project.root), "compare", str(a), str(b), *more])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return rc, out.out + out.err
+
+
+def first_divergence(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("first divergence:"))
+
+
+@needs_trainer_side
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+def test_cpu_rng_runs_are_bit_identical(patched_tree, capsys, nproc):
+    project = patched_tree.project
+    a = smoke_run(project, nproc, rng="cpu", record=True)
+    b = smoke_run(project, nproc, rng="cpu", record=True)
+    rc, out = compare(project, capsys, a, b)
+    assert rc == 0, out
+    assert first_divergence(out) == "first divergence: none"
+    assert "noise.sde" in out and "rewards" in out and (b / "compare.png").is_file()
+
+
+@needs_trainer_side
+def test_replay_reproduces_its_source(patched_tree, capsys):
+    project = patched_tree.project
+    source = smoke_run(project, record=True)  # the device's own draws (CPU here)
+    replay = smoke_run(project, record=True, replay=str(source))
+    rc, out = compare(project, capsys, source, replay)
+    assert rc == 0, out
+
+
+# ------------------------------------------------------------------ planted faults
+
+ROPE = "fastvideo/models/flux_rope.py"
+TRAINER = "fastvideo/train_grpo_flux.py"
+AFTER_ROPE = "    install_float32_rope(transformer)\n"
+AFTER_VAE = '        subfolder="vae",\n        torch_dtype = torch.bfloat16,\n    ).to(device)\n'
+SCALED_ATTENTION = '''
+    class _PlantedScale:  # PLANTED FAULT (dancegrpo-npu test): attention output of block 0 scaled by -1.5
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+            out = self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+            return tuple(x * -1.5 for x in out) if isinstance(out, tuple) else out * -1.5
+
+    transformer.transformer_blocks[0].attn.processor = _PlantedScale(transformer.transformer_blocks[0].attn.processor)
+'''
+
+# name -> ([(file, anchor, replacement)], what `first divergence:` must name)
+FAULTS = {
+    "rope": (
+        [(ROPE, "angles = pos[:, axes] * inv_freq ", "angles = pos[:, axes] * inv_freq + 0.5 ")],  # 0.5 rad phase
+        "transformer/pos_embed",
+    ),
+    "attention": ([(TRAINER, AFTER_ROPE, AFTER_ROPE + SCALED_ATTENTION)], "transformer/transformer_blocks.0.attn"),
+    "norm": (
+        [(TRAINER, AFTER_ROPE, AFTER_ROPE + "    transformer.transformer_blocks[0].attn.norm_q.weight.data.neg_()  # PLANTED\n")],
+        "transformer/transformer_blocks.0.attn.norm_q",
+    ),
+    "vae": (
+        [(TRAINER, AFTER_VAE, AFTER_VAE + "    vae.decoder.conv_in.weight.data.neg_()  # PLANTED FAULT\n")],
+        "vae/decoder.conv_in",
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def clean_modules_run(patched_tree):
+    return smoke_run(patched_tree.project, rng="cpu", record_modules=True)
+
+
+def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
+    """The patched tree copied, with the edits made; launch trusts it (only its verdict is replaced)."""
+    from dancegrpo_npu.engine import treecheck
+
+    copy = tmp_path / "planted" / "DanceGRPO"
+    shutil.copytree(patched_tree.tree, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    for rel, anchor, replacement in edits:
+        path = copy / rel
+        text = path.read_text()
+        assert text.count(anchor) == 1, f"the anchor for the planted fault is not (once) in {rel}: {anchor!r}"
+        path.write_text(text.replace(anchor, replacement))
+    monkeypatch.setattr(treecheck, "tree_state", lambda project, script=None: {"state": "verified", "detail": "planted"})
+    return find_project(patched_tree.project.root, workdir=copy)
+
+
+@needs_trainer_side
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
+    edits, module = FAULTS[fault]
+    project = planted_project(patched_tree, tmp_path, edits, monkeypatch)
+    faulty = smoke_run(project, rng="cpu", record_modules=True)
+    rc, out = compare(patched_tree.project, capsys, clean_modules_run, faulty)
+    assert rc == 1, out
+    line = first_divergence(out)
+    named = line.split()[2]
+    assert re.fullmatch(re.escape(module) + r"(\.\d+)*", named), line  # the module, or an item of its output
+    assert "(module output, step 1, rank 0)" in line

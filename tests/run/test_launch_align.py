@@ -1,0 +1,179 @@
+"""launch/smoke alignment flags: --rng, --record, --record-steps, --record-modules, --replay become
+the contract's trainer arguments; bad values and replays that do not fit are refused in one
+line before anything starts (checked with launch --dry-run on the synthetic tree)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from recorded_runs import index
+from synthetic_tree import make_project, trust_synthetic_tree
+
+from dancegrpo_npu.cli import main
+from dancegrpo_npu.project import find_project
+
+SMALL = ("--h", "16", "--w", "16", "--num_generations", "2", "--sampling_steps", "3", "--max_train_steps", "2")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    trust_synthetic_tree(monkeypatch)
+    return find_project(make_project(tmp_path / "proj"))
+
+
+def recorded(project, name: str, **over) -> Path:
+    """A run with only records/index.json: all a replay check reads."""
+    run = project.runs_dir / name
+    (run / "records").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    (run / "records" / "index.json").write_text(json.dumps(index(**over)))
+    return run
+
+
+def dry_run(project, capsys, *argv) -> tuple[int, str, str]:
+    before = sorted(p.name for p in project.runs_dir.iterdir()) if project.runs_dir.exists() else []
+    rc = main(["-C", str(project.root), "launch", *argv])
+    out = capsys.readouterr()
+    after = sorted(p.name for p in project.runs_dir.iterdir()) if project.runs_dir.exists() else []
+    assert after == before  # a dry run, or a refusal, creates no run directory
+    return rc, out.out, out.err
+
+
+def command_tail(out: str) -> str:
+    """The torchrun command of a dry run's script, on one line."""
+    text = out[out.index("torch.distributed.run"):]
+    return " ".join(part.strip() for part in text.replace("\\\n", " ").split())
+
+
+def test_flags_become_the_contracts_trainer_arguments(project, capsys):
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--rng", "cpu", "--record-steps", "1-3,5",
+                           "--record-modules", "--", "--max_train_steps", "2")  # fmt: skip
+    assert rc == 0, err
+    assert command_tail(out).endswith(" --rng cpu --record --record_steps 1-3,5 --record_modules")
+    rc, out, _ = dry_run(project, capsys, "--record", "flux-lora", "--dry-run")  # before the script too
+    assert rc == 0 and command_tail(out).endswith(" --record")
+    rc, _, err = dry_run(project, capsys, "--rng", "gpu", "flux", "--dry-run")
+    assert rc == 2 and err == "dancegrpo-npu: error: --rng 'gpu' is not a choice; choose one of: device, cpu\n"
+    rc, out, _ = dry_run(project, capsys, "flux", "--dry-run")
+    assert rc == 0 and "--rng" not in out and "--record" not in out  # nothing given: upstream's run, unchanged
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["flux", "--rng", "gpu"], "--rng 'gpu' is not a choice; choose one of: device, cpu"),
+        (["flux-lora", "--rng=gpu"], "--rng 'gpu' is not a choice"),
+        (["flux", "--record-steps", "1-x"], "--record-steps '1-x': '1-x' is not a step or a range of steps"),
+        (["flux", "--record-steps", "0,2"], "'0' is not a step"),
+        (["flux", "--record-steps", "5-2"], "'5-2' is not a step"),
+        (["flux", "--record-steps", ""], "an empty item"),
+        (["preprocess", "--record"], "--record: only the Flux trainers (flux, flux-lora) draw noise and record"),
+        (["flux", "--record", "--", "--record"], "--record given after -- as well as launch's alignment options"),
+        (["flux", "--rng", "cpu", "--no-upstream-defaults"], "--rng cpu: the launch sets no --seed"),
+        (["flux", "--replay", "nosuch"], "no run 'nosuch'"),
+    ],
+)
+def test_bad_alignment_input_is_one_line(project, capsys, argv, message):
+    rc, out, err = dry_run(project, capsys, *argv[:1], "--dry-run", *argv[1:])
+    assert rc == 2 and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_replay_that_fits_passes_the_records_directory(project, capsys):
+    src = recorded(project, "20260101-100000-gpu", steps=[1, 2, 3])
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "gpu", "--", *SMALL)
+    assert rc == 0, err
+    assert command_tail(out).endswith(f" --replay {src / 'records'}")
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", str(src), "--record", "--", *SMALL)
+    assert rc == 0 and command_tail(out).endswith(f" --record --replay {src / 'records'}")
+
+
+def test_replay_without_records(project, capsys):
+    run = project.runs_dir / "20260101-100000-plain"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "plain", "--", *SMALL)
+    assert rc == 2 and "--replay: run 20260101-100000-plain has no records" in err
+    assert "launch or smoke with --record" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "over, argv, message",
+    [
+        ({}, ["--nproc-per-node", "2"], "recorded with world_size 1, but this launch has world_size 2"),
+        ({}, ["--", *SMALL[4:]], "recorded with h 16, w 16, but this launch has h 720, w 720"),  # upstream's default
+        ({"num_generations": 12}, ["--", *SMALL], "recorded with num_generations 12, but this launch has num_generations 2"),
+        ({"sampling_steps": 16}, ["--", *SMALL], "sampling_steps 16, but this launch has sampling_steps 3"),
+        ({"init_same_noise": False}, ["--", *SMALL], "init_same_noise false, but this launch has init_same_noise true"),
+        ({"steps": [1]}, ["--", *SMALL], "steps 2 of this launch (max_train_steps 2) were not recorded (recorded: 1)"),
+        ({"steps": [1, 2]}, ["--", *SMALL[:-1], "10"], "steps 3-10 of this launch (max_train_steps 10) were not"),
+    ],
+)  # fmt: skip
+def test_replay_that_does_not_fit_is_refused_naming_what_differs(project, capsys, over, argv, message):
+    recorded(project, "20260101-100000-src", **over)
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "src", *argv)
+    if "--" not in argv:
+        rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "src", *argv, "--", *SMALL)
+    assert rc == 2 and out == "" and message in err, err
+    assert err.startswith("dancegrpo-npu: error: --replay") and err.count("\n") == 1
+
+
+def test_replay_checks_the_trainers_own_defaults_without_upstream_defaults(project, capsys):
+    """--no-upstream-defaults (as smoke runs): a flag not given is the trainer's argparse default
+    (num_generations 16, init_same_noise off), not the shell script's."""
+    recorded(project, "20260101-100000-src")
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--no-upstream-defaults", "--replay", "src", "--",
+                         "--h", "16", "--w", "16", "--sampling_steps", "3", "--max_train_steps", "2")  # fmt: skip
+    assert rc == 2
+    assert "recorded with num_generations 2, init_same_noise true, but this launch has num_generations 16, " \
+           "init_same_noise false" in err  # fmt: skip
+
+
+def test_replay_of_a_bad_index(project, capsys):
+    run = recorded(project, "20260101-100000-src")
+    (run / "records" / "index.json").write_text(json.dumps({"format": 2}))
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "src", "--", *SMALL)
+    assert rc == 2 and "is not a format-1 records index" in err
+
+
+# ------------------------------------------------------------------ smoke: refused before fixtures
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rng", "gpu"], "--rng 'gpu' is not a choice"),
+        (["--record-steps", "x"], "--record-steps 'x'"),
+        (["--replay", "nosuch"], "no run 'nosuch'"),
+        (["--replay", "plain"], "run 20260101-100000-plain has no records"),
+        (["--record", "--if-needed"], "--if-needed skips the run, so it does not combine with --record"),
+    ],
+)
+def test_smoke_refuses_bad_alignment_input_before_building_anything(tmp_path, capsys, argv, message):
+    root = tmp_path / "p"
+    (root / "runs" / "20260101-100000-plain").mkdir(parents=True)
+    (root / "runs" / "20260101-100000-plain" / "summary.json").write_text("{}")
+    (root / "upstream.lock").write_text((Path(__file__).parents[2] / "upstream.lock").read_text())
+    rc = main(["-C", str(root), "smoke", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1
+    assert sorted(p.name for p in root.iterdir()) == ["runs", "upstream.lock"]  # no build/, no fixtures
+    assert [p.name for p in (root / "runs").iterdir()] == ["20260101-100000-plain"]
+
+
+def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
+    """smoke hands its options to launch (which maps and checks them, as above)."""
+    from dancegrpo_npu.align.options import AlignOptions
+    from dancegrpo_npu.run import launch as launch_mod
+    from dancegrpo_npu.smoke import command
+
+    seen = {}
+    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: seen.setdefault("spec", spec))
+    fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
+                                                     "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
+    align = AlignOptions(rng="cpu", record_modules=True)
+    command._launch(find_project(make_project(tmp_path / "p")), command.SmokeOptions(align=align), fixtures)
+    assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
+                                                                                     "--record_modules")  # fmt: skip

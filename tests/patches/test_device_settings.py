@@ -44,10 +44,12 @@ if stop_at == "init_process_group":  # main()'s first lines, before any collecti
         result.update(cuda_tf32=torch.backends.cuda.matmul.allow_tf32, npu_hf32=npu_switches())
         raise Stop()
     dist.init_process_group = stop
-else:  # right after the transformer is loaded and set up (before FSDP wraps it)
-    import fastvideo.utils.fsdp_util as fsdp_util
+else:  # right after the trainer set the transformer's attention up (before FSDP or LoRA wrap it)
+    import fastvideo.utils.device as device_module
+    choose = device_module.choose_attention_processors
 
     def stop(transformer, *args, **kwargs):
+        choose(transformer, *args, **kwargs)
         from diffusers.utils.import_utils import is_torch_npu_available
         result["diffusers_sees_torch_npu"] = is_torch_npu_available()
         result["processors"] = sorted({type(m.processor).__name__ for m in transformer.modules()
@@ -65,7 +67,7 @@ else:  # right after the transformer is loaded and set up (before FSDP wraps it)
         except RuntimeError as e:
             result["forward"] = str(e)
         raise Stop()
-    fsdp_util.get_dit_fsdp_kwargs = stop
+    device_module.choose_attention_processors = stop
 try:
     runpy.run_path(script, run_name="__main__")
 except Stop:
@@ -136,7 +138,7 @@ def test_cpu_run_with_torch_npu_installed_keeps_tf32_and_leaves_npu_switches(run
 def test_cpu_run_with_torch_npu_installed_uses_sdpa_attention(run_in_tree, patched_tree, tmp_path, script):
     model = tmp_path / "tiny-flux"
     run_in_tree(TINY_FLUX, args=(str(model),))
-    got = run_trainer_until(run_in_tree, patched_tree.tree, tmp_path, script, "get_dit_fsdp_kwargs", "cpu", model)
+    got = run_trainer_until(run_in_tree, patched_tree.tree, tmp_path, script, "choose_attention_processors", "cpu", model)
     assert got["diffusers_sees_torch_npu"] is True  # the precondition of the defect
     assert got["processors"] == ["FluxAttnProcessor2_0"]
     assert got["forward"] == "finite" and got["npu_fusion_attention_calls"] == 0

@@ -1,0 +1,204 @@
+"""Batched rollout (issue 10): the Flux trainers' ``sample_reference_model`` in batches.
+
+Patch 0021 calls this module; it imports only torch and the standard library (PIL through
+the images it is given), never the dancegrpo_npu tool.
+
+``--sample_batch_size N`` (default 1: upstream) sends the G generations of a prompt through the
+transformer N at a time; ``--vae_decode_chunk K`` (default N) decodes them K at a time; the
+rewards score a rollout batch at once from the decoded images in memory; the PNG files
+(``./images/flux_{rank}_{sample}.png``, at N = 1 upstream's names) are written by a background
+thread, off the critical path, and waited for before the step ends.
+
+At N = 1 every helper here does what upstream's code does, op for op: one chunk is the whole
+tensor (no split), a batch of one is ``unsqueeze(0)``-shaped, the text ids are repeated as
+upstream repeats them.  With ``--rng cpu`` every sample gets the noise it gets at N = 1
+(fastvideo/utils/alignment.py draws per sample, whatever the batching).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+
+import torch
+
+OLD_LOG_PROBS = ("sampling", "training")
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def group_size(args) -> int:
+    """The samples a batch must not straddle: a prompt's generations (--use_group), else the
+    rank's whole batch."""
+    return args.num_generations if args.use_group else args.train_batch_size
+
+
+def argument_problem(args) -> str | None:
+    """What is wrong with the rollout arguments (one line), or None."""
+    n = getattr(args, "sample_batch_size", 1)
+    k = getattr(args, "vae_decode_chunk", None)
+    g = group_size(args)
+    over = "--num_generations" if args.use_group else "--train_batch_size (no --use_group)"
+    if n < 1:
+        return f"--sample_batch_size {n} must be at least 1 (1 samples one image at a time, as upstream)"
+    if g % n:
+        divisors = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
+        return f"--sample_batch_size {n} does not divide {over} {g}: pick one of {divisors}"
+    if k is not None and k < 1:
+        return f"--vae_decode_chunk {k} must be at least 1 (default: --sample_batch_size)"
+    mode = getattr(args, "old_log_probs", "sampling")
+    if mode not in OLD_LOG_PROBS:
+        return f"--old_log_probs {mode!r} is not one of {', '.join(OLD_LOG_PROBS)}"
+    return None
+
+
+def check_args(args) -> None:
+    """Refuse bad rollout arguments before anything is loaded: one line on stderr, exit 2."""
+    problem = argument_problem(args)
+    if problem:
+        print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def decode_chunk(args) -> int:
+    k = getattr(args, "vae_decode_chunk", None)
+    return getattr(args, "sample_batch_size", 1) if k is None else k
+
+
+# ---------------------------------------------------------------- the rollout
+
+
+def batches(num_samples: int, batch_size: int):
+    """The rollout batches, as upstream builds them (``torch.chunk`` of the sample indices)."""
+    return torch.chunk(torch.arange(num_samples), num_samples // batch_size)
+
+
+def txt_ids(text_ids: torch.Tensor, length: int) -> torch.Tensor:
+    """The transformer's (length, 3) text ids for a batch of per-sample rows.
+
+    Upstream's ``text_ids.repeat(length, 1)`` is right for one sample only: for n rows it makes
+    (n * length, 3).  diffusers' Flux takes one set of text ids for the whole batch (Flux's are
+    all zeros); samples whose ids differ cannot share a batch, which is refused here."""
+    if text_ids.shape[0] == 1:
+        return text_ids.repeat(length, 1)  # upstream's op
+    if not bool((text_ids == text_ids[:1]).all()):
+        raise RuntimeError("rollout: the text ids of one sampling batch differ; use --sample_batch_size 1")
+    return text_ids[:1].repeat(length, 1)
+
+
+def image_ids_per_sample(image_ids: torch.Tensor, n: int) -> list:
+    """One entry per sample for ``all_image_ids`` (upstream appends one per batch, which at
+    n > 1 leaves fewer image ids than samples: the training loop then skips samples)."""
+    return [image_ids] * n
+
+
+def decode(vae, latents: torch.Tensor, chunk: int, postprocess) -> list:
+    """``postprocess(vae.decode(latents))`` K samples at a time; one call when K covers the
+    batch (upstream's ops)."""
+    if chunk >= latents.shape[0]:
+        return postprocess(vae.decode(latents, return_dict=False)[0])
+    images = []
+    for part in latents.split(chunk):
+        images.extend(postprocess(vae.decode(part, return_dict=False)[0]))
+    return images
+
+
+def image_path(rank: int, sample: int) -> str:
+    return f"./images/flux_{rank}_{sample}.png"
+
+
+def hps_inputs(images, captions, preprocess_val, tokenizer, device):
+    """HPSv2's image batch and tokens from the decoded images in memory (upstream: one image,
+    ``preprocess_val(image).unsqueeze(0)`` and ``tokenizer([caption])``)."""
+    image = torch.stack([preprocess_val(im) for im in images]).to(device=device, non_blocking=True)
+    text = tokenizer(list(captions)).to(device=device, non_blocking=True)
+    return image, text
+
+
+class PickScoreText:
+    """PickScore's text embeddings, once per step.  Upstream encodes ALL the step's captions
+    for every image and scores it against the first one; the text only depends on the
+    captions, so it is encoded once and each image is scored against its own caption."""
+
+    def __init__(self):
+        self.captions, self.embs = None, None
+
+    def __call__(self, processor, model, captions, device) -> torch.Tensor:
+        if self.captions != list(captions):
+            text_inputs = processor(text=captions, padding=True, truncation=True, max_length=77,
+                                    return_tensors="pt").to(device)
+            with torch.no_grad():
+                embs = model.get_text_features(**text_inputs)
+                self.embs = embs / torch.norm(embs, dim=-1, keepdim=True)
+            self.captions = list(captions)
+        return self.embs
+
+
+def pickscore(processor, model, text_embs: torch.Tensor, images, batch_idx, device) -> torch.Tensor:
+    """Each image of the batch against its own caption's embedding (row batch_idx[j])."""
+    image_inputs = processor(images=images, padding=True, truncation=True, max_length=77,
+                             return_tensors="pt").to(device)
+    with torch.no_grad():
+        image_embs = model.get_image_features(**image_inputs)
+        image_embs = image_embs / torch.norm(image_embs, dim=-1, keepdim=True)
+        scores = text_embs @ image_embs.T  # (captions, images): upstream's product
+    rows = torch.as_tensor(batch_idx, device=scores.device).reshape(-1)
+    return scores[rows, torch.arange(len(rows), device=scores.device)]
+
+
+# ---------------------------------------------------------------- PNG files, off the critical path
+
+
+class ImageWriter:
+    """Saves PIL images on a background thread.  ``wait()`` blocks until every image handed
+    over is on disk and raises the first error the thread met (a full disk must not vanish)."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def save(self, image, path: str) -> None:
+        self._raise()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="rollout-png-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((image, path))
+
+    def _work(self) -> None:
+        while True:
+            image, path = self._queue.get()
+            try:
+                if self._error is None:
+                    image.save(path)
+            except BaseException as exc:  # noqa: BLE001  (handed to the trainer by wait())
+                self._error = RuntimeError(f"writing {path} failed: {exc}")
+                self._error.__cause__ = exc
+            finally:
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        self._queue.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+WRITER = ImageWriter()
+
+
+def save_images(images, rank: int, batch_idx) -> None:
+    """One PNG per sample, ./images/flux_{rank}_{sample}.png, in the background."""
+    for image, sample in zip(images, torch.as_tensor(batch_idx).reshape(-1).tolist()):
+        WRITER.save(image, image_path(rank, sample))
+
+
+def wait_images() -> None:
+    """Before the step ends (and before anything reads the PNG files back)."""
+    WRITER.wait()

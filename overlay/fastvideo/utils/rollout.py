@@ -25,9 +25,6 @@ from contextlib import contextmanager
 
 import torch
 
-OLD_LOG_PROBS = ("sampling", "training")
-
-
 # ---------------------------------------------------------------- arguments
 
 
@@ -50,9 +47,6 @@ def argument_problem(args) -> str | None:
         return f"--sample_batch_size {n} does not divide {over} {g}: pick one of {divisors}"
     if k is not None and k < 1:
         return f"--vae_decode_chunk {k} must be at least 1 (default: --sample_batch_size)"
-    mode = getattr(args, "old_log_probs", "sampling")
-    if mode not in OLD_LOG_PROBS:
-        return f"--old_log_probs {mode!r} is not one of {', '.join(OLD_LOG_PROBS)}"
     return None
 
 

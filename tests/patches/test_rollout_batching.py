@@ -1,0 +1,114 @@
+"""Patch 0021 (batched rollout, issue 10) in the real trainers, at the smoke's settings with 4
+generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
+--record) on the tiny fixtures:
+
+- bad --sample_batch_size / --vae_decode_chunk is refused at start, one line, no traceback;
+- --sample_batch_size 1 is the series without 0021, bit for bit (records, metrics, PNG files);
+- --sample_batch_size 4 (= G) is aligned with it: the same records bit for bit, so
+  `dancegrpo-npu compare` exits 0 and clip_frac_first is 0 on every step;
+- the LoRA trainer takes the flag too, with the same result.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import copy_project
+from test_alignment_patches import assert_same_records, images, metrics, ok
+
+pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+pytestmark = [pytest.mark.slow, pytest.mark.upstream]
+
+G = 4
+ALIGNED = ("--rng", "cpu", "--record")
+
+
+@pytest.fixture(scope="session")
+def tree_without_0021(upstream_source, tmp_path_factory):
+    """The project applied with `apply --without 0021` (the overlay module stays, unused)."""
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.engine.fetch import fetch
+    from dancegrpo_npu.project import find_project
+
+    project = find_project(copy_project(tmp_path_factory.mktemp("without-0021") / "project"))
+    fetch(project, source=upstream_source)
+    apply_worktree(project, without=("0021",))
+    return project
+
+
+class Runs:
+    """Launches at the smoke's settings with G generations, each distinct one once."""
+
+    def __init__(self, patched, without):
+        self.projects = {"patched": patched, "without": without}
+        self.done: dict = {}
+
+    def __call__(self, *extra: str, lora: bool = False, tree: str = "patched"):
+        key = (tree, lora, extra)
+        if key not in self.done:
+            self.done[key] = self._launch(self.projects[tree], extra, lora)
+        return self.done[key]
+
+    @staticmethod
+    def _launch(project, extra, lora):
+        from dancegrpo_npu.run.launch import LaunchSpec, launch
+        from dancegrpo_npu.smoke import command as smoke
+        from dancegrpo_npu.smoke.fixtures import build_fixtures
+
+        fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
+        args = smoke.trainer_args(fixtures, lora, generations=G) + extra
+        spec = LaunchSpec(script="flux-lora" if lora else "flux", args=args, nproc_per_node=1, device="cpu",
+                          name="rollout", env=smoke.job_env("cpu", 1), upstream_defaults=False, strict=True)
+        return launch(project, spec)
+
+
+@pytest.fixture(scope="module")
+def runs(patched_tree, tree_without_0021):
+    return Runs(patched_tree.project, tree_without_0021)
+
+
+@pytest.mark.parametrize("extra, line", [
+    (("--sample_batch_size", "0"), "--sample_batch_size 0 must be at least 1"),
+    (("--sample_batch_size", "3"), "--sample_batch_size 3 does not divide --num_generations 4: pick one of 1, 2, 4"),
+])  # fmt: skip
+def test_bad_sample_batch_size_is_refused_at_start(runs, extra, line):
+    record = runs(*extra)
+    assert record.returncode != 0
+    console = (record.run_dir / "logs" / "console.log").read_text()
+    trainer = [entry for entry in console.splitlines() if entry.startswith("[default")]  # the trainer's own output
+    refusals = [entry for entry in trainer if "error:" in entry]
+    assert len(refusals) == 1 and f"train_grpo_flux.py: error: {line}" in refusals[0], trainer
+    assert not any("Traceback" in entry or "loading model" in entry for entry in trainer)
+
+
+def test_sample_batch_size_1_is_the_series_without_0021_bit_for_bit(runs):
+    base = ok(runs(*ALIGNED, tree="without"))
+    ours = ok(runs(*ALIGNED))
+    assert_same_records(base, ours)
+    strip = lambda ms: [{k: v for k, v in m.items() if k != "step_time"} for m in ms]  # noqa: E731
+    assert strip(metrics(ours)) == strip(metrics(base))
+    assert images(ours) == images(base) and len(images(base)) == G
+
+
+def test_sample_batch_size_g_is_aligned_with_1(runs):
+    one = ok(runs(*ALIGNED))
+    batched = ok(runs(*ALIGNED, "--sample_batch_size", str(G)))
+    assert_same_records(one, batched)  # noise, latents, log-probs, images, rewards, training: bit-equal
+    assert images(batched) == images(one)  # one PNG a sample, upstream's names
+    for m in metrics(one) + metrics(batched):
+        assert m["clip_frac_first"] == 0.0 and m["logprob_diff_max"] == 0.0
+
+
+def test_compare_says_aligned(runs):
+    from dancegrpo_npu.cli import main
+
+    one, batched = ok(runs(*ALIGNED)), ok(runs(*ALIGNED, "--sample_batch_size", str(G)))
+    assert main(["compare", str(one), str(batched)]) == 0
+
+
+def test_the_lora_trainer_takes_the_flag(runs):
+    one = ok(runs(*ALIGNED, lora=True))
+    batched = ok(runs(*ALIGNED, "--sample_batch_size", "2", lora=True))
+    assert_same_records(one, batched)
+    assert all(m["clip_frac_first"] == 0.0 for m in metrics(batched))

@@ -124,7 +124,7 @@ def parse_steps(text: str) -> frozenset[int]:
     items = str(text).split(",")
     steps: set[int] = set()
     for item in items:
-        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", item)
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)  # as launch --profile checks it
         if not match:
             raise ValueError(f"profile steps {text!r}: not understood; give {STEPS_SYNTAX}")
         first = int(match.group(1))

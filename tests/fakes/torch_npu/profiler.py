@@ -5,8 +5,10 @@ ProfilerActivity, tensorboard_trace_handler):
 
 * ``ProfilerActivity.CPU`` / ``ProfilerActivity.NPU``;
 * ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True)``: a callable for
-  ``on_trace_ready``; names made of anything but letters, digits and underscores are refused,
-  as the documentation says the real one does not support them;
+  ``on_trace_ready``; a ``dir_name`` or ``worker_name`` with characters outside letters, digits,
+  ``. / _ -``, ``~`` and spaces, or a ``dir_name`` that is a symbolic link, is refused, as the input-path
+  check of torch_npu's profiler (``PathManager``) refuses it (the documentation is stricter: letters,
+  digits and underscores);
 * ``profile(activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
   profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
   experimental_config=None)`` with ``start()``, ``stop()``, ``step()`` and the context manager;
@@ -34,13 +36,16 @@ class ProfilerActivity(enum.Enum):
     NPU = "NPU"
 
 
-def _check_name(what: str, value: str | None) -> None:
-    if value is not None and not re.fullmatch(r"\w+", value, flags=re.ASCII):
-        raise ValueError(f"fake torch_npu.profiler: {what} {value!r} has characters other than letters, digits, _")
+def _check_path(what: str, value: str | None) -> None:
+    if value is None:
+        return
+    if not re.fullmatch(r"(\.|/|_|-|\s|[~0-9a-zA-Z])+", value) or os.path.islink(value):
+        raise RuntimeError(f"fake torch_npu.profiler: invalid input path ({what}): {value}")
 
 
 def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True):
-    _check_name("worker_name", worker_name)
+    _check_path("dir_name", dir_name)
+    _check_path("worker_name", worker_name)
     torch_npu.calls.append(("profiler.tensorboard_trace_handler",
                             {"dir_name": dir_name, "worker_name": worker_name, "analyse_flag": analyse_flag}))
 

@@ -70,9 +70,13 @@ def test_unknown_and_nested_phases_are_refused():
         with timer.phase("rollout"):
             with timer.phase("decode"):
                 pass
-    with timer.phase("decode"):  # the refusal left the timer usable
+    with pytest.raises(KeyError):  # a failing phase body: its error goes through, the timer stays usable
+        with timer.phase("train"):
+            raise KeyError("x")
+    with timer.phase("decode"):  # the refusals left the timer usable
         pass
-    assert timer.step_metrics()["time_decode"] > 0
+    metrics = timer.step_metrics()
+    assert metrics["time_decode"] > 0 and metrics["time_train"] == 0.0  # a failed pass is not timed
 
 
 @pytest.mark.parametrize("text, steps", [

@@ -130,7 +130,8 @@ def parse_steps(text: str) -> frozenset[int]:
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) else first
         if first < 1 or last < first:
-            raise ValueError(f"profile steps {text!r}: {item.strip()!r} is not a step or an increasing range; give {STEPS_SYNTAX}")
+            raise ValueError(f"profile steps {text!r}: {item.strip()!r} is not a step or an increasing range; "
+                             f"give {STEPS_SYNTAX}")
         steps.update(range(first, last + 1))
     return frozenset(steps)
 

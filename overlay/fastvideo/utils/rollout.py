@@ -1,6 +1,6 @@
 """Batched rollout (issue 10): the Flux trainers' ``sample_reference_model`` in batches.
 
-Patch 0021 calls this module; it imports only torch and the standard library (PIL through
+Patches 0021 and 0022 call this module; it imports only torch and the standard library (PIL through
 the images it is given), never the dancegrpo_npu tool.
 
 ``--sample_batch_size N`` (default 1: upstream) sends the G generations of a prompt through the
@@ -21,7 +21,7 @@ import os
 import queue
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -230,3 +230,42 @@ def save_images(images, rank: int, batch_idx) -> None:
 def wait_images() -> None:
     """Before the step ends (and before anything reads the PNG files back)."""
     WRITER.wait()
+
+
+# ---------------------------------------------------------------- phase times (patch 0022)
+
+TIMER = None  # the run's fastvideo.utils.phases.PhaseTimer (time_phases()); None: nothing timed
+
+
+def time_phases(timer):
+    """Once, in main(): the timer the trainer's phases report to (kept here because upstream's
+    sample_reference_model and train_one_step have no handle on the run)."""
+    global TIMER
+    TIMER = timer
+    return timer
+
+
+def phase(name: str):
+    """``with rollout.phase("decode"): ...`` - timed by the run's PhaseTimer, if any."""
+    return TIMER.phase(name) if TIMER is not None else nullcontext()
+
+
+def timed(name: str, items):
+    """The items of a loop, the whole loop timed as one phase (the training loop: one line of
+    the trainer changes instead of its whole body's indentation)."""
+    with phase(name):
+        yield from items
+
+
+def check_profile_steps(args) -> None:
+    """Refuse bad --profile_steps text before anything is loaded: one line on stderr, exit 2."""
+    from fastvideo.utils.phases import parse_steps
+
+    steps = getattr(args, "profile_steps", None)
+    if steps in (None, ""):
+        return
+    try:
+        parse_steps(steps)
+    except ValueError as exc:
+        print(f"{os.path.basename(sys.argv[0])}: error: --profile_steps: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -237,3 +237,50 @@ def test_a_write_error_surfaces_instead_of_vanishing(tmp_path, monkeypatch):
     writer._queue.join()
     with pytest.raises(RuntimeError, match="flux_0_3.png"):  # the next hand-over reports it too
         rollout.save_images([Unwritable()], 0, torch.tensor([4]))
+
+
+# ---------------------------------------------------------------- phase times (patch 0022)
+
+
+class FakeTimer:
+    def __init__(self):
+        self.log = []
+
+    @__import__("contextlib").contextmanager
+    def phase(self, name):
+        self.log.append(("enter", name))
+        yield
+        self.log.append(("exit", name))
+
+
+def test_phases_go_to_the_run_timer_or_nowhere(monkeypatch):
+    monkeypatch.setattr(rollout, "TIMER", None)
+    with rollout.phase("decode"):  # no timer: nothing to report to, nothing fails
+        pass
+    assert list(rollout.timed("train", [1, 2])) == [1, 2]
+    timer = FakeTimer()
+    assert rollout.time_phases(timer) is timer
+    with rollout.phase("decode"):
+        timer.log.append("body")
+    seen = []
+    for item in rollout.timed("train", [1, 2]):
+        seen.append((item, list(timer.log)))
+    # the whole loop is one phase: entered before the first item, left after the last
+    assert timer.log == [("enter", "decode"), "body", ("exit", "decode"), ("enter", "train"), ("exit", "train")]
+    assert seen[0][1][-1] == ("enter", "train") and seen[1][1][-1] == ("enter", "train")
+
+
+@pytest.mark.parametrize("text", [None, "", "3", "2-4", "1,5"])
+def test_good_profile_steps_pass(text, capsys):
+    rollout.check_profile_steps(argparse.Namespace(profile_steps=text))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text", ["x", "0", "4-2", "1,,2"])
+def test_bad_profile_steps_are_refused_with_one_line(text, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["train_grpo_flux_lora.py"])
+    with pytest.raises(SystemExit) as exit_:
+        rollout.check_profile_steps(argparse.Namespace(profile_steps=text))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"train_grpo_flux_lora.py: error: --profile_steps: profile steps {text!r}")

@@ -1,12 +1,14 @@
-"""Patch 0021 (batched rollout, issue 10) in the real trainers, at the smoke's settings with 4
+"""Patches 0021 (batched rollout) and 0022 (phase times) of issue 10 in the real trainers, at the smoke's settings with 4
 generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
 --record) on the tiny fixtures:
 
 - bad --sample_batch_size / --vae_decode_chunk is refused at start, one line, no traceback;
-- --sample_batch_size 1 is the series without 0021, bit for bit (records, metrics, PNG files);
+- --sample_batch_size 1 is the series without 0021-0022, bit for bit (records, metrics, PNG files);
 - --sample_batch_size 4 (= G) is aligned with it: the same records bit for bit, so
   `dancegrpo-npu compare` exits 0 and clip_frac_first is 0 on every step;
-- the LoRA trainer takes the flag too, with the same result.
+- the LoRA trainer takes the flag too, with the same result;
+- every step's metrics.jsonl record has the phase times and peak memory (0022), and
+  --profile_steps writes a trace of that step; bad step text is refused at start.
 """
 
 from __future__ import annotations
@@ -22,18 +24,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
 G = 4
 ALIGNED = ("--rng", "cpu", "--record")
+BATCHED = (*ALIGNED, "--sample_batch_size", str(G), "--profile_steps", "2")
+PHASES = ("rollout", "decode", "reward", "train")
 
 
 @pytest.fixture(scope="session")
 def tree_without_0021(upstream_source, tmp_path_factory):
-    """The project applied with `apply --without 0021` (the overlay module stays, unused)."""
+    """The project applied with `apply --without 0021 --without 0022` (0022's hunks sit on
+    0021's lines; the overlay modules stay, unused)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
     project = find_project(copy_project(tmp_path_factory.mktemp("without-0021") / "project"))
     fetch(project, source=upstream_source)
-    apply_worktree(project, without=("0021",))
+    apply_worktree(project, without=("0021", "0022"))
     return project
 
 
@@ -71,8 +76,9 @@ def runs(patched_tree, tree_without_0021):
 @pytest.mark.parametrize("extra, line", [
     (("--sample_batch_size", "0"), "--sample_batch_size 0 must be at least 1"),
     (("--sample_batch_size", "3"), "--sample_batch_size 3 does not divide --num_generations 4: pick one of 1, 2, 4"),
+    (("--profile_steps", "2-x"), "--profile_steps: profile steps '2-x': not understood"),
 ])  # fmt: skip
-def test_bad_sample_batch_size_is_refused_at_start(runs, extra, line):
+def test_bad_arguments_are_refused_at_start(runs, extra, line):
     record = runs(*extra)
     assert record.returncode != 0
     console = (record.run_dir / "logs" / "console.log").read_text()
@@ -82,18 +88,19 @@ def test_bad_sample_batch_size_is_refused_at_start(runs, extra, line):
     assert not any("Traceback" in entry or "loading model" in entry for entry in trainer)
 
 
-def test_sample_batch_size_1_is_the_series_without_0021_bit_for_bit(runs):
+def test_sample_batch_size_1_is_the_series_without_0021_0022_bit_for_bit(runs):
     base = ok(runs(*ALIGNED, tree="without"))
     ours = ok(runs(*ALIGNED))
     assert_same_records(base, ours)
-    strip = lambda ms: [{k: v for k, v in m.items() if k != "step_time"} for m in ms]  # noqa: E731
-    assert strip(metrics(ours)) == strip(metrics(base))
+    # every figure the series without 0021-0022 writes, but the step's wall time
+    figures = [k for k in metrics(base)[0] if k != "step_time"]
+    assert [[m[k] for k in figures] for m in metrics(ours)] == [[m[k] for k in figures] for m in metrics(base)]
     assert images(ours) == images(base) and len(images(base)) == G
 
 
 def test_sample_batch_size_g_is_aligned_with_1(runs):
     one = ok(runs(*ALIGNED))
-    batched = ok(runs(*ALIGNED, "--sample_batch_size", str(G)))
+    batched = ok(runs(*BATCHED))
     assert_same_records(one, batched)  # noise, latents, log-probs, images, rewards, training: bit-equal
     assert images(batched) == images(one)  # one PNG a sample, upstream's names
     for m in metrics(one) + metrics(batched):
@@ -103,7 +110,7 @@ def test_sample_batch_size_g_is_aligned_with_1(runs):
 def test_compare_says_aligned(runs):
     from dancegrpo_npu.cli import main
 
-    one, batched = ok(runs(*ALIGNED)), ok(runs(*ALIGNED, "--sample_batch_size", str(G)))
+    one, batched = ok(runs(*ALIGNED)), ok(runs(*BATCHED))
     assert main(["compare", str(one), str(batched)]) == 0
 
 
@@ -112,3 +119,15 @@ def test_the_lora_trainer_takes_the_flag(runs):
     batched = ok(runs(*ALIGNED, "--sample_batch_size", "2", lora=True))
     assert_same_records(one, batched)
     assert all(m["clip_frac_first"] == 0.0 for m in metrics(batched))
+
+
+def test_phase_times_and_the_profile(runs):
+    run_dir = ok(runs(*BATCHED))
+    for m in metrics(run_dir):
+        times = [m[f"time_{p}"] for p in PHASES]
+        assert all(t > 0 for t in times) and sum(times) <= m["step_time"], m
+        assert set(m["peak_memory_bytes"]) == set(PHASES) and all(b > 2**20 for b in m["peak_memory_bytes"].values())
+        assert m["peak_memory_kind"] == "host peak RSS (includes weights)"
+    traces = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "profile").rglob("*.json"))
+    assert len(traces) == 1 and traces[0].startswith("profile/step_2/rank_0.")  # step 2 only
+    assert not (run_dir / "profile").exists() or "step_1" not in str(traces)

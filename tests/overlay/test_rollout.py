@@ -68,11 +68,9 @@ def test_batches_are_upstreams_chunks():
 def test_txt_ids_one_set_for_the_batch():
     ids = torch.zeros(1, 3)
     assert torch.equal(rollout.txt_ids(ids, 5), ids.repeat(5, 1))  # upstream's op at N = 1
-    batch = torch.zeros(4, 3)
-    assert rollout.txt_ids(batch, 5).shape == (5, 3)  # upstream's repeat would make (20, 3)
-    batch[2, 0] = 1.0
-    with pytest.raises(RuntimeError, match="use --sample_batch_size 1"):
-        rollout.txt_ids(batch, 5)
+    batch = torch.arange(12.0).reshape(4, 3)
+    # upstream's repeat would make (20, 3); diffusers' Flux takes one set for the batch
+    assert torch.equal(rollout.txt_ids(batch, 5), batch[:1].repeat(5, 1))
 
 
 def test_shared_initial_latents_serve_every_sample():

@@ -27,13 +27,15 @@ pytest.importorskip("diffusers")
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
 OURS = ("0018-rng.patch", "0019-record-replay.patch", "0020-grpo-health.patch")
+LATER = ("0021-sample-batch-size.patch", "0022-phase-times.patch")  # written on 0018-0020's lines
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 
 
 @pytest.fixture(scope="session")
 def tree_without_alignment(upstream_source, tmp_path_factory):
-    """A project whose series stops before 0018-0020, fetched and applied."""
+    """A project whose series stops before 0018-0020 (and the patches written on them), fetched
+    and applied."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
@@ -42,7 +44,7 @@ def tree_without_alignment(upstream_source, tmp_path_factory):
     series = root / "patches" / "series"
     lines = series.read_text().splitlines()
     assert all(name in lines for name in OURS)
-    series.write_text("".join(f"{line}\n" for line in lines if line not in OURS))
+    series.write_text("".join(f"{line}\n" for line in lines if line not in OURS + LATER))
     project = find_project(root)
     fetch(project, source=upstream_source)
     apply_worktree(project)

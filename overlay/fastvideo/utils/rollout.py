@@ -75,12 +75,11 @@ def txt_ids(text_ids: torch.Tensor, length: int) -> torch.Tensor:
     """The transformer's (length, 3) text ids for a batch of per-sample rows.
 
     Upstream's ``text_ids.repeat(length, 1)`` is right for one sample only: for n rows it makes
-    (n * length, 3).  diffusers' Flux takes one set of text ids for the whole batch (Flux's are
-    all zeros); samples whose ids differ cannot share a batch, which is refused here."""
+    (n * length, 3).  diffusers' Flux takes one set of text ids for the whole batch (given a
+    batch of them it takes the first); Flux's are all zeros.  The first row is used, unchecked:
+    a check would synchronise the device at every sampling step."""
     if text_ids.shape[0] == 1:
         return text_ids.repeat(length, 1)  # upstream's op
-    if not bool((text_ids == text_ids[:1]).all()):
-        raise RuntimeError("rollout: the text ids of one sampling batch differ; use --sample_batch_size 1")
     return text_ids[:1].repeat(length, 1)
 
 

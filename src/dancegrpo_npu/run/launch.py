@@ -23,7 +23,14 @@ from pathlib import Path
 
 from dancegrpo_npu.run import records
 
-from dancegrpo_npu.align.options import ALIGN_SCRIPTS, TRAINER_FLAGS, add_align_options, check_replay, options_from_args
+from dancegrpo_npu.align.options import (
+    ALIGN_SCRIPTS,
+    TRAINER_FLAGS,
+    add_align_options,
+    check_replay,
+    options_from_args,
+    parse_step_spec,
+)
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
@@ -83,7 +90,26 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
             exit_code=2,
         )
     spec.align.check()
+    if spec.profile_steps is not None:
+        if info.name not in ALIGN_SCRIPTS:
+            raise DancegrpoError(
+                f"--profile: only the Flux trainers ({', '.join(ALIGN_SCRIPTS)}) time and profile GRPO steps",
+                f"launch {info.name} without --profile",
+                exit_code=2,
+            )
+        parse_step_spec(spec.profile_steps, "--profile")  # the syntax the trainer's parse_steps accepts
     return info
+
+
+def _profile_args(spec: LaunchSpec) -> list[str]:
+    """``--profile_steps STEPS`` for the trainer (patch 0022), which writes its traces to
+    <run>/profile/step_<N>/ (the run directory is its working directory)."""
+    if spec.profile_steps is None:
+        return []
+    if "--profile_steps" in {flag for flag, _, _ in split_flags(spec.args)}:
+        raise DancegrpoError("--profile_steps given after -- as well as launch's --profile",
+                             "use launch's --profile STEPS only", exit_code=2)
+    return ["--profile_steps", spec.profile_steps]
 
 
 def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], world_size: int) -> list[str]:
@@ -137,6 +163,7 @@ def build_plan(
     )
     check_inputs(info, script_args)
     script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
+    script_args += _profile_args(spec)
     if spec.align.env():  # --msprobe: before the user's --env, which wins
         spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
@@ -269,6 +296,9 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="print the environment and torchrun command, start nothing (works on a host without the NPUs, e.g. a login node)",
     )
     add_align_options(p, d)
+    p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
+                   help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
+                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; flux and flux-lora only")
 
 
 EPILOG = textwrap.dedent(
@@ -287,6 +317,7 @@ EPILOG = textwrap.dedent(
       dancegrpo-npu launch flux --nproc-per-node 8 --device npu
       dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
       dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
+      dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
     """
 )
 
@@ -356,6 +387,7 @@ def _cmd_launch(args) -> int:
         upstream_defaults=args.upstream_defaults,
         strict=args.strict,
         align=options_from_args(args),
+        profile_steps=args.profile_steps,
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

@@ -26,6 +26,7 @@ class LaunchSpec:
     upstream_defaults: bool = True  # False: pass exactly `args` (smoke does this)
     strict: bool = False  # DANCEGRPO_NPU_STRICT=1
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (flux, flux-lora only)
+    profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (flux, flux-lora only)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Several runs go on one figure (a GPU run beside an NPU run), each curve labelled
 run's name and the device it ran on.  Figures come from metrics.jsonl (contract 4), or from
 upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).  The GRPO
 health keys (alignment contract: clip fraction, ratios, log-prob difference before the first
-update, ...) get a panel each group, when some run has them.
+update, ...) get a panel each group, when some run has them; so do the phase times (rollout,
+decode, reward, train seconds per step), one line per run and phase, when some run has them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import RunInfo, find_run, load_run, read_metrics
+from dancegrpo_npu.run.records import PHASES, RunInfo, find_run, load_run, read_metrics
 
 # (panel title, metrics.jsonl keys drawn in it), in the order the panels appear
 HEALTH_PANELS = (
@@ -45,7 +46,8 @@ def make_figure(runs: list[RunInfo]):
         )
     with_loss = [(run, m) for run, m in plotted if m.loss]
     panels = [(title, keys) for title, keys in HEALTH_PANELS if any(k in m.health for _, m in plotted for k in keys)]
-    rows = (2 if with_loss else 1) + len(panels)
+    timed = [(run, m) for run, m in plotted if m.phase_time]
+    rows = (2 if with_loss else 1) + bool(timed) + len(panels)
     fig, axes = plt.subplots(rows, 1, figsize=(9, 4 * min(rows, 2) + 2.5 * max(rows - 2, 0)), sharex=True,
                              squeeze=False)  # fmt: skip
     reward_ax = axes[0][0]
@@ -62,6 +64,8 @@ def make_figure(runs: list[RunInfo]):
         loss_ax.set_ylabel("loss")
         loss_ax.grid(True, alpha=0.3)
         loss_ax.legend(fontsize="small")
+    if timed:
+        _phase_panel(axes[rows - len(panels) - 1][0], timed)
     for (title, keys), row in zip(panels, axes[rows - len(panels) :]):
         ax = row[0]
         for run, m in plotted:
@@ -76,6 +80,21 @@ def make_figure(runs: list[RunInfo]):
     axes[-1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
+
+
+def _phase_panel(ax, timed) -> None:
+    """Seconds per step of each phase: lines, not a stack, so that several runs can share the panel."""
+    styles = dict(zip(PHASES, ("-", "--", ":", "-."), strict=True))  # the phase by line style, the run by colour
+    for i, (run, m) in enumerate(timed):
+        for phase in PHASES:
+            if phase in m.phase_time:
+                values = [float("nan") if v is None else v for v in m.phase_time[phase]]
+                ax.plot(m.steps, values, linestyle=styles[phase], color=f"C{i}", marker="." if len(m.steps) < 50 else None,
+                        label=f"{run.label}: {phase}")  # fmt: skip
+    ax.set_title("time per phase (s per step)", fontsize="medium")
+    ax.set_ylabel("seconds")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small")
 
 
 def plot_runs(runs: list[RunInfo], output: Path) -> Path:

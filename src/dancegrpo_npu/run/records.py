@@ -89,6 +89,10 @@ HEALTH_KEYS = (
     "clip_frac_first",
 )
 
+# Phase times of a GRPO step (overlay fastvideo/utils/phases.py, written by the trainers from
+# patch 0022 on): time_<phase> seconds, and peak_memory_bytes {phase: bytes} with its kind.
+PHASES = ("rollout", "decode", "reward", "train")
+
 
 @dataclass(frozen=True)
 class Metrics:
@@ -102,11 +106,27 @@ class Metrics:
     skipped_lines: int = 0
     # HEALTH_KEYS present in metrics.jsonl: one value (or None) per step, aligned with steps
     health: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    # PHASES present in metrics.jsonl (older runs: none): seconds, and peak bytes, per step
+    phase_time: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    phase_peak: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    peak_memory_kind: str | None = None  # "device allocator" | "host peak RSS (includes weights)"
 
     def last(self, key: str) -> float | None:
         """The last non-null value of a health key (or reward_mean / loss), None without one."""
         column = {"reward_mean": self.reward, "loss": self.loss}.get(key) or self.health.get(key) or ()
         return next((v for v in reversed(column) if v is not None), None)
+
+    def phase_means(self) -> dict[str, float]:
+        """Mean seconds per step of each phase the run timed (step 1's warm-up included)."""
+        out = {}
+        for phase, column in self.phase_time.items():
+            values = [v for v in column if v is not None]
+            out[phase] = sum(values) / len(values)
+        return out
+
+    def phase_peaks(self) -> dict[str, float]:
+        """The largest peak memory of each phase over the run's steps, in bytes."""
+        return {phase: max(v for v in column if v is not None) for phase, column in self.phase_peak.items()}
 
 
 def _num(x) -> float | None:
@@ -122,12 +142,19 @@ def _complete(values: list) -> tuple[float, ...]:
     return tuple(values) if all(v is not None for v in values) else ()
 
 
+def _present(columns: dict[str, list]) -> dict[str, tuple]:
+    return {k: tuple(v) for k, v in columns.items() if any(x is not None for x in v)}
+
+
 def read_metrics(run_dir: Path) -> Metrics:
     """The run's per-step metrics.  A truncated last line (a crash mid-write) is skipped."""
     jsonl = run_dir / "metrics.jsonl"
     if jsonl.is_file():
         steps, reward, loss, step_time, skipped = [], [], [], [], 0
         health: dict[str, list[float | None]] = {k: [] for k in HEALTH_KEYS}
+        phase_time: dict[str, list[float | None]] = {p: [] for p in PHASES}
+        phase_peak: dict[str, list[float | None]] = {p: [] for p in PHASES}
+        peak_kind = None
         for line in jsonl.read_text(errors="replace").splitlines():
             if not line.strip():
                 continue
@@ -143,6 +170,13 @@ def read_metrics(run_dir: Path) -> Metrics:
             step_time.append(_num(rec.get("step_time")))
             for key, column in health.items():
                 column.append(_num(rec.get(key)))
+            peaks = rec.get("peak_memory_bytes")
+            peaks = peaks if isinstance(peaks, dict) else {}
+            for phase in PHASES:
+                phase_time[phase].append(_num(rec.get(f"time_{phase}")))
+                phase_peak[phase].append(_num(peaks.get(phase)))
+            if isinstance(rec.get("peak_memory_kind"), str):
+                peak_kind = rec["peak_memory_kind"]
         if steps:
             return Metrics(
                 tuple(steps),
@@ -152,6 +186,9 @@ def read_metrics(run_dir: Path) -> Metrics:
                 "metrics.jsonl",
                 skipped,
                 {k: tuple(v) for k, v in health.items() if any(x is not None for x in v)},
+                _present(phase_time),
+                _present(phase_peak),
+                peak_kind,
             )
     rewards_file = run_dir / "reward.txt"
     if rewards_file.is_file():

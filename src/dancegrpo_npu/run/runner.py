@@ -67,6 +67,7 @@ def _launch_json(plan) -> dict:
         "master_addr": spec.master_addr,
         "master_port": spec.master_port,
         "strict": spec.strict,
+        "profile_steps": spec.profile_steps,  # --profile: the steps traced into <run>/profile/
         "upstream_defaults": spec.upstream_defaults,
         "user_args": list(spec.args),
         "script_args": list(plan.script_args),

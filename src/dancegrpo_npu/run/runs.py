@@ -7,7 +7,7 @@ import os
 import socket
 
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import HEALTH_KEYS, RunInfo, list_runs, read_metrics
+from dancegrpo_npu.run.records import HEALTH_KEYS, PHASES, RunInfo, list_runs, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -48,7 +48,32 @@ def row(run: RunInfo) -> dict:
         "wall_time_s": run.summary.get("wall_time_s"),
         "path": str(run.path),
         "health": health,  # the last value of each GRPO health key metrics.jsonl has (alignment contract)
+        "phases_s": metrics.phase_means(),  # mean seconds per step of each timed phase ({} for older runs)
+        "peak_memory_bytes": metrics.phase_peaks(),  # the largest peak of each phase over the steps
+        "peak_memory_kind": metrics.peak_memory_kind,
     }
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB", 65e9 -> "60.5 GiB"."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 100 else f"{value:.1f} {unit}"
+
+
+def phase_lines(r: dict) -> list[str]:
+    """The lines under a run that timed its phases: mean time per step, then peak memory."""
+    lines = []
+    if r["phases_s"]:
+        times = "  ".join(f"{p} {r['phases_s'][p]:.3g}s" for p in PHASES if p in r["phases_s"])
+        lines.append(f"    time per step (mean): {times}")
+    if r["peak_memory_bytes"]:
+        peaks = "  ".join(f"{p} {human_bytes(r['peak_memory_bytes'][p])}" for p in PHASES if p in r["peak_memory_bytes"])
+        lines.append(f"    peak memory ({r['peak_memory_kind'] or 'kind not recorded'}): {peaks}")
+    return lines
 
 
 def format_table(rows: list[dict]) -> str:
@@ -61,7 +86,9 @@ def format_table(rows: list[dict]) -> str:
         lines.append((r["name"], r["status"], r["device"], str(r["world_size"] or "-"), str(r["steps"]), trend,
                       _fmt(health.get("clip_frac")), _fmt(health.get("logprob_diff_max")), wall))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+    out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+    # each run's phase lines go under its row (rows are out[1:], in the order of rows)
+    return "\n".join([out[0]] + [text for r, line in zip(rows, out[1:], strict=True) for text in [line, *phase_lines(r)]])
 
 
 def register(sub, common) -> None:
@@ -71,8 +98,9 @@ def register(sub, common) -> None:
         help="list the run records with their reward trend and GRPO health",
         description=(
             "List runs/<time>-<name>/ records: status, device, world size, steps, reward first -> last, the last "
-            "clip fraction and log-prob difference before the first update (metrics.jsonl; should be 0), wall time. "
-            "--json adds the last value of every GRPO health key."
+            "clip fraction and log-prob difference before the first update (metrics.jsonl; should be 0), wall time; "
+            "under a run that timed its phases (rollout, decode, reward, train), the mean time per step of each "
+            "and its peak memory. --json adds the last value of every GRPO health key."
         ),
     )
     p.add_argument("--json", action="store_true", help="one JSON object per run, for scripts")

@@ -27,6 +27,12 @@ What it imitates, from torch_npu's documentation:
   be handed CPU or CUDA tensors;
 * ``FAKE_TORCH_NPU_BROKEN=1``: the import fails the way a torch_npu without CANN's
   libraries on the loader path does;
+* ``torch.npu.synchronize``, ``reset_peak_memory_stats`` and ``max_memory_allocated`` (the
+  allocator's statistics; the fake allocates nothing, so the peak is ``FAKE_TORCH_NPU_PEAK_BYTES``,
+  default 0, whatever ran): recorded in ``calls``;
+* ``torch_npu.profiler`` (``profiler.py``): the documented ``profile`` / ``ProfilerActivity`` /
+  ``tensorboard_trace_handler`` surface; it records what it was asked and writes a marker
+  file, never a trace;
 * ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
   and whether CUDA was initialised (``transfer_state``), so tests can check the order.
 
@@ -86,6 +92,17 @@ class _FakeNpuModule(types.ModuleType):
 
     def get_amp_supported_dtype(self) -> list:
         return [torch.float16, torch.bfloat16]  # what torch.autocast("npu") asks the device module
+
+    def synchronize(self, device=None) -> None:
+        calls.append(("synchronize", {}))
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        calls.append(("reset_peak_memory_stats", {}))
+
+    def max_memory_allocated(self, device=None) -> int:
+        # nothing is allocated on the fake NPU: a fixed number that says so, never a measurement
+        calls.append(("max_memory_allocated", {}))
+        return int(os.environ.get("FAKE_TORCH_NPU_PEAK_BYTES", "0"))
 
 
 npu = _FakeNpuModule()

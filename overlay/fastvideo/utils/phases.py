@@ -1,0 +1,193 @@
+"""Phase times, peak memory and profiler traces of GRPO steps.
+
+Added to the upstream tree by dancegrpo-npu (overlay; the patched trainers call it, patch
+0022).  Self-contained: it needs torch and ``fastvideo.utils.device`` only.
+
+A GRPO step is four phases - ``rollout`` (sampling), ``decode`` (the VAE), ``reward``,
+``train`` - and :class:`PhaseTimer` times each with the device synchronised at both ends
+(kernels are asynchronous: without the synchronisation a phase's time would land in the
+next one).  Entering a phase again within a step adds to its time (a batched rollout
+samples, decodes and scores chunk after chunk).  Peak memory per phase is the device
+allocator's ``max_memory_allocated`` after ``reset_peak_memory_stats`` on CUDA and the
+NPU; on the CPU it is the process's peak RSS (``VmHWM``, reset by writing ``5`` to
+``/proc/self/clear_refs``; ``ru_maxrss``, never reset, where that is not allowed), which
+includes the weights.  The same semantics as the ``dancegrpo-npu bench`` Meter, so bench
+and training-run figures compare.
+
+:class:`StepProfiler` writes a profiler trace of chosen steps: ``torch_npu.profiler`` on
+the NPU (MindStudio Insight reads its ``*_ascend_pt`` folders), ``torch.profiler``
+elsewhere (a Chrome trace JSON: Perfetto, TensorBoard).  Each phase is a
+``record_function`` range, so the trace shows the four phases by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PHASES = ("rollout", "decode", "reward", "train")
+DEVICE_PEAK_KIND = "device allocator"
+HOST_PEAK_KIND = "host peak RSS (includes weights)"
+STEPS_SYNTAX = "step numbers counted from 1: one step '3', a range '2-4', a list '1,5' or both '1,3-4'"
+
+
+def _active_kind() -> str:
+    from fastvideo.utils import device
+
+    return device.accelerator().kind
+
+
+class PhaseTimer:
+    """Wall seconds and peak memory of each phase of a step; see the module docstring."""
+
+    def __init__(self, kind: str | None = None):
+        self.kind = kind or _active_kind()
+        if self.kind not in ("cpu", "cuda", "npu"):
+            raise ValueError(f"PhaseTimer: device kind {self.kind!r} is not one of cpu, cuda, npu")
+        self._module = None if self.kind == "cpu" else getattr(torch, self.kind)
+        self.peak_memory_kind = HOST_PEAK_KIND if self._module is None else DEVICE_PEAK_KIND
+        self._current: str | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seconds = dict.fromkeys(PHASES, 0.0)
+        self._peaks: dict[str, int] = {}
+
+    def _sync(self) -> None:
+        if self._module is not None:
+            self._module.synchronize()
+
+    def _reset_peak(self) -> bool:
+        """Start a new peak; False where the CPU's peak RSS cannot be reset."""
+        if self._module is not None:
+            self._module.reset_peak_memory_stats()
+            return True
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+            return True
+        except OSError:
+            return False
+
+    def _peak(self, was_reset: bool) -> int | None:
+        if self._module is not None:
+            return int(self._module.max_memory_allocated())
+        if was_reset:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path("/proc/self/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        # the process's peak since it started: an upper bound of the phase's peak
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # bytes on macOS, KiB on Linux
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASES)}")
+        if self._current is not None:
+            # a nested phase would reset the outer one's peak and count its time twice
+            raise RuntimeError(f"phase {name!r} entered inside phase {self._current!r}: phases do not nest")
+        self._current = name
+        try:
+            self._sync()
+            was_reset = self._reset_peak()
+            start = time.perf_counter()
+            with torch.profiler.record_function(name):
+                yield
+                self._sync()  # inside the range, so the trace's range covers the device work
+            self._seconds[name] += time.perf_counter() - start
+            peak = self._peak(was_reset)
+            if peak is not None:
+                self._peaks[name] = max(peak, self._peaks.get(name, 0))
+        finally:
+            self._current = None
+
+    def step_metrics(self) -> dict:
+        """This step's figures for metrics.jsonl, then a fresh step.  A phase not entered
+        has time 0.0 and no peak."""
+        metrics = {f"time_{p}": self._seconds[p] for p in PHASES}
+        metrics["peak_memory_bytes"] = {p: self._peaks[p] for p in PHASES if p in self._peaks}
+        metrics["peak_memory_kind"] = self.peak_memory_kind
+        self._reset()
+        return metrics
+
+
+def parse_steps(text: str) -> frozenset[int]:
+    """``"3"``, ``"2-4"``, ``"1,5"``, ``"1,3-4"`` -> the step numbers; ValueError otherwise."""
+    items = str(text).split(",")
+    steps: set[int] = set()
+    for item in items:
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)  # as launch --profile checks it
+        if not match:
+            raise ValueError(f"profile steps {text!r}: not understood; give {STEPS_SYNTAX}")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if first < 1 or last < first:
+            raise ValueError(f"profile steps {text!r}: {item.strip()!r} is not a step or an increasing range; "
+                             f"give {STEPS_SYNTAX}")
+        steps.update(range(first, last + 1))
+    return frozenset(steps)
+
+
+class StepProfiler:
+    """A profiler trace of each chosen step, in ``out_dir/step_<N>/`` (every rank writes its
+    own file, named by rank).  ``steps`` None or "" means off: then every call is a no-op."""
+
+    def __init__(self, steps: str | None, out_dir: str = "./profile"):
+        self.steps = parse_steps(steps) if steps not in (None, "") else frozenset()
+        self.out_dir = Path(out_dir)
+        self._open: tuple[int, object] | None = None  # (step, profiler) being traced
+        self._kind: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.steps)
+
+    def step_begin(self, step: int) -> None:
+        if step not in self.steps:
+            return
+        self.close()  # a step whose step_end never came
+        self._kind = self._kind or _active_kind()
+        directory = self.out_dir / f"step_{step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        profiler = self._make(directory)
+        profiler.start()
+        self._open = (step, profiler)
+
+    def step_end(self, step: int) -> None:
+        if self._open is not None and self._open[0] == step:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the open trace, if any; stopping writes its files."""
+        if self._open is None:
+            return
+        _, profiler = self._open
+        self._open = None
+        if self._kind != "cpu":
+            getattr(torch, self._kind).synchronize()  # the step's kernels belong in its trace
+        profiler.stop()
+
+    def _make(self, directory: Path):
+        # torch_npu accepts letters, digits and underscores in a worker name
+        worker = f"rank_{int(os.environ.get('RANK', '0'))}"
+        if self._kind == "npu":
+            from torch_npu import profiler as p
+
+            return p.profile(
+                activities=[p.ProfilerActivity.CPU, p.ProfilerActivity.NPU],
+                on_trace_ready=p.tensorboard_trace_handler(str(directory), worker_name=worker),
+                record_shapes=True, profile_memory=True)
+        p = torch.profiler
+        activities = [p.ProfilerActivity.CPU] + ([p.ProfilerActivity.CUDA] if self._kind == "cuda" else [])
+        return p.profile(
+            activities=activities,
+            on_trace_ready=p.tensorboard_trace_handler(str(directory), worker_name=worker),
+            record_shapes=True, profile_memory=True)

@@ -1,0 +1,184 @@
+"""overlay/fastvideo/utils/phases.py: phase times, peak memory, profiler traces of chosen steps."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path; run_python is a fixture)
+
+pytest.importorskip("torch")
+
+from fastvideo.utils import phases  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+
+
+def test_repeated_entries_add_up_and_each_step_starts_afresh():
+    timer = phases.PhaseTimer("cpu")
+    for _ in range(3):  # a batched rollout: sample, decode, score, chunk after chunk
+        with timer.phase("rollout"):
+            time.sleep(0.05)
+        with timer.phase("decode"):
+            time.sleep(0.02)
+    with timer.phase("train"):
+        time.sleep(0.03)
+    first = timer.step_metrics()
+    assert set(first) == {"time_rollout", "time_decode", "time_reward", "time_train",
+                          "peak_memory_bytes", "peak_memory_kind"}
+    assert first["time_rollout"] >= 0.15
+    assert 0.06 <= first["time_decode"] < first["time_rollout"]
+    assert first["time_train"] >= 0.03
+    assert first["time_reward"] == 0.0  # not entered: no time, no peak
+    assert sorted(first["peak_memory_bytes"]) == ["decode", "rollout", "train"]
+    assert all(isinstance(v, int) and v > 10 * 2**20 for v in first["peak_memory_bytes"].values())  # torch alone is more
+    assert first["peak_memory_kind"] == "host peak RSS (includes weights)"
+
+    with timer.phase("reward"):
+        time.sleep(0.01)
+    second = timer.step_metrics()
+    assert second["time_rollout"] == second["time_decode"] == second["time_train"] == 0.0
+    assert 0.01 <= second["time_reward"] < 0.15
+    assert list(second["peak_memory_bytes"]) == ["reward"]
+
+
+def test_cpu_peak_is_the_phase_peak_not_the_process_peak():
+    """VmHWM is reset at each phase's start: a phase after a big allocation does not inherit it."""
+    from pathlib import Path
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pytest.skip("/proc/self/clear_refs cannot be written here (the fallback, ru_maxrss, never resets)")
+    import torch
+
+    timer = phases.PhaseTimer("cpu")
+    with timer.phase("rollout"):
+        big = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+        del big
+    with timer.phase("train"):
+        pass
+    peaks = timer.step_metrics()["peak_memory_bytes"]
+    assert peaks["rollout"] - peaks["train"] > 48 * 2**20
+
+
+def test_unknown_and_nested_phases_are_refused():
+    timer = phases.PhaseTimer("cpu")
+    with pytest.raises(ValueError, match=r"unknown phase 'sampling': the phases are rollout, decode, reward, train"):
+        with timer.phase("sampling"):
+            pass
+    with pytest.raises(RuntimeError, match=r"phase 'decode' entered inside phase 'rollout'"):
+        with timer.phase("rollout"):
+            with timer.phase("decode"):
+                pass
+    with pytest.raises(KeyError):  # a failing phase body: its error goes through, the timer stays usable
+        with timer.phase("train"):
+            raise KeyError("x")
+    with timer.phase("decode"):  # the refusals left the timer usable
+        pass
+    metrics = timer.step_metrics()
+    assert metrics["time_decode"] > 0 and metrics["time_train"] == 0.0  # a failed pass is not timed
+
+
+@pytest.mark.parametrize("text, steps", [
+    ("3", {3}), ("2-4", {2, 3, 4}), ("1,5", {1, 5}), (" 1, 3-4 ", {1, 3, 4}), ("4-4", {4}), ("2,2", {2}),
+])
+def test_parse_steps(text, steps):
+    assert phases.parse_steps(text) == frozenset(steps)
+
+
+@pytest.mark.parametrize("text", ["", "0", "4-2", "a", "1;2", "1,", "-3", "2-", "1.5", "3-x"])
+def test_parse_steps_refuses_with_the_accepted_syntax(text):
+    with pytest.raises(ValueError, match=r"profile steps .*: .*'3', a range '2-4', a list '1,5'"):
+        phases.parse_steps(text)
+
+
+def test_profiler_off_does_nothing(tmp_path):
+    for off in (None, ""):
+        profiler = phases.StepProfiler(off, str(tmp_path / "profile"))
+        assert not profiler.enabled
+        profiler.step_begin(1)
+        profiler.step_end(1)
+        profiler.close()
+    assert not (tmp_path / "profile").exists()
+    with pytest.raises(ValueError, match="profile steps 'x'"):
+        phases.StepProfiler("x")
+
+
+def test_torch_profiler_traces_step_2_of_3_with_the_phase_ranges(run_python, tmp_path):
+    run_python(
+        """
+        import torch
+        from fastvideo.utils.phases import PhaseTimer, StepProfiler
+        timer, profiler = PhaseTimer(), StepProfiler("2", "profile")
+        for step in (1, 2, 3):
+            profiler.step_begin(step)
+            for name in ("rollout", "decode", "reward", "train"):
+                with timer.phase(name):
+                    torch.randn(64, 64) @ torch.randn(64, 64)
+            timer.step_metrics()
+            profiler.step_end(step)
+        profiler.close()
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu", "RANK": "1"},
+    )
+    out = tmp_path / "profile"
+    assert sorted(p.name for p in out.iterdir()) == ["step_2"]
+    traces = list((out / "step_2").glob("rank_1.*.pt.trace.json"))
+    assert len(traces) == 1, list((out / "step_2").iterdir())
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"rollout", "decode", "reward", "train", "aten::mm"} <= names
+
+
+def test_close_stops_a_trace_whose_step_never_ended(run_python, tmp_path):
+    run_python(
+        """
+        import torch
+        from fastvideo.utils.phases import StepProfiler
+        profiler = StepProfiler("1-2", "profile")
+        profiler.step_begin(1)
+        torch.ones(3) + 1          # the step fails before step_end ...
+        profiler.close()           # ... and the trainer's finally closes the profiler
+        profiler.close()
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    assert len(list((tmp_path / "profile" / "step_1").glob("rank_0.*.pt.trace.json"))) == 1
+    assert not (tmp_path / "profile" / "step_2").exists()
+
+
+@pytest.mark.fake_npu
+def test_npu_uses_torch_npu_profiler_and_the_npu_allocator(run_python, tmp_path):
+    """Against the FAKE torch_npu (tests/fakes/torch_npu): proves which calls the NPU branch
+    makes, not that a trace is written on an NPU."""
+    out = run_python(
+        """
+        import json, torch_npu
+        from fastvideo.utils.phases import PhaseTimer, StepProfiler
+        timer, profiler = PhaseTimer(), StepProfiler("2", "profile")
+        for step in (1, 2, 3):
+            profiler.step_begin(step)
+            with timer.phase("rollout"):
+                pass
+            metrics = timer.step_metrics()
+            profiler.step_end(step)
+        print(json.dumps({"metrics": metrics, "calls": [[n, {k: str(v) for k, v in a.items()}] for n, a in torch_npu.calls]}))
+        """,
+        env={"DANCEGRPO_DEVICE": "npu", "FAKE_TORCH_NPU_PEAK_BYTES": "12345"},
+        fake_npu=True,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["metrics"]["peak_memory_bytes"] == {"rollout": 12345}
+    assert got["metrics"]["peak_memory_kind"] == "device allocator"
+    names = [n for n, _ in got["calls"]]
+    profiling = [n for n in names if n.startswith("profiler.")]
+    assert profiling == ["profiler.tensorboard_trace_handler", "profiler.profile", "profiler.start",
+                         "profiler.stop", "profiler.trace_ready"]
+    calls = dict((n, a) for n, a in got["calls"])
+    assert calls["profiler.profile"]["activities"] == "['CPU', 'NPU']"
+    assert calls["profiler.tensorboard_trace_handler"]["dir_name"] == "profile/step_2"
+    # per phase entry: synchronise, reset the peak, ..., synchronise, read the peak
+    assert names.count("reset_peak_memory_stats") == names.count("max_memory_allocated") == 3
+    assert names.count("synchronize") >= 6
+    assert (tmp_path / "profile" / "step_2" / "rank_0_fake_ascend_pt" / "FAKE_NOT_A_TRACE").is_file()
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2"]

@@ -1,0 +1,85 @@
+"""launch --profile STEPS: checked up front with the trainer's syntax, passed as --profile_steps to the
+Flux trainers, kept in launch.json; refused for preprocess and for bad steps in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from synthetic_tree import make_project, trust_synthetic_tree
+from test_launch_align import command_tail, dry_run
+
+from dancegrpo_npu.align.options import parse_step_spec
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.run.launch import build_plan
+from dancegrpo_npu.run.plan import LaunchSpec
+from dancegrpo_npu.run.runner import _launch_json
+
+OVERLAY = Path(__file__).resolve().parents[2] / "overlay"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    trust_synthetic_tree(monkeypatch)
+    return find_project(make_project(tmp_path / "proj"))
+
+
+@pytest.mark.parametrize("script", ["flux", "flux-lora"])
+def test_profile_becomes_the_trainers_profile_steps(project, capsys, script):
+    rc, out, err = dry_run(project, capsys, script, "--dry-run", "--profile", "2-4,7", "--", "--max_train_steps", "8")
+    assert rc == 0, err
+    tail = command_tail(out)
+    assert " --max_train_steps 8 " in tail and tail.endswith(" --profile_steps 2-4,7")
+    rc, out, _ = dry_run(project, capsys, "--profile", "3", script, "--dry-run")  # before the script too
+    assert rc == 0 and command_tail(out).endswith(" --profile_steps 3")
+    rc, out, _ = dry_run(project, capsys, script, "--dry-run")
+    assert rc == 0 and "--profile_steps" not in out  # not asked: the trainer's command is unchanged
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["preprocess", "--profile", "1"], "--profile: only the Flux trainers (flux, flux-lora) time and profile"),
+        (["flux", "--profile", "x"], "--profile 'x': 'x' is not a step or a range of steps"),
+        (["flux", "--profile", "0"], "--profile '0': '0' is not a step"),
+        (["flux", "--profile", "4-2"], "'4-2' is not a step"),
+        (["flux", "--profile", ""], "an empty item"),
+        (["flux", "--profile", "1", "--", "--profile_steps", "2"], "--profile_steps given after -- as well as"),
+    ],
+)
+def test_bad_profile_input_is_one_line(project, capsys, argv, message):
+    rc, _, err = dry_run(project, capsys, argv[0], "--dry-run", *argv[1:])
+    assert rc == 2 and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_profile_steps_are_kept_in_launch_json(project, tmp_path):
+    run_dir = tmp_path / "run"
+    traced = _launch_json(build_plan(project, LaunchSpec("flux", profile_steps="1,3"), run_dir))
+    plain = _launch_json(build_plan(project, LaunchSpec("flux"), run_dir))
+    assert traced["profile_steps"] == "1,3" and plain["profile_steps"] is None
+    json.dumps(traced)
+
+
+@pytest.mark.parametrize("text", ["3", "2-4", "1,5", "1,3-4", " 2 , 5 ", "4-4", "0", "4-2", "x", "", "1,", "2 - 4",
+                                  "-1", "1.5", "1;2", "٣"])
+def test_the_tool_and_the_trainer_accept_the_same_steps(text):
+    """launch checks --profile without importing torch; the overlay's parse_steps (which the trainer
+    uses) must accept exactly what launch passes, and mean the same steps."""
+    sys.path.insert(0, str(OVERLAY))
+    try:
+        from fastvideo.utils.phases import parse_steps
+    finally:
+        sys.path.remove(str(OVERLAY))
+    try:
+        tool = frozenset(parse_step_spec(text, "--profile"))
+    except DancegrpoError:
+        tool = None
+    try:
+        trainer = parse_steps(text)
+    except ValueError:
+        trainer = None
+    assert tool == trainer

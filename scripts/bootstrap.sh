@@ -81,8 +81,8 @@ torch_pip_args() {
   fi
 }
 
-EXTRAS=flux,test
-is_ascend && EXTRAS=flux,test,npu
+EXTRAS=flux,test,msprobe
+is_ascend && EXTRAS=flux,test,msprobe,npu
 HPSV2_SPEC="hpsv2==1.2.0"
 # hpsv2's wheel asks for pytest==7.2.0 and protobuf<4 (and more it never imports);
 # install it without them, with the one module it imports that nothing else brings (clint).

@@ -19,7 +19,7 @@ VENV=${DANCEGRPO_VENV:-$PWD/.venv}
 mkdir -p build
 results=build/test-results.xml
 set +e
-"$VENV/bin/python" -m pytest -p no:cacheprovider --junitxml="$results" "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider --durations=25 --junitxml="$results" "$@"
 status=$?
 set -e
 

@@ -13,8 +13,13 @@ are not lock + series + overlay by design: the tests replace only launch's verdi
 
 from __future__ import annotations
 
+import csv
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,9 +124,17 @@ FAULTS = {
 }  # fmt: skip
 
 
+def _msprobe_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("msprobe") is not None
+
+
 @pytest.fixture(scope="module")
 def clean_modules_run(patched_tree):
-    return smoke_run(patched_tree.project, rng="cpu", record_modules=True)
+    # with msprobe's dumps beside our module records where the extra is installed (CI installs it)
+    return smoke_run(patched_tree.project, rng="cpu", record_modules=True,
+                     msprobe="statistics" if _msprobe_installed() else None)
 
 
 def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
@@ -151,3 +164,43 @@ def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monke
     named = line.split()[2]
     assert re.fullmatch(re.escape(module) + r"(\.\d+)*", named), line  # the module, or an item of its output
     assert "(module output, step 1, rank 0)" in line
+
+
+def _msprobe_dump(run_dir: Path, call: str) -> Path:
+    root = run_dir / "records" / "msprobe"
+    step = json.loads((root / "index.json").read_text())["steps"][call]
+    (found,) = (root / step).rglob("dump.json")
+    return found
+
+
+@needs_trainer_side
+def test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault(patched_tree, clean_modules_run, tmp_path, monkeypatch):
+    """--msprobe: msprobe's own dumps of the --record-modules calls, which msprobe's own compare reads."""
+    if not _msprobe_installed():
+        why = "the msprobe extra (mindstudio-probe) is not installed: pip install 'dancegrpo-npu[msprobe]'"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
+    edits, _ = FAULTS["vae"]
+    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), rng="cpu", record_modules=True,
+                       msprobe="statistics")
+    for run in (clean_modules_run, faulty):
+        index = json.loads((run / "records" / "msprobe" / "index.json").read_text())
+        assert index["steps"] == {"transformer": "step0", "vae": "step1", "reward": "step2"}, index
+
+    def changed(call: str) -> set[str]:
+        out = tmp_path / f"msprobe-{call}"
+        proc = subprocess.run([sys.executable, "-m", "msprobe.msprobe", "compare", "-tp", str(_msprobe_dump(faulty, call)),
+                               "-gp", str(_msprobe_dump(clean_modules_run, call)), "-o", str(out)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        (result,) = out.glob("compare_result_*.csv")
+        rows = list(csv.DictReader(result.open()))
+        assert rows
+        errors = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
+        return {r["NPU Name"] for r in rows if any(r[e] not in ("0", "0.0", "0%") for e in errors)}
+
+    assert changed("transformer") == set()  # same noise, same weights: the transformer's call is the same
+    vae = changed("vae")
+    assert any("decoder.conv_in" in name and "parameters.weight" in name for name in vae), sorted(vae)[:10]
+    assert not any("decoder.conv_in" not in name and "parameters" in name for name in vae), sorted(vae)[:10]

@@ -26,7 +26,7 @@ def test_repeated_entries_add_up_and_each_step_starts_afresh():
     assert set(first) == {"time_rollout", "time_decode", "time_reward", "time_train",
                           "peak_memory_bytes", "peak_memory_kind"}
     assert first["time_rollout"] >= 0.15
-    assert 0.06 <= first["time_decode"] < first["time_rollout"]
+    assert first["time_decode"] >= 0.06  # three entries of 0.02 s add up (no upper bounds: loaded machines)
     assert first["time_train"] >= 0.03
     assert first["time_reward"] == 0.0  # not entered: no time, no peak
     assert sorted(first["peak_memory_bytes"]) == ["decode", "rollout", "train"]
@@ -37,28 +37,33 @@ def test_repeated_entries_add_up_and_each_step_starts_afresh():
         time.sleep(0.01)
     second = timer.step_metrics()
     assert second["time_rollout"] == second["time_decode"] == second["time_train"] == 0.0
-    assert 0.01 <= second["time_reward"] < 0.15
+    assert second["time_reward"] >= 0.01
     assert list(second["peak_memory_bytes"]) == ["reward"]
 
 
-def test_cpu_peak_is_the_phase_peak_not_the_process_peak():
-    """VmHWM is reset at each phase's start: a phase after a big allocation does not inherit it."""
+def test_cpu_peak_is_the_phase_peak_not_the_process_peak(run_python):
+    """VmHWM is reset at each phase's start: a phase after a big allocation does not inherit it.
+    In a fresh interpreter: in a long test process a 64 MiB tensor can come from heap pages that
+    are already resident, which moves no RSS at all."""
     from pathlib import Path
 
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pytest.skip("/proc/self/clear_refs cannot be written here (the fallback, ru_maxrss, never resets)")
-    import torch
-
-    timer = phases.PhaseTimer("cpu")
-    with timer.phase("rollout"):
-        big = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
-        del big
-    with timer.phase("train"):
-        pass
-    peaks = timer.step_metrics()["peak_memory_bytes"]
-    assert peaks["rollout"] - peaks["train"] > 48 * 2**20
+    out = run_python(
+        "import json, torch\n"
+        "from fastvideo.utils import phases\n"
+        "timer = phases.PhaseTimer('cpu')\n"
+        "with timer.phase('rollout'):\n"
+        "    big = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched\n"
+        "    del big\n"
+        "with timer.phase('train'):\n"
+        "    pass\n"
+        "print(json.dumps(timer.step_metrics()['peak_memory_bytes']))\n"
+    )
+    peaks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert peaks["rollout"] - peaks["train"] > 48 * 2**20, peaks
 
 
 def test_unknown_and_nested_phases_are_refused():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dancegrpo_npu.run.failure import error_line, failure_detail, rendered_lines
 
 # What rank 0's stderr.log holds when train_one_step raises (recorded from a real smoke run
@@ -72,3 +74,54 @@ def test_failure_detail_falls_back_to_the_console(tmp_path):
                                                    "[default0]:[rank0]: OSError: disk full\n")
     detail = failure_detail(tmp_path)
     assert (detail["log"], detail["error"]) == ("logs/console.log", "OSError: disk full")
+
+
+TORCHRUN_CONSOLE = """\
+[default0]:Steps:   0%|          | 0/2 [00:00<?, ?it/s]
+W1201 09:23:29.544000 25178 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 25182 closing signal SIGTERM
+E1201 09:23:29.729000 25178 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: {code}) local_rank: 0 (pid: 25181) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train_grpo_flux.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_09:23:29
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 25182)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 25182
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_09:23:29
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : {code} (pid: 25181)
+  error_file: <N/A>
+  traceback : {traceback}
+============================================================
+"""
+
+
+@pytest.mark.parametrize("code, traceback, error", [
+    ("-9", "Signal 9 (SIGKILL) received by PID 25181",
+     "rank 0 was killed by signal 9 (SIGKILL) (out of memory? the kernel's OOM killer sends it; check free memory and dmesg)"),
+    ("-11", "Signal 11 (SIGSEGV) received by PID 25181", "rank 0 was killed by signal 11 (SIGSEGV)"),
+    ("3", "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+     "rank 0 exited with code 3 and left no traceback"),
+])
+def test_a_rank_that_died_without_a_traceback_is_named_not_torchruns_wrapper(tmp_path, code, traceback, error):
+    """torchrun's ChildFailedError says only that a rank failed; its Root Cause entry says which and how
+    (the smoke used to report "ChildFailedError:" for a rank killed by the OOM killer)."""
+    rank0 = tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stderr.log").write_text("Steps:   0%|          | 0/2 [00:00<?, ?it/s]\n")  # killed: no traceback
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(code=code, traceback=traceback))
+    detail = failure_detail(tmp_path)
+    assert (detail["log"], detail["error"]) == ("logs/console.log", error)

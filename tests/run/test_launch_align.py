@@ -177,3 +177,30 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     command._launch(find_project(make_project(tmp_path / "p")), command.SmokeOptions(align=align), fixtures)
     assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
                                                                                      "--record_modules")  # fmt: skip
+
+
+def test_msprobe_records_modules_and_sets_the_jobs_environment(project, capsys, monkeypatch):
+    from dancegrpo_npu.align import options
+
+    monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: object())  # as if installed
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "statistics")
+    assert rc == 0, err
+    assert command_tail(out).endswith(" --record --record_modules")
+    assert "DANCEGRPO_MSPROBE=statistics" in out
+    # the user's --env wins, as for every variable launch sets
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "statistics",
+                           "--env", "DANCEGRPO_MSPROBE=tensor")
+    assert rc == 0 and "DANCEGRPO_MSPROBE=tensor" in out and "DANCEGRPO_MSPROBE=statistics" not in out, out
+
+
+def test_msprobe_bad_task_or_not_installed_is_refused_in_one_line(project, capsys, monkeypatch):
+    from dancegrpo_npu.align import options
+
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "L1")
+    assert rc == 2 and err == "dancegrpo-npu: error: --msprobe 'L1' is not a task; choose one of: statistics, tensor\n"
+    monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: object())  # as if installed
+    rc, _, err = dry_run(project, capsys, "preprocess", "--dry-run", "--msprobe", "tensor")
+    assert rc == 2 and "--msprobe: only the Flux trainers" in err
+    monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None)
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "tensor")
+    assert rc == 2 and err.count("\n") == 1 and "msprobe) is not installed" in err and "dancegrpo-npu[msprobe]" in err

@@ -27,7 +27,8 @@ Noise (``--rng``, ``--replay``)
   replay  ``noise.init``, ``noise.sde`` and ``noise.perms`` of a recorded run, cast and moved
           the same way.
 
-Records (``--record``, ``--record_steps``, ``--record_modules``): see ``alignment_records``.
+Records (``--record``, ``--record_steps``, ``--record_modules``): see ``alignment_records``;
+with DANCEGRPO_MSPROBE also msprobe's own dumps of the same calls: ``alignment_msprobe``.
 GRPO health (metrics.jsonl): ``step_health()``.
 """
 
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from fastvideo.utils import alignment_msprobe as msprobe_dump
 from fastvideo.utils import alignment_records as records
 from fastvideo.utils.alignment_health import Health
 
@@ -62,6 +64,7 @@ class Settings:
     replay: str | None = None
     clip_range: float = 1e-4
     group_size: int | None = None  # --num_generations with --use_group, else None (one group)
+    msprobe: str | None = None  # DANCEGRPO_MSPROBE: also dump the --record_modules calls with msprobe
 
     @classmethod
     def from_args(cls, args, rank: int, world_size: int) -> "Settings":
@@ -71,7 +74,8 @@ class Settings:
             record_steps=records.parse_steps(getattr(args, "record_steps", None)),
             record_modules=bool(getattr(args, "record_modules", False)),
             replay=getattr(args, "replay", None), clip_range=args.clip_range,
-            group_size=args.num_generations if args.use_group else None)
+            group_size=args.num_generations if args.use_group else None,
+            msprobe=msprobe_dump.task_from_env())
 
 
 # ---------------------------------------------------------------- arguments
@@ -88,6 +92,9 @@ def argument_problem(args, environ=None) -> str | None:
     record = bool(getattr(args, "record", False))
     if getattr(args, "record_modules", False) and not record:
         return "--record_modules needs --record"
+    problem = msprobe_dump.problem(msprobe_dump.task_from_env(environ), bool(getattr(args, "record_modules", False)))
+    if problem:
+        return problem
     if getattr(args, "record_steps", None) is not None:
         if not record:
             return "--record_steps needs --record"
@@ -240,6 +247,9 @@ class Run:
         if settings.record:
             self.recorder = records.Recorder(Path("records"), settings.rank, settings.world_size,
                                              settings.record_steps, settings.record_modules, fields or {})
+        self.msprobe = None
+        if settings.msprobe and settings.record_modules:
+            self.msprobe = msprobe_dump.MsprobeDump(settings.msprobe, Path("records") / "msprobe", settings.rank)
         self.step = None
 
     def begin_step(self, step: int) -> None:
@@ -329,14 +339,20 @@ def optimizer_stepped(grad_norm) -> None:
 @contextmanager
 def capture_modules(prefix: str, root):
     """Around the first transformer forward, VAE decode and reward call: with
-    --record_modules, every module's output the first time through (then the hooks go)."""
-    recorder = _run().recorder
+    --record_modules, every module's output the first time through (then the hooks go); with
+    DANCEGRPO_MSPROBE, msprobe dumps the same call."""
+    run = _run()
+    recorder = run.recorder
     if recorder is None or not recorder.modules_due(prefix):
         yield
         return
     capture = records.ModuleCapture(prefix, root)
     try:
-        yield
+        if run.msprobe is None:
+            yield
+        else:
+            with run.msprobe.capture(prefix, root):
+                yield
     finally:
         capture.remove()
         recorder.add_modules(prefix, capture)

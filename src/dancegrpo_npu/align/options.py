@@ -9,6 +9,8 @@ tool flag              trainer argument (the alignment contract)
 ``--record-steps S``   ``--record --record_steps S`` (implies --record)
 ``--record-modules``   ``--record --record_modules`` (implies --record)
 ``--replay RUN``       ``--replay <RUN>/records`` after ``check_replay`` says it fits
+``--msprobe TASK``     ``--record --record_modules`` and DANCEGRPO_MSPROBE=TASK in the job's
+                       environment (the overlay's alignment_msprobe.py reads it)
 =====================  ==============================================================
 
 Only the Flux trainers (``flux``, ``flux-lora``) know these arguments; ``preprocess`` refuses them.
@@ -17,6 +19,7 @@ Only the Flux trainers (``flux``, ``flux-lora``) know these arguments; ``preproc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 
 RNG_CHOICES = ("device", "cpu")
+MSPROBE_TASKS = ("statistics", "tensor")
+MSPROBE_ENV = "DANCEGRPO_MSPROBE"
 ALIGN_SCRIPTS = ("flux", "flux-lora")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
 _SPEC_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -70,10 +75,12 @@ class AlignOptions:
     record_steps: str | None = None  # a validated SPEC, passed as typed
     record_modules: bool = False
     replay: str | None = None  # a run directory or name, as typed
+    msprobe: str | None = None  # an msprobe task: also dump the --record-modules calls with msprobe
 
     def given(self) -> list[str]:
         names = [("--rng", self.rng), ("--record", self.record), ("--record-steps", self.record_steps),
-                 ("--record-modules", self.record_modules), ("--replay", self.replay)]  # fmt: skip
+                 ("--record-modules", self.record_modules), ("--replay", self.replay),
+                 ("--msprobe", self.msprobe)]  # fmt: skip
         return [name for name, value in names if value not in (None, False)]
 
     def check(self) -> None:
@@ -81,9 +88,25 @@ class AlignOptions:
             raise DancegrpoError(f"--rng {self.rng!r} is not a choice", f"choose one of: {', '.join(RNG_CHOICES)}", 2)
         if self.record_steps is not None:
             parse_step_spec(self.record_steps)
+        if self.msprobe is not None:
+            if self.msprobe not in MSPROBE_TASKS:
+                raise DancegrpoError(f"--msprobe {self.msprobe!r} is not a task",
+                                     f"choose one of: {', '.join(MSPROBE_TASKS)}", 2)
+            # the job runs this Python (torchrun from sys.executable), so msprobe must import here
+            if importlib.util.find_spec("msprobe") is None:
+                raise DancegrpoError("--msprobe: MindStudio Probe (msprobe) is not installed in this Python",
+                                     "pip install 'dancegrpo-npu[msprobe]' (the mindstudio-probe package), "
+                                     "or drop --msprobe", 2)
 
     def recording(self) -> bool:
-        return self.record or self.record_steps is not None or self.record_modules
+        return self.record or self.record_steps is not None or self.modules()
+
+    def modules(self) -> bool:
+        return self.record_modules or self.msprobe is not None
+
+    def env(self) -> tuple[tuple[str, str], ...]:
+        """What the job's environment gets (before the user's --env, which wins)."""
+        return ((MSPROBE_ENV, self.msprobe),) if self.msprobe is not None else ()
 
     def trainer_args(self, replay_records: Path | None) -> tuple[str, ...]:
         """The contract's trainer arguments; ``replay_records`` is ``<run>/records`` (checked)."""
@@ -94,7 +117,7 @@ class AlignOptions:
             out.append("--record")
         if self.record_steps is not None:
             out += ["--record_steps", self.record_steps]
-        if self.record_modules:
+        if self.modules():
             out.append("--record_modules")
         if replay_records is not None:
             out += ["--replay", str(replay_records)]
@@ -118,6 +141,11 @@ def add_align_options(p: argparse.ArgumentParser, default=lambda v: v) -> None:
     p.add_argument("--replay", default=default(None), metavar="RUN",
                    help="take every noise tensor from RUN's records instead of drawing it (a run directory or "
                    "name; refused before anything starts when RUN does not fit this launch)")
+    p.add_argument("--msprobe", default=default(None), metavar="{statistics,tensor}",
+                   help="also dump the --record-modules calls with MindStudio Probe (msprobe, level L0) into "
+                   "<run>/records/msprobe/, for `msprobe compare` and Ascend support: statistics (per-tensor "
+                   "max/min/mean/norm) or tensor (every tensor in full); implies --record-modules; needs the "
+                   "msprobe extra (docs/alignment.md)")
 
 
 def options_from_args(args) -> AlignOptions:
@@ -127,6 +155,7 @@ def options_from_args(args) -> AlignOptions:
         record_steps=getattr(args, "record_steps", None),
         record_modules=bool(getattr(args, "record_modules", False)),
         replay=getattr(args, "replay", None),
+        msprobe=getattr(args, "msprobe", None),
     )
     options.check()
     return options

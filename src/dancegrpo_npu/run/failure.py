@@ -66,6 +66,35 @@ def error_line(lines: list[str]) -> str:
     return ""
 
 
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode|traceback)\s*:\s*(.*?)\s*$")
+_SIGNAL = re.compile(r"^Signal (\d+) \((\w+)\)")
+
+
+def root_cause(lines: list[str]) -> str | None:
+    """torchrun's "Root Cause" entry, when a rank died without a traceback of its own (killed by
+    a signal, or exited with a code): which rank, and how.  SIGKILL is named as what it usually
+    is on a training host, the kernel's out-of-memory killer."""
+    starts = [i for i, line in enumerate(lines) if _ROOT_CAUSE in line]
+    if not starts:
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[starts[-1] + 1 : starts[-1] + 12]:
+        m = _FIELD.match(line)
+        if m:
+            fields.setdefault(m.group(1), m.group(2))
+    rank = fields.get("rank", "?").split()[0]
+    signal = _SIGNAL.match(fields.get("traceback", ""))
+    if signal:
+        number, name = signal.groups()
+        why = " (out of memory? the kernel's OOM killer sends it; check free memory and dmesg)" if number == "9" else ""
+        return f"rank {rank} was killed by signal {number} ({name}){why}"
+    code = fields.get("exitcode", "").split()
+    if code:
+        return f"rank {rank} exited with code {code[0]} and left no traceback"
+    return None
+
+
 def _read(path: Path) -> list[str] | None:
     try:  # bytes: read_text's universal newlines would turn each \r into a line of its own
         return rendered_lines(path.read_bytes().decode("utf-8", errors="replace"))
@@ -87,4 +116,7 @@ def failure_detail(run_dir: Path) -> dict:
             return {"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
                     "error": error_line(lines)}
     lines = _read(run_dir / "logs" / "console.log") or []
-    return {"log": "logs/console.log", "tail": lines[-FAILURE_TAIL_LINES:], "error": error_line(lines)}
+    error = error_line(lines)
+    if "ChildFailedError" in error:  # torchrun's own exception says only that a rank failed
+        error = root_cause(lines) or error
+    return {"log": "logs/console.log", "tail": lines[-FAILURE_TAIL_LINES:], "error": error}

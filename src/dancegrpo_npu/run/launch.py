@@ -18,6 +18,7 @@ import socket
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dancegrpo_npu.run import records
@@ -163,6 +164,8 @@ def build_plan(
     check_inputs(info, script_args)
     script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
     script_args += _profile_args(spec)
+    if spec.align.env():  # --msprobe: before the user's --env, which wins
+        spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
     port = spec.master_port
     if port is None:

@@ -34,20 +34,17 @@ HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "r
 
 @pytest.fixture(scope="session")
 def tree_without_alignment(upstream_source, tmp_path_factory):
-    """A project whose series stops before 0018-0020 (and the patches written on them), fetched
-    and applied."""
+    """A project applied without 0018-0020 (and the patches written on their lines)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
     root = copy_project(tmp_path_factory.mktemp("without-alignment") / "project")
-    series = root / "patches" / "series"
-    lines = series.read_text().splitlines()
+    lines = (root / "patches" / "series").read_text().splitlines()
     assert all(name in lines for name in OURS)
-    series.write_text("".join(f"{line}\n" for line in lines if line not in OURS + LATER))
     project = find_project(root)
     fetch(project, source=upstream_source)
-    apply_worktree(project)
+    apply_worktree(project, without=OURS + LATER)  # `apply --without`: the patches after them move up
     return project
 
 

@@ -14,8 +14,8 @@ are not lock + series + overlay by design: the tests replace only launch's verdi
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, require_msprobe
 
 from dancegrpo_npu.align.options import AlignOptions
 from dancegrpo_npu.cli import main
@@ -124,17 +124,11 @@ FAULTS = {
 }  # fmt: skip
 
 
-def _msprobe_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("msprobe") is not None
-
-
 @pytest.fixture(scope="module")
 def clean_modules_run(patched_tree):
     # with msprobe's dumps beside our module records where the extra is installed (CI installs it)
     return smoke_run(patched_tree.project, rng="cpu", record_modules=True,
-                     msprobe="statistics" if _msprobe_installed() else None)
+                     msprobe="statistics" if importlib.util.find_spec("msprobe") else None)
 
 
 def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
@@ -176,11 +170,7 @@ def _msprobe_dump(run_dir: Path, call: str) -> Path:
 @needs_trainer_side
 def test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault(patched_tree, clean_modules_run, tmp_path, monkeypatch):
     """--msprobe: msprobe's own dumps of the --record-modules calls, which msprobe's own compare reads."""
-    if not _msprobe_installed():
-        why = "the msprobe extra (mindstudio-probe) is not installed: pip install 'dancegrpo-npu[msprobe]'"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI: {why}")
-        pytest.skip(why)
+    require_msprobe()
     edits, _ = FAULTS["vae"]
     faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), rng="cpu", record_modules=True,
                        msprobe="statistics")

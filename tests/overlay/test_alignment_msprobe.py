@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import require_msprobe
 from overlay_runner import OVERLAY  # noqa: F401  (puts overlay/ on sys.path)
 
 torch = pytest.importorskip("torch")
@@ -39,18 +40,6 @@ def test_the_trainers_argument_check_reads_the_environment(monkeypatch, tmp_path
     assert alignment.argument_problem(args) is None
     monkeypatch.setenv(msprobe_dump.ENV, "everything")
     assert "is not one of" in alignment.argument_problem(args)
-
-
-def _require_msprobe():
-    """msprobe is an optional extra: skipped (with the reason) where it is not installed, failed in CI,
-    where scripts/bootstrap.sh installs it."""
-    import importlib.util
-
-    if importlib.util.find_spec("msprobe") is None:
-        why = "the msprobe extra (mindstudio-probe) is not installed: pip install 'dancegrpo-npu[msprobe]'"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI: {why}")
-        pytest.skip(why)
 
 
 # Built and called in a process of its own (msprobe keeps one debugger per process, as in a trainer
@@ -87,7 +76,7 @@ torch.save(out, sys.argv[4])
 
 
 def _dump(tmp_path, name, scale_block=1.0):
-    _require_msprobe()
+    require_msprobe()
     root, out = tmp_path / name, tmp_path / f"{name}.pt"
     proc = subprocess.run([sys.executable, "-c", DUMP, str(OVERLAY), "statistics", str(root), str(out),
                            str(scale_block)], capture_output=True, text=True, timeout=300)

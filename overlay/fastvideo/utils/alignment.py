@@ -109,12 +109,18 @@ def argument_problem(args, environ=None) -> str | None:
     return None
 
 
-def check_args(args) -> None:
-    """Refuse bad alignment arguments before anything is loaded: one line on stderr, exit 2."""
-    problem = argument_problem(args)
+def refuse(problem: str | None) -> None:
+    """A trainer argument problem, before anything is loaded: one line on stderr as argparse
+    words it (without the usage), exit 2; nothing when ``problem`` is None.  The overlay's
+    other argument checks (fastvideo/utils/rollout.py) refuse through this too."""
     if problem:
         print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def check_args(args) -> None:
+    """Refuse bad alignment arguments before anything is loaded: one line on stderr, exit 2."""
+    refuse(argument_problem(args))
 
 
 def samples_per_rank(args) -> int:

@@ -46,12 +46,12 @@ def problem(task: str | None, record_modules: bool) -> str | None:
     return None
 
 
-def config(task: str, dump_path: Path, rank: int | None = None) -> dict:
-    """msprobe's config.json for a module-level (L0) dump of forward passes."""
+def config(task: str, dump_path: Path) -> dict:
+    """msprobe's config.json for a module-level (L0) dump of forward passes, every rank."""
     return {
         "task": task,
         "dump_path": str(dump_path),
-        "rank": [] if rank is None else [rank],
+        "rank": [],
         "step": [],
         "level": "L0",
         task: {"scope": [], "list": [], "data_mode": ["forward"],
@@ -70,7 +70,7 @@ class MsprobeDump:
         config_path = self.root / f"config.rank{rank}.json"
         config_path.write_text(json.dumps(config(task, self.root), indent=1) + "\n")
         self.debugger = PrecisionDebugger(config_path=str(config_path))
-        self.task, self.rank = task, rank
+        self.task = task
         self.steps: dict[str, str] = {}
 
     @contextmanager

@@ -1,7 +1,8 @@
 """Batched rollout (issue 10): the Flux trainers' ``sample_reference_model`` in batches.
 
-Patches 0021 and 0022 call this module; it imports only torch and the standard library (PIL through
-the images it is given), never the dancegrpo_npu tool.
+Patches 0021 and 0022 call this module; it imports torch, the standard library (PIL through the
+images it is given) and the overlay's alignment module (for ``refuse``), never the dancegrpo_npu
+tool.
 
 ``--sample_batch_size N`` (default 1: upstream) sends the G generations of a prompt through the
 transformer N at a time; ``--vae_decode_chunk K`` (default N) decodes them K at a time; the
@@ -17,13 +18,13 @@ upstream repeats them.  With ``--rng cpu`` every sample gets the noise it gets a
 
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
 import torch
+
+from fastvideo.utils.alignment import refuse
 
 # ---------------------------------------------------------------- arguments
 
@@ -52,10 +53,7 @@ def argument_problem(args) -> str | None:
 
 def check_args(args) -> None:
     """Refuse bad rollout arguments before anything is loaded: one line on stderr, exit 2."""
-    problem = argument_problem(args)
-    if problem:
-        print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    refuse(argument_problem(args))
 
 
 def decode_chunk(args) -> int:
@@ -102,12 +100,11 @@ def decode(vae, latents: torch.Tensor, chunk: int, postprocess) -> list:
     batch (upstream's ops).  Chunks of more than one image are decoded with the decoder's
     attention outputs made contiguous (``contiguous_attention``): then a chunk decodes, on the
     CPU, bit for bit as its images do one at a time."""
-    n = latents.shape[0]
-    if min(chunk, n) == 1 and n == 1:
+    if latents.shape[0] == 1:
         return postprocess(vae.decode(latents, return_dict=False)[0])  # upstream's ops, exactly
     images = []
-    with contiguous_attention(vae, min(chunk, n) > 1):
-        for part in ([latents] if chunk >= n else latents.split(chunk)):
+    with contiguous_attention(vae, chunk > 1):
+        for part in latents.split(chunk):  # one part, the whole batch, when chunk covers it
             images.extend(postprocess(vae.decode(part, return_dict=False)[0]))
     return images
 
@@ -266,5 +263,4 @@ def check_profile_steps(args) -> None:
     try:
         parse_steps(steps)
     except ValueError as exc:
-        print(f"{os.path.basename(sys.argv[0])}: error: --profile_steps: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        refuse(f"--profile_steps: {exc}")

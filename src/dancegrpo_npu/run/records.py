@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import write_atomic
+from dancegrpo_npu.throughput.phases import PHASES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
@@ -89,9 +90,9 @@ HEALTH_KEYS = (
     "clip_frac_first",
 )
 
-# Phase times of a GRPO step (overlay fastvideo/utils/phases.py, written by the trainers from
-# patch 0022 on): time_<phase> seconds, and peak_memory_bytes {phase: bytes} with its kind.
-PHASES = ("rollout", "decode", "reward", "train")
+# Phase times of a GRPO step: the trainers write them from patch 0022 on (overlay
+# fastvideo/utils/phases.py), for the phases bench times (PHASES): time_<phase> seconds, and
+# peak_memory_bytes {phase: bytes} with its kind.
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def read_metrics(run_dir: Path) -> Metrics:
                 _complete(step_time),
                 "metrics.jsonl",
                 skipped,
-                {k: tuple(v) for k, v in health.items() if any(x is not None for x in v)},
+                _present(health),
                 _present(phase_time),
                 _present(phase_peak),
                 peak_kind,

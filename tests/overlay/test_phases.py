@@ -142,14 +142,36 @@ def test_close_stops_a_trace_whose_step_never_ended(run_python, tmp_path):
         from fastvideo.utils.phases import StepProfiler
         profiler = StepProfiler("1-2", "profile")
         profiler.step_begin(1)
-        torch.ones(3) + 1          # the step fails before step_end ...
-        profiler.close()           # ... and the trainer's finally closes the profiler
+        torch.ones(3) + 1          # the step is cut short before step_end ...
+        profiler.close()           # ... close() ends its trace, and a second close is a no-op
         profiler.close()
         """,
         env={"DANCEGRPO_DEVICE": "cpu"},
     )
     assert len(list((tmp_path / "profile" / "step_1").glob("rank_0.*.pt.trace.json"))) == 1
     assert not (tmp_path / "profile" / "step_2").exists()
+
+
+def test_a_step_that_raises_still_leaves_its_trace(run_python, tmp_path):
+    """The trainers call step_end only after a step that returned; a step that raises ends the
+    process, and the trace of that step is written at exit (without synchronising)."""
+    out = run_python(
+        """
+        import torch
+        from fastvideo.utils.phases import StepProfiler
+        profiler = StepProfiler("2", "profile")
+        for step in (1, 2):
+            profiler.step_begin(step)
+            torch.ones(3) + 1
+            if step == 2:
+                raise RuntimeError("the step failed")
+            profiler.step_end(step)
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"}, check=False,
+    )
+    assert out.returncode == 1 and "RuntimeError: the step failed" in out.stderr
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2"]
+    assert len(list((tmp_path / "profile" / "step_2").glob("rank_0.*.pt.trace.json"))) == 1
 
 
 @pytest.mark.fake_npu

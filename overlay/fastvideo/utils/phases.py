@@ -22,6 +22,7 @@ elsewhere (a Chrome trace JSON: Perfetto, TensorBoard).  Each phase is a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -145,6 +146,7 @@ class StepProfiler:
         self.out_dir = Path(out_dir)
         self._open: tuple[int, object] | None = None  # (step, profiler) being traced
         self._kind: str | None = None
+        self._exit_hook = False
 
     @property
     def enabled(self) -> bool:
@@ -160,18 +162,22 @@ class StepProfiler:
         profiler = self._make(directory)
         profiler.start()
         self._open = (step, profiler)
+        if not self._exit_hook:  # a step that raises never reaches step_end: its trace is
+            atexit.register(self.close, synchronize=False)  # what shows where it failed
+            self._exit_hook = True
 
     def step_end(self, step: int) -> None:
         if self._open is not None and self._open[0] == step:
             self.close()
 
-    def close(self) -> None:
-        """Stop the open trace, if any; stopping writes its files."""
+    def close(self, synchronize: bool = True) -> None:
+        """Stop the open trace, if any; stopping writes its files.  At exit after a failure
+        the device is not synchronised: a failed step's kernels may never finish."""
         if self._open is None:
             return
         _, profiler = self._open
         self._open = None
-        if self._kind != "cpu":
+        if synchronize and self._kind != "cpu":
             getattr(torch, self._kind).synchronize()  # the step's kernels belong in its trace
         profiler.stop()
 

@@ -35,3 +35,19 @@ def fake_torch_npu_metadata(site: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_npu\nVersion: 0.0.0+fake\n"
                                    "Summary: FAKE torch_npu of dancegrpo-npu's tests (tests/fakes), not Huawei's\n")
     return site
+
+
+def launch_preprocessing(project, out_dir: Path, name: str, env=()):
+    """The patched preprocess_flux_embedding.py on 2 CPU ranks over the fixture pipeline, launched
+    like any run; returns (run record, fixtures)."""
+    from dancegrpo_npu.run.launch import LaunchSpec, launch
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
+
+    fixtures = build_fixtures(project.build_dir / "fixtures")
+    record = launch(project, LaunchSpec(
+        script="preprocess", nproc_per_node=2, device="cpu", strict=True, name=name,
+        upstream_defaults=False, env=(("OMP_NUM_THREADS", "1"), *env),
+        args=("--model_path", str(fixtures.model_dir), "--output_dir", str(out_dir),
+              "--prompt_dir", str(fixtures.prompts), "--dataloader_num_workers", "0")))
+    assert record.returncode == 0, f"see {record.run_dir / 'logs'}"
+    return record, fixtures

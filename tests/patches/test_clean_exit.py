@@ -1,6 +1,6 @@
 """Patch 0023: no rank leaves a Gloo worker thread to interpreter exit.
 
-Why it matters (docs/troubleshooting.md, "SIGABRT after the last step"): a Gloo worker that drops
+Why it matters (docs/port.md, section 8; docs/troubleshooting.md): a Gloo worker that drops
 the last reference to a tensor Python once owned has to take the GIL; while the interpreter
 finalizes, that ends the thread with pthread_exit, the unwind meets a noexcept destructor
 (``c10d::ProcessGroupGloo::AsyncWork``) and the rank aborts with "terminate called without an
@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from patched_tree_runner import launch_preprocessing
 
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -97,15 +98,6 @@ def test_no_trainer_rank_leaves_a_gloo_thread_to_interpreter_exit(patched_tree, 
 
 
 def test_no_preprocessing_rank_leaves_a_gloo_thread_to_interpreter_exit(patched_tree, tmp_path):
-    from dancegrpo_npu.run.launch import LaunchSpec, launch
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
-
     out, env = _probe_env(tmp_path)
-    fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures")
-    record = launch(patched_tree.project, LaunchSpec(
-        script="preprocess", nproc_per_node=2, device="cpu", strict=True, name="preprocess-exit",
-        upstream_defaults=False, env=(("OMP_NUM_THREADS", "1"), *env),
-        args=("--model_path", str(fixtures.model_dir), "--output_dir", str(tmp_path / "rl_embeddings"),
-              "--prompt_dir", str(fixtures.prompts), "--dataloader_num_workers", "0")))
-    assert record.returncode == 0, f"see {record.run_dir / 'logs'}"
+    launch_preprocessing(patched_tree.project, tmp_path / "rl_embeddings", "preprocess-exit", env)
     _assert_no_gloo_thread_at_exit(out, 2)

@@ -9,6 +9,7 @@ import importlib.util
 import json
 
 import pytest
+from patched_tree_runner import launch_preprocessing
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -17,17 +18,8 @@ pytest.importorskip("diffusers")
 @pytest.mark.slow
 @pytest.mark.upstream
 def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path):
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
-    from dancegrpo_npu.run.launch import LaunchSpec, launch
-
-    fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures")
     out = tmp_path / "rl_embeddings"
-    record = launch(patched_tree.project, LaunchSpec(
-        script="preprocess", nproc_per_node=2, device="cpu", strict=True, name="preprocess-test",
-        upstream_defaults=False, env=(("OMP_NUM_THREADS", "1"),),
-        args=("--model_path", str(fixtures.model_dir), "--output_dir", str(out),
-              "--prompt_dir", str(fixtures.prompts), "--dataloader_num_workers", "0")))
-    assert record.returncode == 0, f"see {record.run_dir / 'logs'}"
+    _, fixtures = launch_preprocessing(patched_tree.project, out, "preprocess-test")
 
     ours = json.loads((out / "videos2caption.json").read_text())
     theirs = json.loads(fixtures.data_json.read_text())

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -354,11 +354,8 @@ def capture_modules(prefix: str, root):
         return
     capture = records.ModuleCapture(prefix, root)
     try:
-        if run.msprobe is None:
+        with run.msprobe.capture(prefix, root) if run.msprobe else nullcontext():
             yield
-        else:
-            with run.msprobe.capture(prefix, root):
-                yield
     finally:
         capture.remove()
         recorder.add_modules(prefix, capture)

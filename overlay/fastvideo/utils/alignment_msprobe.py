@@ -11,7 +11,8 @@ dumps in steps, so each call is one msprobe step: ``step0`` the transformer, ``s
 runs' ``dump.json`` files then gives msprobe's own CSV (docs/alignment.md, section 7).
 
 Values of ``DANCEGRPO_MSPROBE``: ``statistics`` (max, min, mean and norm per tensor: small) or
-``tensor`` (every tensor in full: at 720x720 and 12B parameters, tens of GB).
+``tensor`` (every tensor in full: for FLUX.1-dev the 12B parameters alone are 24-48 GB, an
+estimate, not measured).
 This module imports msprobe only when a dump is asked for; it never imports dancegrpo_npu.
 """
 

@@ -146,7 +146,8 @@ class StepProfiler:
         self.out_dir = Path(out_dir)
         self._open: tuple[int, object] | None = None  # (step, profiler) being traced
         self._kind: str | None = None
-        self._exit_hook = False
+        if self.steps:  # a step that raises never reaches step_end: its trace shows where it failed
+            atexit.register(self.close, synchronize=False)
 
     @property
     def enabled(self) -> bool:
@@ -162,9 +163,6 @@ class StepProfiler:
         profiler = self._make(directory)
         profiler.start()
         self._open = (step, profiler)
-        if not self._exit_hook:  # a step that raises never reaches step_end: its trace is
-            atexit.register(self.close, synchronize=False)  # what shows where it failed
-            self._exit_hook = True
 
     def step_end(self, step: int) -> None:
         if self._open is not None and self._open[0] == step:

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/alignment*.py on their own (no upstream, no training): the noise
+"""overlay/dancegrpo_port/alignment*.py on their own (no upstream, no training): the noise
 source (--rng device|cpu, --replay), the recorder (records/ as the alignment contract
 describes it), the argument checks and the GRPO health figures.
 
@@ -20,9 +20,11 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from fastvideo.utils import alignment  # noqa: E402  (overlay/ is on sys.path)
-from fastvideo.utils import alignment_records as records  # noqa: E402
-from fastvideo.utils.alignment_health import KEYS, Health  # noqa: E402
+from dancegrpo_port import alignment  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port import alignment_records as records  # noqa: E402
+from dancegrpo_port.alignment_health import Health  # noqa: E402
+from dancegrpo_port.contract import HEALTH_KEYS as KEYS  # noqa: E402
+from dancegrpo_port.contract import parse_steps  # noqa: E402
 
 H = W = 32  # latents 4x4, tokens 2x2 = 4
 TOKENS = (H // 16) * (W // 16)
@@ -274,17 +276,18 @@ def test_replay_hands_out_the_recorded_noise_and_records_the_same(rng, same, tmp
     (None, None), ("all", None), ("3", {3}), ("1-3,7", {1, 2, 3, 7}), (" 2 - 4 , 4", {2, 3, 4}), ("5-5", {5}),
 ])
 def test_record_steps(spec, steps):
-    assert records.parse_steps(spec) == (None if steps is None else frozenset(steps))
+    assert parse_steps(spec, "--record_steps") == (None if steps is None else frozenset(steps))
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("", "'' is not a step N or a range A-B"), ("1,,2", "'' is not a step"), ("a-3", "'a-3' is not a step"),
-    ("0-2", "'0-2' is not a range of steps counted from 1"), ("5-2", "'5-2' is not a range"), ("-1", "'-1' is not"),
-    ("1.5", "'1.5' is not a step"),
+    ("", "'' is not understood"), ("1,,2", "'' is not understood"), ("a-3", "'a-3' is not understood"),
+    ("0-2", "'0-2' is not a step or an increasing range of steps counted from 1"),
+    ("5-2", "'5-2' is not a step or an increasing range"), ("-1", "'-1' is not understood"),
+    ("1.5", "'1.5' is not understood"),
 ])
 def test_record_steps_refused(spec, message):
     with pytest.raises(ValueError, match=message):
-        records.parse_steps(spec)
+        parse_steps(spec, "--record_steps")
 
 
 def test_format_steps():
@@ -296,7 +299,7 @@ def test_format_steps():
     (dict(rng="cpu", seed=None), "--rng cpu needs --seed"),
     (dict(record_modules=True), "--record_modules needs --record"),
     (dict(record_steps="1-2"), "--record_steps needs --record"),
-    (dict(record=True, record_steps="x"), "--record_steps 'x': 'x' is not a step N or a range A-B"),
+    (dict(record=True, record_steps="x"), "--record_steps 'x': 'x' is not understood; give a step N, a range A-B"),
     (dict(replay="/nowhere/records"), "--replay /nowhere/records: no index.json there"),
 ])
 def test_bad_arguments_are_one_line(kw, message):

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
+"""overlay/dancegrpo_port/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path;
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.utils import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+from dancegrpo_port import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
 
 
 @pytest.mark.parametrize("value, kind", [(None, "auto"), ("", "auto"), ("CPU", "cpu"), (" npu ", "npu"), ("cuda", "cuda")])
@@ -19,7 +19,7 @@ def test_requested_kind(value, kind):
 
 
 def test_unknown_device_is_refused_with_the_choices():
-    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, npu, cuda, cpu"):
+    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
         device.requested_kind({device.DEVICE_ENV: "gpu"})
 
 
@@ -59,7 +59,7 @@ def test_cpu_run(run_python):
     out = run_python(
         """
         import json, torch
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         acc = device.activate()
         x = torch.randn(4, 4)
         with device.autocast(torch.bfloat16):
@@ -81,8 +81,8 @@ def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path
     out = run_python(
         """
         import torch
-        from fastvideo.utils import device
-        from fastvideo.utils.strict_mode import StrictModeError
+        from dancegrpo_port import device
+        from dancegrpo_port.strict_mode import StrictModeError
         weight = torch.ones(3, dtype=torch.float64, requires_grad=True)  # before strict mode
         assert device.activate().strict
         def caught(run):
@@ -109,7 +109,7 @@ def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path
 
 
 def test_bad_device_env_fails_activation(run_python):
-    proc = run_python("from fastvideo.utils import device; device.activate()", env={"DANCEGRPO_DEVICE": "tpu"}, check=False)
+    proc = run_python("from dancegrpo_port import device; device.activate()", env={"DANCEGRPO_DEVICE": "tpu"}, check=False)
     assert proc.returncode != 0 and "DANCEGRPO_DEVICE='tpu' is not one of" in proc.stderr
 
 
@@ -117,7 +117,7 @@ def test_broadcast_module_states_gives_every_rank_rank0s_weights(run_python, tmp
     out = run_python(
         f"""
         import torch, torch.distributed as dist, torch.multiprocessing as mp
-        from fastvideo.utils import device
+        from dancegrpo_port import device
 
         def work(rank):
             dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=rank, world_size=2)
@@ -148,7 +148,7 @@ def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     out = run_python(
         """
         import json, torch
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         acc = device.activate()
         import torch_npu
         assert torch_npu.__fake__
@@ -162,14 +162,14 @@ def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     # transfer_to_npu came before CUDA and before anything but the device module itself
     assert got.pop("transfer") == {"cuda_initialized": False,
-                                   "already_imported": ["fastvideo", "fastvideo.utils", "fastvideo.utils.device"]}
+                                   "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device"]}
     assert got == {"kind": "npu", "backend": "hccl", "dev": "npu:1", "cur": "npu:1", "autocast": "npu",
                    "offload": [True, True]}
 
 
 @pytest.mark.fake_npu
 def test_npu_requested_but_none_visible(run_python):
-    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
                       env={"DANCEGRPO_DEVICE": "npu", "FAKE_TORCH_NPU_DEVICES": "0"})
     assert proc.returncode != 0 and "DANCEGRPO_DEVICE=npu but torch_npu sees no NPU" in proc.stderr
 
@@ -179,7 +179,7 @@ def test_cpu_requested_on_an_npu_host_leaves_torch_npu_alone(run_python):
     out = run_python(
         """
         import sys
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         print(device.activate().kind, "torch_npu" in sys.modules)
         """,
         fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"},
@@ -189,11 +189,11 @@ def test_cpu_requested_on_an_npu_host_leaves_torch_npu_alone(run_python):
 
 @pytest.mark.fake_npu
 def test_a_broken_torch_npu_is_reported_not_ignored(run_python):
-    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
                       env={"FAKE_TORCH_NPU_BROKEN": "1"})
     assert proc.returncode != 0
     assert "torch_npu is installed but does not import (ImportError: libascendcl.so" in proc.stderr
     assert "set DANCEGRPO_DEVICE=cpu|cuda" in proc.stderr
-    out = run_python("from fastvideo.utils import device; print(device.activate().kind)", fake_npu=True,
+    out = run_python("from dancegrpo_port import device; print(device.activate().kind)", fake_npu=True,
                      env={"FAKE_TORCH_NPU_BROKEN": "1", "DANCEGRPO_DEVICE": "cpu"})
     assert out.stdout.strip() == "cpu"

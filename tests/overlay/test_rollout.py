@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/rollout.py on its own (no upstream, no training): the argument
+"""overlay/dancegrpo_port/rollout.py on its own (no upstream, no training): the argument
 checks, the batch helpers, the chunked VAE decode, the batched reward inputs and the background
 PNG writer.  The trainers themselves are run by tests/patches/test_rollout_batching.py (slow).
 """
@@ -12,7 +12,7 @@ from overlay_runner import OVERLAY  # noqa: F401  (puts overlay/ on sys.path)
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.utils import rollout  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port import rollout  # noqa: E402  (overlay/ is on sys.path)
 
 
 def make_args(**kw) -> argparse.Namespace:
@@ -281,4 +281,4 @@ def test_bad_profile_steps_are_refused_with_one_line(text, capsys, monkeypatch):
         rollout.check_profile_steps(argparse.Namespace(profile_steps=text))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1
-    assert err.startswith(f"train_grpo_flux_lora.py: error: --profile_steps: profile steps {text!r}")
+    assert err.startswith(f"train_grpo_flux_lora.py: error: --profile_steps {text!r}: ")

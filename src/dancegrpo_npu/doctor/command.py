@@ -27,6 +27,7 @@ from dancegrpo_npu.doctor.checks import (
     check_torch_npu,
 )
 from dancegrpo_npu.doctor.compute import check_all_reduce, check_matmul
+from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.upstream_args import SCRIPTS
 
@@ -144,7 +145,7 @@ def register(sub, common) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda", "npu"),
+        choices=DEVICE_CHOICES,
         default="auto",
         help="what training will run on (npu: the NPU checks must pass)",
     )

@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from dancegrpo_npu.run import ascend
+from dancegrpo_npu.contract import DEVICE_ENV, STRICT_ENV
 from dancegrpo_npu.errors import DancegrpoError
 
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec
@@ -67,9 +68,9 @@ def plan_environment(
         os.pathsep.join([str(tree)] + ([inherited_pp] if inherited_pp else [])),
         "the patched tree first (CANN's python paths from set_env.sh stay after it)",
     )
-    entries["DANCEGRPO_DEVICE"] = (spec.device, "--device")
+    entries[DEVICE_ENV] = (spec.device, "--device")
     if spec.strict:
-        entries["DANCEGRPO_NPU_STRICT"] = ("1", "--strict")
+        entries[STRICT_ENV] = ("1", "--strict")
     default(
         "WANDB_MODE",
         "offline",

@@ -32,6 +32,8 @@ from dancegrpo_npu.align.options import (
     parse_step_spec,
 )
 from dancegrpo_npu.engine import treecheck
+from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
+from dancegrpo_npu.contract import DEVICE_ENV
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
@@ -47,7 +49,6 @@ from dancegrpo_npu.run.upstream_args import (
     trainer_values,
 )
 
-DEVICES = ("auto", "cpu", "cuda", "npu")
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
 
 
@@ -79,8 +80,8 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
         raise DancegrpoError(f"--master-port {spec.master_port} is not a TCP port", "use 1024..65535", exit_code=2)
     for name, value in spec.env:
         parse_env_assignment(f"{name}={value}")
-        if name == "DANCEGRPO_DEVICE":
-            raise DancegrpoError("DANCEGRPO_DEVICE is set by --device", "use --device instead of --env", exit_code=2)
+        if name == DEVICE_ENV:
+            raise DancegrpoError(f"{DEVICE_ENV} is set by --device", "use --device instead of --env", exit_code=2)
     run_name(spec)
     given = spec.align.given()
     if given and info.name not in ALIGN_SCRIPTS:

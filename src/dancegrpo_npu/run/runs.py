@@ -7,7 +7,7 @@ import os
 import socket
 
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import HEALTH_KEYS, PHASES, RunInfo, list_runs, read_metrics
+from dancegrpo_npu.run.records import HEALTH_COLUMNS, PHASES, RunInfo, list_runs, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -36,7 +36,7 @@ def _fmt(x) -> str:
 def row(run: RunInfo) -> dict:
     reward = run.summary.get("reward") or {}
     metrics = read_metrics(run.path)  # live: a running run's summary is only rewritten at its end
-    health = {k: metrics.last(k) for k in ("reward_mean", *HEALTH_KEYS) if metrics.last(k) is not None}
+    health = {k: metrics.last(k) for k in ("reward_mean", *HEALTH_COLUMNS) if metrics.last(k) is not None}
     return {
         "name": run.name,
         "status": status_of(run),

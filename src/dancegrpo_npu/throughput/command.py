@@ -117,7 +117,7 @@ def run_bench(project, config: presets.BenchConfig, progress=_progress):
     try:
         progress(f"building the models on {kind} in {facts['dtype']} (transformer: {counts.transformer:.3g} parameters)")
         torch.manual_seed(0)
-        from fastvideo.utils.device import current_device
+        from dancegrpo_port.device import current_device
 
         target = current_device()
         built = model_lib.build_models(trainer, configs, target, dtype)

@@ -19,6 +19,6 @@ torch_npu.transfer_state = {
     "cuda_initialized": torch.cuda.is_initialized(),
     "already_imported": sorted(
         name for name in sys.modules
-        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "fastvideo")
+        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "fastvideo", "dancegrpo_port")
     ),
 }

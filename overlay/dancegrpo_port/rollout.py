@@ -13,7 +13,7 @@ thread, off the critical path, and waited for before the step ends.
 At N = 1 every helper here does what upstream's code does, op for op: one chunk is the whole
 tensor (no split), a batch of one is ``unsqueeze(0)``-shaped, the text ids are repeated as
 upstream repeats them.  With ``--rng cpu`` every sample gets the noise it gets at N = 1
-(fastvideo/utils/alignment.py draws per sample, whatever the batching).
+(dancegrpo_port/alignment.py draws per sample, whatever the batching).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from fastvideo.utils.alignment import refuse
+from dancegrpo_port.alignment import refuse
+from dancegrpo_port.contract import parse_steps
 
 # ---------------------------------------------------------------- arguments
 
@@ -230,7 +231,7 @@ def wait_images() -> None:
 
 # ---------------------------------------------------------------- phase times (patch 0022)
 
-TIMER = None  # the run's fastvideo.utils.phases.PhaseTimer (time_phases()); None: nothing timed
+TIMER = None  # the run's dancegrpo_port.phases.PhaseTimer (time_phases()); None: nothing timed
 
 
 def time_phases(timer):
@@ -255,12 +256,10 @@ def timed(name: str, items):
 
 def check_profile_steps(args) -> None:
     """Refuse bad --profile_steps text before anything is loaded: one line on stderr, exit 2."""
-    from fastvideo.utils.phases import parse_steps
-
     steps = getattr(args, "profile_steps", None)
     if steps in (None, ""):
         return
     try:
-        parse_steps(steps)
+        parse_steps(steps, "--profile_steps")
     except ValueError as exc:
-        refuse(f"--profile_steps: {exc}")
+        refuse(str(exc))

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.utils import alignment_msprobe as msprobe_dump
-from fastvideo.utils import alignment_records as records
-from fastvideo.utils.alignment_health import Health
+from dancegrpo_port import alignment_msprobe as msprobe_dump
+from dancegrpo_port import alignment_records as records
+from dancegrpo_port.alignment_health import Health
+from dancegrpo_port.contract import RNG_CHOICES, parse_steps
 
 RUN = None  # the current run (start())
-RNG_CHOICES = ("device", "cpu")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Settings:
         return cls(
             rng=getattr(args, "rng", "device"), seed=args.seed, rank=rank, world_size=world_size,
             record=bool(getattr(args, "record", False)),
-            record_steps=records.parse_steps(getattr(args, "record_steps", None)),
+            record_steps=parse_steps(getattr(args, "record_steps", None), "--record_steps"),
             record_modules=bool(getattr(args, "record_modules", False)),
             replay=getattr(args, "replay", None), clip_range=args.clip_range,
             group_size=args.num_generations if args.use_group else None,
@@ -99,7 +99,7 @@ def argument_problem(args, environ=None) -> str | None:
         if not record:
             return "--record_steps needs --record"
         try:
-            records.parse_steps(args.record_steps)
+            parse_steps(args.record_steps, "--record_steps")
         except ValueError as exc:
             return str(exc)
     if getattr(args, "replay", None):
@@ -112,7 +112,7 @@ def argument_problem(args, environ=None) -> str | None:
 def refuse(problem: str | None) -> None:
     """A trainer argument problem, before anything is loaded: one line on stderr as argparse
     words it (without the usage), exit 2; nothing when ``problem`` is None.  The overlay's
-    other argument checks (fastvideo/utils/rollout.py) refuse through this too."""
+    other argument checks (dancegrpo_port/rollout.py) refuse through this too."""
     if problem:
         print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -10,7 +10,7 @@ Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
 ``DANCEGRPO_DEVICE``      ``auto`` (default) | ``npu`` | ``cuda`` | ``cpu``.  ``auto`` picks the
                           NPU when torch_npu imports and sees one, else CUDA when available,
                           else the CPU.
-``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``fastvideo.utils.strict_mode``) - from
+``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``dancegrpo_port.strict_mode``) - from
                           :func:`activate` to the end of the process, fail at the first op
                           that makes a complex or float64 tensor on the chosen device (the
                           NPU runs neither), naming the op and where it ran.
@@ -43,9 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEVICE_ENV = "DANCEGRPO_DEVICE"
-STRICT_ENV = "DANCEGRPO_NPU_STRICT"
-DEVICE_KINDS = ("auto", "npu", "cuda", "cpu")
+from dancegrpo_port.contract import DEVICE_CHOICES, DEVICE_ENV, STRICT_ENV
 DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 _TRUE = ("1", "true", "yes", "on")
 
@@ -73,9 +71,9 @@ class Accelerator:
 def requested_kind(environ=None) -> str:
     environ = os.environ if environ is None else environ
     value = environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
-    if value not in DEVICE_KINDS:
+    if value not in DEVICE_CHOICES:
         raise DeviceSelectionError(
-            f"{DEVICE_ENV}={value!r} is not one of {', '.join(DEVICE_KINDS)}")
+            f"{DEVICE_ENV}={value!r} is not one of {', '.join(DEVICE_CHOICES)}")
     return value
 
 
@@ -148,7 +146,7 @@ def activate(environ=None) -> Accelerator:
         importlib.import_module("torch_npu.contrib.transfer_to_npu")
     _active = Accelerator(kind=kind, strict=strict_requested(environ))
     if _active.strict:
-        from fastvideo.utils.strict_mode import enable_strict_mode
+        from dancegrpo_port.strict_mode import enable_strict_mode
 
         enable_strict_mode(device_type=kind)
     return _active

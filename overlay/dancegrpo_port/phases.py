@@ -1,7 +1,8 @@
 """Phase times, peak memory and profiler traces of GRPO steps.
 
-Added to the upstream tree by dancegrpo-npu (overlay; the patched trainers call it, patch
-0022).  Self-contained: it needs torch and ``dancegrpo_port.device`` only.
+Two features on the seam (dancegrpo_port/hooks.py): ``PhaseTimes`` (time_<phase> seconds and
+peak memory in every step's metrics.jsonl line) and ``Profile`` (``--profile_steps``).
+Self-contained: it needs torch and ``dancegrpo_port.device`` only.
 
 A GRPO step is four phases - ``rollout`` (sampling), ``decode`` (the VAE), ``reward``,
 ``train`` - and :class:`PhaseTimer` times each with the device synchronised at both ends
@@ -181,3 +182,63 @@ class StepProfiler:
             activities=activities,
             on_trace_ready=p.tensorboard_trace_handler(str(directory), worker_name=worker),
             record_shapes=True, profile_memory=True)
+
+
+# ---------------------------------------------------------------- the features on the seam
+
+
+class PhaseTimes:
+    """Each phase of the step timed (the seam's sampling, decoding, rewarding and training
+    contexts); the step's figures get time_<phase>, peak_memory_bytes and peak_memory_kind."""
+
+    def __init__(self, timer: PhaseTimer):
+        self.timer = timer
+
+    def sampling(self):
+        return self.timer.phase("rollout")
+
+    def decoding(self, vae):
+        return self.timer.phase("decode")
+
+    def rewarding(self, model):
+        return self.timer.phase("reward")
+
+    def training(self):
+        return self.timer.phase("train")
+
+    def step_end(self, step: int, figures: dict) -> None:
+        figures.update(self.timer.step_metrics())  # this rank's; every rank: it starts the next step
+
+
+class Profile:
+    """``--profile_steps``: a profiler trace of each chosen step (written once the step's time
+    is taken: writing the trace is not the step's time)."""
+
+    def __init__(self, profiler: StepProfiler):
+        self.profiler = profiler
+
+    def step_begin(self, step: int) -> None:
+        self.profiler.step_begin(step)
+
+    def step_end(self, step: int, figures: dict) -> None:
+        self.profiler.step_end(step)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--profile_steps",
+        type=str,
+        default=None,
+        help="write a profiler trace of these steps to ./profile/step_N/, e.g. 3, 2-4 or 1,5",
+    )
+
+
+def argument_problem(args) -> str | None:
+    steps = getattr(args, "profile_steps", None)
+    if steps in (None, ""):
+        return None
+    try:
+        parse_steps(steps, "--profile_steps")
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -196,3 +196,46 @@ def test_npu_uses_torch_npu_profiler_and_the_npu_allocator(run_python, tmp_path)
     assert names.count("synchronize") >= 6
     assert (tmp_path / "profile" / "step_2" / "rank_0_fake_ascend_pt" / "FAKE_NOT_A_TRACE").is_file()
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2"]
+
+
+# ---------------------------------------------------------------- on the seam
+
+
+class FakeTimer:
+    def __init__(self):
+        self.log = []
+
+    @__import__("contextlib").contextmanager
+    def phase(self, name):
+        self.log.append(("enter", name))
+        yield
+        self.log.append(("exit", name))
+
+    def step_metrics(self):
+        return {"time_decode": 1.0}
+
+
+def test_the_seams_contexts_are_the_phases(monkeypatch):
+    from dancegrpo_port import hooks
+
+    monkeypatch.setattr(hooks, "_FEATURES", [])
+    with hooks.decoding(None):  # no feature: nothing to report to, nothing fails
+        pass
+    assert list(hooks.training([1, 2])) == [1, 2]
+    timer = FakeTimer()
+    hooks.install([phases.PhaseTimes(timer)])
+    with hooks.sampling():
+        timer.log.append("sample")
+    with hooks.decoding(None):
+        timer.log.append("body")
+    with hooks.rewarding(None):
+        pass
+    seen = []
+    for item in hooks.training([1, 2]):
+        seen.append((item, list(timer.log)))
+    # the whole training loop is one phase: entered before the first item, left after the last
+    assert timer.log == [("enter", "rollout"), "sample", ("exit", "rollout"), ("enter", "decode"), "body",
+                         ("exit", "decode"), ("enter", "reward"), ("exit", "reward"), ("enter", "train"),
+                         ("exit", "train")]
+    assert seen[0][1][-1] == ("enter", "train") and seen[1][1][-1] == ("enter", "train")
+    assert hooks.step_end(3, loss=0.5) == {"step": 3, "loss": 0.5, "time_decode": 1.0}

@@ -143,13 +143,30 @@ def recorded_value(name: str, value: str) -> str:
     return "<redacted>" if _SECRET.search(name) else value
 
 
-def shell_script(plan: LaunchPlan) -> str:
-    """The plan as a shell script: what --dry-run prints and command.sh holds."""
+def shell_script(plan: LaunchPlan, *, dry_run: bool = False, problems: list[str] | tuple[str, ...] = ()) -> str:
+    """The plan as a shell script: what --dry-run prints and command.sh holds.  It runs as it
+    is: it stops at the first failing command and creates the run directory it works in."""
     lines = [
         "#!/usr/bin/env bash",
         f"# dancegrpo-npu launch {plan.spec.script}: torchrun on {plan.script_path}",
-        "# The variables launch sets; everything else is inherited from the calling shell.",
+    ]
+    if dry_run:
+        lines.append(f"# dry run: nothing was started, and the run directory {plan.run_dir} was not created")
+    if plan.recipe is not None:
+        from dancegrpo_npu.run.recipes import recipe_line
+
+        lines.append(f"# {recipe_line(plan)}")
+        if plan.recipe_notes:
+            lines.append("# values that differ from the recipe's script:")
+            lines += [f"#   {note}" for note in plan.recipe_notes]
+    if problems:
+        lines.append("# could not start here:")
+        lines += [f"#   - {problem}" for problem in problems]
+    lines += [
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(str(plan.run_dir))}",
         f"cd {shlex.quote(str(plan.run_dir))}",
+        "# The variables launch sets; everything else is inherited from the calling shell.",
     ]
     for name, value, why in plan.env_set:
         shown = recorded_value(name, value)

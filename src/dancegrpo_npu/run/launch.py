@@ -243,11 +243,11 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         return RunRecord(tentative, 1 if problems else 0, plan.command, {"status": "dry-run", "problems": problems})
     if not_here is not None:
         raise not_here
-    if plan.recipe is not None:
-        print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
     run_dir = records.create_run_dir(project.runs_dir, run_name(spec), now)
     if run_dir != tentative:
         plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
+    if plan.recipe is not None:
+        print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
 
     return run_plan(project, plan)
 
@@ -391,6 +391,7 @@ def _parse_words(args) -> tuple[str, list[str]]:
     _add_options(inner, suppress=True)
     inner.add_argument("-C", dest="project_dir", default=argparse.SUPPRESS)
     inner.add_argument("--workdir", default=argparse.SUPPRESS)
+    inner.add_argument("--runs-dir", dest="runs_dir", default=argparse.SUPPRESS)
     _, unknown = inner.parse_known_args(rest, namespace=args)
     if unknown:
         raise DancegrpoError(

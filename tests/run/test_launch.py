@@ -469,6 +469,10 @@ def test_real_launch_one_process_keeps_the_record(project, tmp_path):
                                        "source": "matmul_precision.json, written by the trainer's rank 0 at start"}
     launched = json.loads((run / "launch.json").read_text())
     assert launched["command"] == list(record.command) and launched["user_args"] == ["--max_train_steps", "3"]
+    assert launched["recipe"]["name"] == "8gpus" and launched["recipe"]["world_size"] == 8
+    assert launched["recipe"]["scaling"].startswith("world size 1 is not recipe 8gpus's (8): scaled it")
+    assert "--max_train_steps 3 (script: 300; given after --)" in launched["recipe"]["differences"]
+    assert launched["master_addr"] == "127.0.0.1"
     assert "synthetic trainer rank 0/1 started" in (run / "logs" / "console.log").read_text()
     for rel in ("launch.json", "command.sh", "environment.json", "summary.json"):
         assert "s3cret" not in (run / rel).read_text(), rel  # secrets passed with --env are not recorded

@@ -72,11 +72,15 @@ def _launch_json(plan) -> dict:
         "nnodes": spec.nnodes,
         "node_rank": spec.node_rank,
         "world_size": plan.world_size,
-        "master_addr": spec.master_addr,
+        "master_addr": spec.master_addr or "127.0.0.1",
         "master_port": spec.master_port,
         "strict": spec.strict,
         "profile_steps": spec.profile_steps,  # --profile: the steps traced into <run>/profile/
         "upstream_defaults": spec.upstream_defaults,
+        # upstream's recipe the arguments start from: its script, how it was scaled, what differs
+        "recipe": None if plan.recipe is None else {
+            "name": plan.recipe.name, "script": str(plan.recipe.path), "world_size": plan.recipe.world_size,
+            "scaling": plan.recipe_scaling, "differences": list(plan.recipe_notes)},
         "user_args": list(spec.args),
         "script_args": list(plan.script_args),
         "command": list(plan.command),

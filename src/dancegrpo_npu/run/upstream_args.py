@@ -241,17 +241,6 @@ def input_problems(info: ScriptInfo, script_args: list[str]) -> list[str]:
     return problems
 
 
-def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
-    """Refuse, before torchrun starts, a run whose input weights or data are not there."""
-    problems = input_problems(info, script_args)
-    if problems:
-        raise DancegrpoError(
-            "; ".join(problems),
-            "put them there (docs/ascend-910b.md, Weights) or pass their flags after --; "
-            "`dancegrpo-npu launch ... --dry-run` lists what is missing",
-        )
-
-
 # The Flux trainers' own argparse defaults (fastvideo/train_grpo_flux.py and train_grpo_flux_lora.py,
 # commit 15cc71d5) for the arguments a replay must match: what the trainer uses when the launch
 # passes no such flag (smoke and --no-upstream-defaults pass only what they name).  None: no

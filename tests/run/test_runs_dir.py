@@ -165,3 +165,14 @@ def test_a_run_that_dies_on_a_full_disk_is_listed_as_failed_with_the_reason(proj
     out = capsys.readouterr().out
     assert plan.run_dir.name in out and " failed " in out.splitlines()[1]
     assert "    failed: " in out and "could not write summary.json: No space left on device" in out
+
+
+@pytest.mark.parametrize("argv", [["smoke"], ["runs"], ["plot", "a"], ["compare", "a", "b"], ["bench"]])
+def test_every_verb_that_reads_or_writes_runs_takes_the_option(project, tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(project.root)
+    from dancegrpo_npu.cli import build_parser
+
+    args = build_parser().parse_args([*argv, "--runs-dir", str(tmp_path / "r")])
+    assert project_from_args(args, {}).runs_dir == tmp_path / "r"
+    args = build_parser().parse_args(["--runs-dir", str(tmp_path / "r"), *argv])  # before the verb too
+    assert project_from_args(args, {}).runs_dir == tmp_path / "r"

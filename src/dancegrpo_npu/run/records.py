@@ -28,7 +28,7 @@ from pathlib import Path
 from dancegrpo_npu.contract import HEALTH_KEYS
 from dancegrpo_npu.contract import PHASES
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.files import write_atomic
+from dancegrpo_npu.files import writing, write_atomic
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
@@ -48,15 +48,18 @@ def run_dir_name(name: str, now: float | None = None) -> str:
 
 
 def create_run_dir(runs_dir: Path, name: str, now: float | None = None) -> Path:
-    """A new, empty run directory; ``-2``, ``-3``... is added when the name is taken."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    """A new, empty run directory; ``-2``, ``-3``... is added when the name is taken.  One that
+    cannot be made is one line naming the path and the reason."""
     base = run_dir_name(name, now)
+    with writing(runs_dir):
+        runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         candidate = runs_dir / (base if n == 1 else f"{base}-{n}")
-        try:
-            candidate.mkdir()  # atomic: two launches in the same second get different names
-        except FileExistsError:
-            continue
+        with writing(candidate):
+            try:
+                candidate.mkdir()  # atomic: two launches in the same second get different names
+            except FileExistsError:
+                continue
         return candidate
     raise DancegrpoError(f"could not create a run directory for {base} in {runs_dir}", "remove old runs")
 

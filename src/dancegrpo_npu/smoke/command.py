@@ -168,7 +168,9 @@ def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
     env = [("WANDB_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")]
     if device == "cpu" or (device == "auto" and not _accelerator_visible()):
         # The ranks share the CPU: one thread each when there are fewer cores than ranks.
-        env.append(("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
+        from dancegrpo_npu.run.environment import cpu_threads
+
+        env.append(("OMP_NUM_THREADS", str(cpu_threads(nproc, dict(os.environ))[0])))
     return tuple(env)
 
 

@@ -385,8 +385,8 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     others = [smoke.SmokeOptions(device="cpu", steps=3), smoke.SmokeOptions(device="cpu", generations=4),
               smoke.SmokeOptions(device="cpu", extra_args=("--h", "128"))]
     assert len({key, *(smoke.inputs_sha256(project, o) for o in others)}) == 4
-    cache = project.overlay_dir / "fastvideo" / "__pycache__"  # what importing overlay/ leaves
-    cache.mkdir()
+    cache = project.overlay_dir / "dancegrpo_port" / "__pycache__"  # what importing overlay/ leaves
+    cache.mkdir(exist_ok=True)
     try:
         (cache / "device.cpython-311.pyc").write_bytes(b"\0")
         assert smoke.inputs_sha256(project, opts) == key  # byte-code is not an input, as for apply

@@ -5,7 +5,7 @@
 Needs the patched tree (``dancegrpo-npu fetch && dancegrpo-npu apply``).  On the CPU:
 
 1. the tiny preset at G = 4 and G = 8: rollout samples/s (sampling + decode + reward) at
-   N = G against N = 1, each pair measured in one bench process.  Goal (issue 10): >= 2x,
+   N = G against N = 1, each pair measured in one bench process.  Goal: >= 2x,
    never below 1.5x; the script exits 1 if a ratio falls below 1.5x;
 2. the cpu preset (FLUX.1-dev width, 1 double + 1 single block) at N = 1 and N = 4: the
    bench's table with seconds and peak memory (peak RSS) per phase.

@@ -8,7 +8,7 @@ built first and not timed ("cached fixtures"); each smoke is then timed from the
 2 GRPO steps in strict mode, the checkpoint read back).  Peak RSS per rank is each training
 process's VmHWM, read from /proc every 0.1 s while it runs (Linux; the last 0.1 s of growth
 can be missed).  The import time is that of the patched train_grpo_flux.py's top level in a
-fresh interpreter, beside the interpreter's own start.  Targets (issue 3, 2 cores): smoke
+fresh interpreter, beside the interpreter's own start.  Targets (2 cores): smoke
 <= 30 s with 1 process, <= 45 s with 2.
 """
 

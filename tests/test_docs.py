@@ -8,8 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-# Pages another part of the work writes; a link to them may precede them.
-PENDING = {ROOT / "docs" / "alignment.md"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -33,8 +31,6 @@ def test_every_link_resolves():
                 continue  # https:, mailto:
             path, _, fragment = target.partition("#")
             dest = (page.parent / path).resolve() if path else page
-            if dest in PENDING:
-                continue
             if not dest.exists():
                 broken.append(f"{page.name}: {target} (no such file)")
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
@@ -68,7 +64,7 @@ def test_hints_point_at_pages_that_exist():
     for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*")]:
         named |= set(re.findall(r"docs/[\w.-]+\.md", path.read_text(errors="replace")))
     assert named, "no hint names a docs/ page (the search is broken)"
-    missing = sorted(n for n in named if not (ROOT / n).exists() and ROOT / n not in PENDING)
+    missing = sorted(n for n in named if not (ROOT / n).exists())
     assert not missing, missing
 
 
@@ -111,3 +107,23 @@ def test_launch_examples_name_the_recipe_the_launch_runs(patched_tree):
             assert [r.path.name for r in chosen] == [named], f"{page.name}: launch {script} x{nproc} says {named}"
             checked += 1
     assert checked >= 2
+
+
+# How the project refers to its own work items: "issue 9", "issues 8 and 10", "defect 4 of ...".
+# Other projects' issues keep their number sign ("upstream issue #57"), which this leaves alone.
+OWN_ISSUE = re.compile(r"\b(?:issues? \d|defect \d+ of)", re.I)
+
+
+def test_code_patches_and_docs_speak_of_the_software_only():
+    """No issue numbers of this project's tracker, anywhere: they say how the software was built,
+    not what it does, and mean nothing to a reader of the code, a patch or a page."""
+    paths = [ROOT / "README.md", *DOCS, ROOT / "patches" / "series", *(ROOT / "patches").glob("*.patch")]
+    for top in ("src", "overlay", "scripts", "bench", "tests"):
+        paths += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".md", ".toml", "")
+                  and "__pycache__" not in p.parts]
+    found = []
+    for path in paths:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if OWN_ISSUE.search(line) and path != Path(__file__).resolve():
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

@@ -1,10 +1,10 @@
-"""Alignment with a reference run (issue 9): one noise source, stage records, GRPO health.
+"""Alignment with a reference run: one noise source, stage records, GRPO health.
 
-The Flux trainers call into this module (patches 0018-0020); it imports only torch,
-safetensors and the standard library, never the dancegrpo_npu tool.  ``main()`` calls
-``start()`` once and the run is kept in ``RUN``: upstream draws its SDE noise deep inside
-``flux_step``, which has no handle on the run.  Without ``start()`` every function behaves
-as upstream (``--rng device``, nothing recorded).
+A feature on the seam (dancegrpo_port/hooks.py): the trainers reach it through the hooks only.
+It imports only torch, safetensors and the standard library, never the dancegrpo_npu tool.
+``hooks.run_start`` calls ``start()`` once and the run is kept in ``RUN``: upstream draws its SDE
+noise deep inside ``flux_step``, which has no handle on the run.  Before ``start()`` the noise
+source is upstream's (``--rng device``) and nothing is recorded.
 
 Noise (``--rng``, ``--replay``)
   device  upstream's draws, call for call: ``torch.randn(shape, device=, dtype=bfloat16)``

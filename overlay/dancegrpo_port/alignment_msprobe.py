@@ -1,4 +1,4 @@
-"""MindStudio Probe (msprobe) dumps beside ``--record_modules`` (issue 9: msprobe as an optional extra).
+"""MindStudio Probe (msprobe) dumps beside ``--record_modules`` (msprobe is an optional extra).
 
 ``--record_modules`` keeps our own record of every module's output (float32 safetensors, read by
 ``dancegrpo-npu compare``).  Ascend support engineers read msprobe's dumps instead, so with

@@ -1,4 +1,4 @@
-"""apply --without PATCH: an ablation tree, the series minus some patches (issue 9, item 6).
+"""apply --without PATCH: an ablation tree, the series minus some patches.
 
 Refused, naming the patch, when a later patch no longer applies without it; status and
 verify say "series without PATCH" (not a failure, and not the full series); a launch's

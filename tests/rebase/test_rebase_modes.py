@@ -1,5 +1,5 @@
 """export and rebase keep what a patch says about modes: a new symlink, a new executable,
-a mode change of an upstream file (defect 4 of issue 8, through the history verbs)."""
+a mode change of an upstream file (through the history verbs)."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def _decayed(state: dict, budget: DecayBudget) -> dict:
 
 
 def test_a_change_weight_decay_explains_is_no_training(built, tmp_path):
-    """The zeroed-gradient run of issue 8: "66 of 66 tensors changed (max 1.19e-07)" was decay."""
+    """A zeroed-gradient run: "66 of 66 tensors changed (max 1.19e-07)" was decay."""
     from diffusers import FluxTransformer2DModel
 
     budget = DecayBudget(1e-3, 1e-4, 3)
@@ -339,7 +339,7 @@ ZERO_BACKWARD = "            (loss * 0).backward()\n"
 @pytest.mark.upstream
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_a_zeroed_backward_fails_the_smoke(upstream_source, tmp_path, lora):
-    """Issue 8: with `(loss * 0).backward()` the full smoke used to pass on weight decay alone."""
+    """With `(loss * 0).backward()` the full smoke once passed on weight decay alone."""
     script = "train_grpo_flux_lora.py" if lora else "train_grpo_flux.py"
     project = planted_project(upstream_source, tmp_path / "project", script, BACKWARD, ZERO_BACKWARD)
     with pytest.raises(DancegrpoError) as err:
@@ -366,7 +366,7 @@ def test_an_update_that_drops_its_gradient_fails_the_smoke(upstream_source, tmp_
 @pytest.mark.slow
 @pytest.mark.upstream
 def test_a_failed_run_reports_its_exception_not_the_progress_bar(upstream_source, tmp_path):
-    """Issue 8: the error was tqdm's "Steps: 0%| | 0/100000", printed after the traceback."""
+    """The error once was tqdm's "Steps: 0%| | 0/100000", printed after the traceback."""
     raising = '            raise RuntimeError("planted failure")\n'
     project = planted_project(upstream_source, tmp_path / "project", "train_grpo_flux.py", BACKWARD, raising)
     with pytest.raises(DancegrpoError) as err:

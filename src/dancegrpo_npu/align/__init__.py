@@ -1,4 +1,4 @@
-"""Alignment (issue 9): the same noise everywhere, recorded stages, replay, and ``compare``.
+"""Alignment: the same noise everywhere, recorded stages, replay, and ``compare``.
 
 The trainer side (patches to upstream's Flux trainers) writes what the alignment contract says;
 this package reads it: ``options`` turns the ``launch``/``smoke`` flags into trainer arguments

@@ -9,8 +9,8 @@ import re
 
 MIN_PYTHON = (3, 10)
 
-# What this series is written for.  NPU: MindSpeed-MM's known-good set for FLUX DanceGRPO as
-# issue 5 gives it (torch 2.7.1 + torch_npu 2.7.1, CANN 8.2.RC1, Python 3.10).  Not run here:
+# What this series is written for.  NPU: MindSpeed-MM's known-good set for FLUX DanceGRPO, as its
+# FLUX DanceGRPO example pins it (torch 2.7.1 + torch_npu 2.7.1, CANN 8.2.RC1, Python 3.10).  Not run here:
 # no machine of this project has an NPU.
 KNOWN_GOOD = {"python": "3.10", "torch": "2.7.1", "torch_npu": "2.7.1", "cann": "8.2.RC1"}
 

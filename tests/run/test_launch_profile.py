@@ -83,3 +83,29 @@ def test_the_tool_and_the_trainer_accept_the_same_steps(text):
     except ValueError:
         trainer = None
     assert tool == trainer
+
+
+@pytest.mark.parametrize("where, refused", [("plain_dir", False), ("proj+1", True), ("a@b", True), ("c:d", True)])
+def test_an_npu_profile_is_refused_where_torch_npu_would_write_no_trace(tmp_path, monkeypatch, capsys, where, refused):
+    """torch_npu's profiler checks the REAL absolute path of each trace folder and swallows its own
+    error: a project under a path with '+', '@' or ':' would lose every trace without a word."""
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / where / "proj"))
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    if not refused:
+        assert rc == 0, err
+        return
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--profile: the real path of the traces, {tmp_path / where}/proj/runs/" in err
+    assert "torch_npu's profiler would write no trace and raise nothing" in err and "symbolic link" in err
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "cpu", "--profile", "1")
+    assert rc == 0, err  # torch.profiler has no such rule
+
+
+def test_a_symlinked_runs_dir_is_judged_by_its_real_path(tmp_path, monkeypatch, capsys):
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / "ok" / "proj"))
+    (tmp_path / "bad+runs").mkdir()
+    (project.root / "runs").symlink_to(tmp_path / "bad+runs")
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    assert rc == 2 and f"the real path of the traces, {tmp_path / 'bad+runs'}/" in err

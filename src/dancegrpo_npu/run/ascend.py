@@ -144,3 +144,33 @@ def cann_version(home: Path) -> tuple[str | None, Path | None]:
 
 def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
     return _read_key(path, "Version")
+
+
+# torch_npu 2.7.1's PathManager._input_path_common_check, applied by its profiler to the REAL
+# absolute path of each trace folder (utils/_path_manager.py, profiler/_profiler_path_creator.py).
+# The profiler swallows what it raises (no_exception_func): a refused path gives no trace, no error.
+PROFILER_PATH_PATTERN = r"(\.|/|_|-|\s|[~0-9a-zA-Z]|[\u4e00-\u9fa5])+"
+PROFILER_MAX_PATH = 4096
+PROFILER_MAX_NAME = 255
+# what the trainer adds under the directory: step_<N>/rank_<R>_<pid>_<17-digit time>_ascend_pt
+PROFILER_TRACE_TAIL = "/step_99999/rank_9999_9999999_20260101000000000_ascend_pt"
+
+
+def check_profiler_dir(directory: Path) -> None:
+    """Refuse a trace directory whose traces torch_npu's profiler would silently not write."""
+    real = os.path.realpath(directory)
+    path = real + PROFILER_TRACE_TAIL
+    bad = sorted({c for c in real if not re.fullmatch(PROFILER_PATH_PATTERN, c)})
+    if bad:
+        problem = f"has {', '.join(repr(c) for c in bad)}; it allows letters, digits, '.', '/', '_', '-', '~' and spaces"
+    elif len(path) > PROFILER_MAX_PATH or any(len(n) > PROFILER_MAX_NAME for n in real.split("/")):
+        problem = f"is longer than its limits ({PROFILER_MAX_PATH} characters, {PROFILER_MAX_NAME} per name)"
+    else:
+        return
+    raise DancegrpoError(
+        f"--profile: the real path of the traces, {real}, {problem}: torch_npu's profiler would write no trace "
+        "and raise nothing",
+        "move the project to a path without them, or make runs/ a symbolic link to a directory whose real path "
+        "has none (the rule reads the real path)",
+        exit_code=2,
+    )

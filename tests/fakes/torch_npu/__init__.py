@@ -87,11 +87,11 @@ if _accelerator.type != "cpu":
         + _pta_error(7, "feature not supported"))
 
 if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # CANN's libraries are not on the loader path
-    _package = "compiler" if "ASCEND_OPP_PATH" in os.environ else "cann"
+    _package = ("Please check that the compiler package is installed. " if "ASCEND_OPP_PATH" in os.environ
+                else "Please check that the cann package is installed. ")
     raise ImportError(
-        "libhccl.so: cannot open shared object file: No such file or directory. "
-        f"Please check that the {_package} package is installed. "
-        "Please run 'source set_env.sh' in the CANN installation path." + _pta_error(*_NOT_FOUND),
+        "libhccl.so: cannot open shared object file: No such file or directory. " + _package
+        + "Please run 'source set_env.sh' in the CANN installation path." + _pta_error(*_NOT_FOUND),
         name="torch_npu._C")
 
 
@@ -100,9 +100,9 @@ def _cann_package_check() -> None:
     home = os.environ.get("ASCEND_HOME_PATH")
     if home is None:
         return
-    hint = "Please run 'source set_env.sh' in the CANN installation path."
     if not os.path.exists(home):
-        raise Exception(f"ASCEND_HOME_PATH : {home} does not exist. " + hint + _pta_error(*_NOT_FOUND))
+        raise Exception(f"ASCEND_HOME_PATH : {home} does not exist. Please run 'source set_env.sh' in the CANN "
+                        "installation path." + _pta_error(*_NOT_FOUND))
     opp = os.environ.get("ASCEND_OPP_PATH")
     if opp is None:
         raise Exception("ASCEND_OPP_PATH environment variable is not set. Please check whether the opp package "

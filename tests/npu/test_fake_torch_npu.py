@@ -175,3 +175,19 @@ def test_a_second_accelerator_is_refused(tmp_path):
     """
     out = run(code, tmp_path, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert out.stdout.startswith("Two accelerators cannot be used at the same time in PyTorch: npu and cuda.")
+
+
+def test_the_fake_shadows_an_installed_torch_npu(tmp_path):
+    """On a 910B node with the real torch_npu installed, the fake's dist-info comes first on the
+    path: importlib.metadata keeps the first distribution of a name, so torch loads the fake."""
+    site = tmp_path / "site"
+    info = site / "torch_npu-2.7.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_npu\nVersion: 2.7.1\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\ntorch_npu = not_there:_autoload\n")
+    proc = run_snippet("import torch, torch_npu; print(torch_npu.__fake__)", tmp_path, [str(FAKES), str(site)],
+                       {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, drop=("ASCEND_", "FAKE_TORCH_NPU"))
+    assert proc.stdout.strip() == "True"
+    proc = run_snippet("import torch", tmp_path, [str(site), str(FAKES)], {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"},
+                       check=False)
+    assert "Failed to load the backend extension: torch_npu" in proc.stderr  # the other order: the "real" one

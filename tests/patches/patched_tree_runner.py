@@ -20,8 +20,12 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 def run_in_tree(patched_tree, tmp_path):
     def run(code: str, *, args=(), env=None, fake_npu: bool = False, check=True, timeout=300):
         paths = [str(patched_tree.tree)] + ([str(FAKES)] if fake_npu else [])
-        return run_snippet(code, tmp_path, paths, {"WANDB_MODE": "disabled", "DANCEGRPO_DEVICE": "cpu", **(env or {})},
-                           args=args, drop=("DANCEGRPO_", "WANDB_"), check=check, timeout=timeout)
+        base = {"WANDB_MODE": "disabled", "DANCEGRPO_DEVICE": "cpu"}
+        if fake_npu:  # the fake as torch loads it, whatever this shell says (an Ascend host may set these)
+            base["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
+        drop = ("DANCEGRPO_", "WANDB_") + (("ASCEND_RT_VISIBLE_DEVICES", "FAKE_TORCH_NPU") if fake_npu else ())
+        return run_snippet(code, tmp_path, paths, {**base, **(env or {})},
+                           args=args, drop=drop, check=check, timeout=timeout)
 
     return run
 

@@ -93,7 +93,8 @@ MEANINGS = {
                             "from SDPA: sampling drifts, compare's latents tolerance bounds it",
     "RoPE, float32": "the float32 RoPE tables differ: positions move every attention",
     "Flux double block": "one Flux block differs beyond bfloat16 accumulation: expect the rollout to drift",
-    "HPS ViT block": "the reward's ViT block differs: rewards move (compare's rewards tolerance is 0.02%)",
+    "HPS ViT block": "the reward's ViT block (with torch's nn.GELU, as DANCEGRPO_NPU_GELU=upstream runs it) "
+                     "differs: rewards move (compare's rewards tolerance is 0.02%); the npu_gelu line is the default's",
 }
 
 

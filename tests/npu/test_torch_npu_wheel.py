@@ -312,3 +312,20 @@ def test_an_unreachable_registry_skips_with_the_reason_and_fails_under_ci(tmp_pa
         _download()
     assert f"torch_npu {VERSION} wheel unavailable: pip download failed (" in str(e.value.msg)
     assert str(e.value.msg).startswith("CI: ") == bool(ci)
+
+
+# launch's NPU defaults that torch_npu's Python reads (checked), and those CANN, HCCL or torch_npu's
+# C++ read (not in the wheel's Python sources; only a real NPU shows that they act)
+READ_IN_PYTHON = {"TASK_QUEUE_ENABLE", "NPU_ASD_ENABLE", "ACLNN_CACHE_LIMIT", "PYTORCH_NPU_ALLOC_CONF",
+                  "ASCEND_GLOBAL_LOG_LEVEL", "ASCEND_LAUNCH_BLOCKING"}
+READ_NATIVELY = {"COMBINED_ENABLE", "CPU_AFFINITY_CONF", "HCCL_CONNECT_TIMEOUT", "HCCL_BUFFSIZE",
+                 "MULTI_STREAM_MEMORY_REUSE", "ASCEND_SLOG_PRINT_TO_STDOUT"}
+
+
+def test_launchs_npu_defaults_are_classified_and_those_read_in_python_are_there(wheel):
+    from dancegrpo_npu.run import ascend
+
+    names = {d.name for d in ascend.NPU_ENV_DEFAULTS}
+    assert names == READ_IN_PYTHON | READ_NATIVELY
+    text = "\n".join(p.read_text() for p in wheel.rglob("*.py"))
+    assert {n for n in READ_IN_PYTHON if n not in text} == set()

@@ -201,6 +201,7 @@ def test_missing_cann_libraries_are_not_a_broken_torch(fake_npu):
     assert c.status == FAIL and c.detail.startswith("CANN's environment is missing: torch_npu does not load "
                                                     "(ImportError: libhccl.so: cannot open shared object file")
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in c.fix and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in c.fix
+    assert "virtualenv without torch_npu" in c.fix
     # CANN's own package check raises a bare Exception: the same verdict, through torch_npu's import
     checks = doctor_with_fake(fake_npu, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
                                          "ASCEND_HOME_PATH": str(fake_npu["tmp"] / "gone")})

@@ -36,8 +36,9 @@ imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), an
 diffusers only in :func:`choose_attention_processors`.  On an Ascend host torch (>= 2.5)
 has already imported torch_npu inside ``import torch`` (its ``torch.backends`` entry point),
 whatever ``DANCEGRPO_DEVICE`` says; without CANN's ``set_env.sh`` that import fails, and
-this module says so in one line (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` is what keeps torch_npu
-out of a CPU-only run).
+this module says so in one line.  ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading
+it, but diffusers imports an installed torch_npu itself (``diffusers.models.activations``), so
+a CPU run on an Ascend host needs CANN's environment too, or a virtualenv without torch_npu.
 
 Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
 (TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
@@ -55,7 +56,9 @@ DEVICE_ENV = "DANCEGRPO_DEVICE"
 STRICT_ENV = "DANCEGRPO_NPU_STRICT"
 GELU_ENV = "DANCEGRPO_NPU_GELU"
 SET_ENV_HINT = "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh)"
-CPU_ONLY_HINT = "for CPU-only work on an Ascend host set TORCH_DEVICE_BACKEND_AUTOLOAD=0 (and DANCEGRPO_DEVICE=cpu)"
+# diffusers imports an installed torch_npu whatever torch does: autoload off is not enough for the trainers
+CPU_ONLY_HINT = ("for CPU-only work on an Ascend host use a virtualenv without torch_npu "
+                 "(TORCH_DEVICE_BACKEND_AUTOLOAD=0 lets torch start, but diffusers imports torch_npu itself)")
 
 
 class DeviceSelectionError(RuntimeError):

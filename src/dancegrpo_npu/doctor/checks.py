@@ -62,7 +62,9 @@ def check_python() -> Check:
 
 
 SET_ENV = "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN's environment; your toolkit's path)"
-CPU_ONLY = "for CPU-only work on this Ascend host set TORCH_DEVICE_BACKEND_AUTOLOAD=0 instead"
+# torch alone (doctor, the tool) starts with autoload off; the trainers' diffusers imports torch_npu itself
+CPU_ONLY = ("for CPU-only work on this Ascend host: TORCH_DEVICE_BACKEND_AUTOLOAD=0 lets torch start (the trainers "
+            "also need a virtualenv without torch_npu: diffusers imports it)")
 # torch (>= 2.5) imports torch_npu inside `import torch` through its `torch.backends` entry point
 # and wraps what it raised in this RuntimeError (torch/__init__.py, _import_device_backends).
 AUTOLOAD_FAILED = "Failed to load the backend extension: torch_npu"

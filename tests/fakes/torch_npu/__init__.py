@@ -35,7 +35,7 @@ EMULATED, as torch_npu 2.7.1's sources do it:
   ``Module.npu`` methods; ``torch.npu.matmul.allow_hf32`` (default False) and
   ``torch.npu.conv.allow_hf32`` (default True), remembered and read by nothing (no kernel
   here runs in HF32); ``get_amp_supported_dtype`` so ``torch.autocast("npu")`` constructs;
-  ``synchronize`` / ``reset_peak_memory_stats`` / ``max_memory_allocated`` (the peak is
+  ``manual_seed_all`` (nothing to seed), ``synchronize`` / ``reset_peak_memory_stats`` / ``max_memory_allocated`` (the peak is
   ``FAKE_TORCH_NPU_PEAK_BYTES``, default 0: nothing is allocated);
 * kernels called with the documented signatures (``npu_fusion_attention``, ``npu_gelu``,
   ``npu_geglu``, ``npu_rms_norm``): computed in plain torch on the CPU tensors given.  The real
@@ -204,6 +204,12 @@ class _FakeNpuModule(types.ModuleType):
 
     def current_device(self) -> int:
         return self._current
+
+    def manual_seed_all(self, seed) -> None:  # torch.manual_seed calls it; no NPU generator to seed here
+        pass
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
 
     def get_amp_supported_dtype(self) -> list:
         return [torch.float16, torch.bfloat16]  # what torch.autocast("npu") asks the device module

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from snippet import run_snippet  # noqa: E402
+from snippet import run_snippet
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 pytestmark = pytest.mark.fake_npu

@@ -81,6 +81,56 @@ FAKE_TRAINER = textwrap.dedent(
 )
 
 
+# Synthetic launch scripts in upstream's layout (scripts/finetune/finetune_flux_grpo*.sh), with
+# made-up values: launch reads its recipes from such files.  Name -> (file, torchrun options,
+# trainer, trainer arguments).
+SYNTHETIC_RECIPES = {
+    "8gpus": ("finetune_flux_grpo_8gpus.sh", "--nproc_per_node=8 --master_port 19002", "train_grpo_flux.py",
+              "--seed 7 --pretrained_model_name_or_path data/flux --vae_model_path data/flux "
+              "--data_json_path data/rl_embeddings/videos2caption.json --gradient_checkpointing "
+              "--train_batch_size 2 --train_sp_batch_size 2 --gradient_accumulation_steps 12 --num_generations 12 "
+              "--use_group --max_grad_norm 0.01 --output_dir data/outputs/grpo --h 720 --w 720 --sampling_steps 16 "
+              "--max_train_steps 300 --use_ema --init_same_noise"),
+    "2nodes": ("finetune_flux_grpo.sh", "--nnodes=2 --nproc_per_node=8 --node_rank=0 --master_addr=192.168.0.9 "
+               "--master_port=29500", "train_grpo_flux.py",
+               "--seed 7 --pretrained_model_name_or_path data/flux --vae_model_path data/flux "
+               "--data_json_path data/rl_embeddings/videos2caption.json --train_batch_size 1 "
+               "--train_sp_batch_size 1 --gradient_accumulation_steps 4 --num_generations 12 --use_group "
+               "--max_grad_norm 1.0 --output_dir data/outputs/grpo"),
+    "8gpus-lora": ("finetune_flux_grpo_8gpus_lora.sh", "--nproc_per_node=8 --master_port 19002",
+                   "train_grpo_flux_lora.py",
+                   "--seed 7 --pretrained_model_name_or_path data/flux --data_json_path "
+                   "data/rl_embeddings/videos2caption.json --train_batch_size 2 --gradient_accumulation_steps 12 "
+                   "--num_generations 12 --use_group --lora_rank 8"),
+}
+
+
+def write_recipes(tree: Path) -> None:
+    (tree / "scripts" / "finetune").mkdir(parents=True, exist_ok=True)
+    for file, torchrun, trainer, args in SYNTHETIC_RECIPES.values():
+        words = " \\\n    ".join(args.replace(" --", "\n--").splitlines())
+        (tree / "scripts" / "finetune" / file).write_text(
+            f"# synthetic\nmkdir images\ntorchrun {torchrun} \\\n    fastvideo/{trainer} \\\n    {words}\n"
+        )
+
+
+def recipe_args(name: str) -> list[str]:
+    return SYNTHETIC_RECIPES[name][3].split()
+
+
+def write_weights(flux: Path) -> None:
+    """A FLUX.1-dev directory in diffusers' layout, with stand-in files."""
+    (flux / "model_index.json").parent.mkdir(parents=True, exist_ok=True)
+    (flux / "model_index.json").write_text("{}")
+    for model in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        (flux / model).mkdir(parents=True, exist_ok=True)
+        (flux / model / "config.json").write_text("{}")
+        (flux / model / "model.safetensors").write_bytes(b"synthetic")
+    for tok in ("tokenizer", "tokenizer_2"):
+        (flux / tok).mkdir(exist_ok=True)
+        (flux / tok / "tokenizer_config.json").write_text("{}")
+
+
 def make_project(root: Path, *, weights: bool = True) -> Path:
     """A project directory with a synthetic patched tree at build/DanceGRPO."""
     root.mkdir(parents=True, exist_ok=True)
@@ -93,10 +143,11 @@ def make_project(root: Path, *, weights: bool = True) -> Path:
     (tree / "fastvideo" / "synthetic_marker.py").write_text("# synthetic test tree\n")
     for rel in ("train_grpo_flux.py", "train_grpo_flux_lora.py", "data_preprocess/preprocess_flux_embedding.py"):
         (tree / "fastvideo" / rel).write_text(FAKE_TRAINER)
+    write_recipes(tree)
     if weights:
-        (tree / "data" / "flux").mkdir(parents=True, exist_ok=True)
+        write_weights(tree / "data" / "flux")
         (tree / "data" / "rl_embeddings").mkdir(parents=True, exist_ok=True)
-        (tree / "data" / "rl_embeddings" / "videos2caption.json").write_text("[]")
+        (tree / "data" / "rl_embeddings" / "videos2caption.json").write_text('[{"caption": "a cat"}]')
         (tree / "hps_ckpt").mkdir(exist_ok=True)
         (tree / "hps_ckpt" / "open_clip_pytorch_model.bin").write_bytes(b"synthetic")
         (tree / "hps_ckpt" / "HPS_v2.1_compressed.pt").write_bytes(b"synthetic")

@@ -70,3 +70,44 @@ def test_hints_point_at_pages_that_exist():
     assert named, "no hint names a docs/ page (the search is broken)"
     missing = sorted(n for n in named if not (ROOT / n).exists() and ROOT / n not in PENDING)
     assert not missing, missing
+
+
+def series_length() -> int:
+    lines = (ROOT / "patches" / "series").read_text().splitlines()
+    return sum(1 for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_patch_counts_the_docs_state_are_the_series():
+    """A count like "16 of 17 patches" goes stale with every new patch: it must be the series'."""
+    stale = []
+    for page in [ROOT / "README.md", *DOCS]:
+        for kept, total in re.findall(r"\b(\d+) of (\d+) patches", page.read_text()):
+            if int(total) != series_length() or int(kept) != series_length() - 1:
+                stale.append(f"{page.name}: {kept} of {total} patches (the series has {series_length()})")
+    assert not stale, "\n".join(stale)
+
+
+def test_test_counts_are_stated_with_when_they_were_measured():
+    """testing.md must not present two different suite sizes as the present one."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    present = re.findall(r"(?:the suite has|has) (\d+) tests now", text)
+    assert not present, f"testing.md states the present test count ({present}); it goes stale"
+
+
+def test_launch_examples_name_the_recipe_the_launch_runs(patched_tree):
+    """A documented `launch flux ... --nproc-per-node N  # ... <script>.sh` runs that script's recipe."""
+    from dancegrpo_npu.run.recipes import recipes_for
+    from dancegrpo_npu.run.upstream_args import SCRIPTS
+
+    example = re.compile(r"dancegrpo-npu launch (flux|flux-lora) .*--nproc-per-node (\d+)\s.*#.*?(finetune_\w+\.sh)")
+    checked = 0
+    for page in [ROOT / "README.md", *DOCS]:
+        for script, nproc, named in example.findall(page.read_text()):
+            if "--nnodes" in named:
+                continue
+            info = SCRIPTS[script]
+            chosen = [r for r in recipes_for(patched_tree.tree, info.relpath, info.recipe_glob)
+                      if r.world_size == int(nproc)]
+            assert [r.path.name for r in chosen] == [named], f"{page.name}: launch {script} x{nproc} says {named}"
+            checked += 1
+    assert checked >= 2

@@ -53,7 +53,7 @@ DESCRIPTION = textwrap.dedent(
 
 
 def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
-    """-C and --workdir, accepted before or after the verb.
+    """-C, --workdir and --runs-dir, accepted before or after the verb.
 
     On sub-parsers the defaults are SUPPRESS so that a value given before the verb
     is not overwritten by the sub-parser's default.
@@ -72,6 +72,13 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
         metavar="DIR",
         default=default,
         help="the upstream work tree; default: build/DanceGRPO in the project",
+    )
+    p.add_argument(
+        "--runs-dir",
+        metavar="DIR",
+        default=default,
+        help="where run records go (launch, smoke) and are read (runs, plot, compare); "
+        "default: $DANCEGRPO_RUNS, else runs/ in the project",
     )
     return p
 

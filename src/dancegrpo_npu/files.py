@@ -37,6 +37,26 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise
 
 
+RUNS_HINT = "free space or fix the permissions there, or put the runs elsewhere: --runs-dir DIR or DANCEGRPO_RUNS=DIR"
+
+
+def cannot_write(path: Path, error: OSError, hint: str = RUNS_HINT) -> DancegrpoError:
+    """An OSError while writing ``path`` (read-only, full, not a directory) as one line."""
+    reason = error.strerror or str(error)
+    where = error.filename if error.filename and str(error.filename) != str(path) else None
+    text = f"cannot write {path}: {reason}" + (f" ({where})" if where else "")
+    return DancegrpoError(text, hint)
+
+
+@contextmanager
+def writing(path: Path, hint: str = RUNS_HINT) -> Iterator[None]:
+    """Turn an OSError of the block into ``cannot_write(path, ...)``."""
+    try:
+        yield
+    except OSError as e:
+        raise cannot_write(path, e, hint) from None
+
+
 @contextmanager
 def exclusive(lock_file: Path, busy: str) -> Iterator[None]:
     """Hold an flock on ``lock_file`` (the kernel drops it if the process dies); if

@@ -2,7 +2,9 @@
 
 Every command works on the project directory it is run in, or on ``-C DIR``, so a
 copy of the project with another series works the same way.  The patched upstream
-tree defaults to ``build/DanceGRPO`` inside the project; ``--workdir`` moves it.
+tree defaults to ``build/DanceGRPO`` inside the project; ``--workdir`` moves it.  Run records
+go to ``runs/`` in the project unless ``--runs-dir DIR`` or ``$DANCEGRPO_RUNS`` names another
+directory (a cluster's shared file system, say); the option wins over the variable.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from dancegrpo_npu.errors import DancegrpoError
 
 LOCK_NAME = "upstream.lock"
 DEFAULT_WORKDIR = Path("build") / "DanceGRPO"
+RUNS_ENV = "DANCEGRPO_RUNS"
 
 
 @dataclass(frozen=True)
 class Project:
     root: Path
     workdir: Path
+    runs: Path | None = None  # None: runs/ in the project
 
     @property
     def lock_path(self) -> Path:
@@ -45,14 +49,18 @@ class Project:
 
     @property
     def runs_dir(self) -> Path:
-        return self.root / "runs"
+        return self.runs if self.runs is not None else self.root / "runs"
 
 
-def find_project(directory: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None) -> Project:
+def find_project(
+    directory: str | os.PathLike | None = None,
+    workdir: str | os.PathLike | None = None,
+    runs_dir: str | os.PathLike | None = None,
+) -> Project:
     """The project at ``directory`` (default: the current directory).
 
-    ``workdir`` is resolved against the current directory when relative (it is
-    what the user typed); the default one against the project root.
+    ``workdir`` and ``runs_dir`` are resolved against the current directory when relative
+    (they are what the user typed); the defaults against the project root.
     """
     root = Path(directory or os.getcwd()).expanduser().resolve()
     if not root.is_dir():
@@ -67,9 +75,13 @@ def find_project(directory: str | os.PathLike | None = None, workdir: str | os.P
     else:
         tree = Path(workdir).expanduser()
         tree = tree if tree.is_absolute() else Path.cwd() / tree
-    return Project(root=root, workdir=Path(os.path.abspath(tree)))
+    runs = None if not runs_dir else Path(os.path.abspath(Path(runs_dir).expanduser()))
+    return Project(root=root, workdir=Path(os.path.abspath(tree)), runs=runs)
 
 
-def project_from_args(args) -> Project:
-    """The project for parsed CLI arguments (``-C`` and ``--workdir``)."""
-    return find_project(getattr(args, "project_dir", None), getattr(args, "workdir", None))
+def project_from_args(args, environ: dict[str, str] | None = None) -> Project:
+    """The project for parsed CLI arguments (``-C``, ``--workdir``, ``--runs-dir``, else
+    ``$DANCEGRPO_RUNS``)."""
+    environ = os.environ if environ is None else environ
+    runs = getattr(args, "runs_dir", None) or environ.get(RUNS_ENV) or None
+    return find_project(getattr(args, "project_dir", None), getattr(args, "workdir", None), runs)

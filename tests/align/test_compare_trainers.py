@@ -90,7 +90,7 @@ def test_replay_reproduces_its_source(patched_tree, capsys):
 
 # ------------------------------------------------------------------ planted faults
 
-ROPE = "fastvideo/models/flux_rope.py"
+ROPE = "dancegrpo_port/models/flux_rope.py"
 TRAINER = "fastvideo/train_grpo_flux.py"
 AFTER_ROPE = "    install_float32_rope(transformer)\n"
 AFTER_VAE = '        subfolder="vae",\n        torch_dtype = torch.bfloat16,\n    ).to(device)\n'

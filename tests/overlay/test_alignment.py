@@ -1,10 +1,10 @@
-"""overlay/fastvideo/utils/alignment*.py on their own (no upstream, no training): the noise
+"""overlay/dancegrpo_port/alignment*.py on their own (no upstream, no training): the noise
 source (--rng device|cpu, --replay), the recorder (records/ as the alignment contract
 describes it), the argument checks and the GRPO health figures.
 
-``fake_step`` calls the module the way the patched trainers do (patches 0018-0020), in the
-same order, with made-up stage values; the trainers themselves are run by
-tests/patches/test_alignment_patches.py.
+``fake_step`` calls the seam (dancegrpo_port/hooks.py) the way the patched trainers do, in
+the same order, with made-up stage values, with the alignment feature alone plugged in; the
+trainers themselves are run by tests/patches/test_alignment_patches.py.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from fastvideo.utils import alignment  # noqa: E402  (overlay/ is on sys.path)
-from fastvideo.utils import alignment_records as records  # noqa: E402
-from fastvideo.utils.alignment_health import KEYS, Health  # noqa: E402
+from dancegrpo_port import alignment, hooks  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port import alignment_records as records  # noqa: E402
+from dancegrpo_port import upstream_args  # noqa: E402
+from dancegrpo_port.alignment_health import Health  # noqa: E402
+from dancegrpo_port.contract import HEALTH_KEYS as KEYS  # noqa: E402
+from dancegrpo_port.contract import parse_steps  # noqa: E402
 
 H = W = 32  # latents 4x4, tokens 2x2 = 4
 TOKENS = (H // 16) * (W // 16)
@@ -40,44 +43,51 @@ def make_args(**kw) -> argparse.Namespace:
 @pytest.fixture(autouse=True)
 def no_current_run(monkeypatch):
     monkeypatch.setattr(alignment, "RUN", None)
+    monkeypatch.setattr(hooks, "_FEATURES", [])
+
+
+def start(args, rank: int = 0, world_size: int = 1) -> None:
+    """The run's alignment feature on the seam, alone (hooks.run_start adds the others)."""
+    hooks.install([alignment.Alignment(alignment.start(args, rank, world_size))])
+
+
+FIGURES: list[dict] = []  # each fake step's figures, as the seam's step_end hands them to metrics.jsonl
 
 
 def fake_step(step: int, args, rollout_batch: int = 1) -> dict:
     """One GRPO step's calls into the module, in the trainer's order; returns the noise the
     "trainer" got (as the trainer's dtypes: bfloat16 latents, float32 SDE noise)."""
-    alignment.begin_step(step)
-    B, S = alignment.samples_per_rank(args), args.sampling_steps
+    hooks.step_begin(step)
+    B, S = upstream_args.samples_per_step(args), args.sampling_steps
     lh, lw = args.h // 8, args.w // 8
-    alignment.begin_rollout(B, (16, lh, lw), S, args.init_same_noise)
+    hooks.rollout_begin(B, (16, lh, lw), S, args.init_same_noise)
     if args.init_same_noise:
-        shared = alignment.initial_latents((1, 16, lh, lw), device="cpu", dtype=torch.bfloat16)
+        shared = hooks.initial_latents((1, 16, lh, lw), device="cpu", dtype=torch.bfloat16)
     inits, sdes = [], []
     for batch_idx in torch.chunk(torch.arange(B), B // rollout_batch):
-        alignment.rollout_batch(batch_idx)
+        hooks.rollout_batch(batch_idx)
         n = len(batch_idx)
-        init = shared if args.init_same_noise else alignment.initial_latents((n, 16, lh, lw), device="cpu",
-                                                                            dtype=torch.bfloat16)
+        init = shared if args.init_same_noise else hooks.initial_latents((n, 16, lh, lw), device="cpu",
+                                                                        dtype=torch.bfloat16)
         inits.append(init)
         like = torch.zeros(n, TOKENS, 64)
-        with alignment.capture_modules("transformer", torch.nn.Identity()):
-            sdes.append(torch.stack([alignment.sde_noise(like, i) for i in range(S)], dim=1))
-        alignment.observe("latents", torch.full((n, S + 1, TOKENS, 64), float(step)))
-        alignment.observe("log_probs", torch.full((n, S), -1.0 * step))
-        alignment.observe_images([torch.full((args.h, args.w, 3), step, dtype=torch.uint8)] * n)
+        with hooks.model_call("transformer", torch.nn.Identity()):
+            sdes.append(torch.stack([hooks.sde_noise(like, i) for i in range(S)], dim=1))
+        hooks.sampled(torch.full((n, S + 1, TOKENS, 64), float(step)), torch.full((n, S), -1.0 * step))
+        hooks.decoded([torch.full((args.h, args.w, 3), step, dtype=torch.uint8)] * n, batch_idx)
     rewards = torch.arange(B, dtype=torch.float32) + step
-    alignment.observe("rewards", rewards)
-    alignment.observe("advantages", rewards - rewards.mean())
-    perms = alignment.timestep_perms(B, S - 1)
+    hooks.advantages(rewards, rewards - rewards.mean())
+    perms = hooks.timestep_perms(B, S - 1)
     T = int((S - 1) * args.timestep_fraction)
     for b in range(B):
         for t in range(T):
             old = torch.tensor([-1.0 * step])
             new = old + (0.0 if b < args.gradient_accumulation_steps else 0.5)
             ratio = torch.exp(new - old)
-            alignment.trained_pair(new, old, ratio, (-ratio).mean() / T)
+            hooks.trained_pair(new, old, ratio, (-ratio).mean() / T)
         if (b + 1) % args.gradient_accumulation_steps == 0:
-            alignment.optimizer_stepped(torch.tensor(0.25 * (b + 1)))
-    alignment.end_step()
+            hooks.update(torch.tensor(0.25 * (b + 1)))
+    FIGURES.append(hooks.step_end(step))
     return {"init": torch.cat(inits) if not args.init_same_noise else shared, "sde": torch.cat(sdes), "perms": perms}
 
 
@@ -86,7 +96,7 @@ def fake_step(step: int, args, rollout_batch: int = 1) -> dict:
 
 def test_cpu_draws_follow_the_documented_order():
     args = make_args(init_same_noise=False)
-    alignment.start(args, rank=1, world_size=2)
+    start(args, rank=1, world_size=2)
     got = fake_step(1, args)
     g = torch.Generator("cpu").manual_seed(42 * 1000 + 1)
     B, S = 4, 4
@@ -102,7 +112,7 @@ def test_cpu_draws_follow_the_documented_order():
 
 def test_cpu_draws_with_init_same_noise_start_with_the_shared_draw():
     args = make_args(init_same_noise=True)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     got = fake_step(1, args)
     g = torch.Generator("cpu").manual_seed(42 * 1000)
     shared = torch.randn((1, 16, 4, 4), generator=g)
@@ -116,7 +126,7 @@ def test_cpu_draws_are_reproducible_and_independent_of_batching(same):
     runs = []
     for rollout_batch in (1, 2, 4, 1):
         args = make_args(init_same_noise=same)
-        alignment.start(args, rank=0, world_size=1)
+        start(args, rank=0, world_size=1)
         runs.append([fake_step(step, args, rollout_batch) for step in (1, 2)])
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
@@ -127,7 +137,7 @@ def test_cpu_draws_are_reproducible_and_independent_of_batching(same):
 def test_cpu_draws_differ_between_ranks_and_seeds():
     def sde(rank, seed):
         args = make_args(seed=seed)
-        alignment.start(args, rank=rank, world_size=2)
+        start(args, rank=rank, world_size=2)
         return fake_step(1, args)["sde"]
 
     assert torch.equal(sde(0, 42), sde(0, 42))
@@ -139,7 +149,7 @@ def test_cpu_draws_leave_the_global_generators_alone():
     torch.manual_seed(7)
     state = torch.get_rng_state()
     args = make_args()
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     fake_step(1, args)
     assert torch.equal(torch.get_rng_state(), state)
 
@@ -170,7 +180,7 @@ def test_device_draws_are_upstreams_call_for_call(same, record, tmp_path, monkey
     want = upstream_draws(4, 4, same)
     after_upstream = torch.get_rng_state()
     torch.manual_seed(3)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     got = fake_step(1, args)
     assert torch.equal(torch.get_rng_state(), after_upstream)  # nothing drawn besides
     init = [want[0]] if same else [want[i * 5] for i in range(4)]
@@ -185,8 +195,8 @@ def test_without_start_the_module_draws_as_upstream():
     torch.manual_seed(5)
     want = (torch.randn((1, 16, 4, 4), dtype=torch.bfloat16), torch.randn_like(torch.zeros(2, 3)), torch.randperm(3))
     torch.manual_seed(5)
-    got = (alignment.initial_latents((1, 16, 4, 4), "cpu", torch.bfloat16),
-           alignment.sde_noise(torch.zeros(2, 3), 0), alignment.timestep_perms(1, 3)[0])
+    got = (hooks.initial_latents((1, 16, 4, 4), "cpu", torch.bfloat16),
+           hooks.sde_noise(torch.zeros(2, 3), 0), hooks.timestep_perms(1, 3)[0])
     assert all(torch.equal(a, b) for a, b in zip(want, got))
     assert not list(__import__("pathlib").Path().glob("records"))
 
@@ -215,7 +225,7 @@ CONTRACT = {  # name: (shape, dtype) for B=4 samples, S=4, T=int(3 * 0.6)=1, K=2
 def test_the_recorder_writes_the_contracts_names_shapes_and_dtypes(rng, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = make_args(rng=rng, record=True, record_steps="2")
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     fake_step(1, args)
     got = fake_step(2, args)
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["index.json", "step_000002"]
@@ -235,7 +245,7 @@ def test_the_recorder_writes_the_contracts_names_shapes_and_dtypes(rng, tmp_path
 def test_cpu_noise_is_recorded_as_drawn_in_float32(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = make_args(record=True, init_same_noise=True)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     fake_step(1, args)
     g = torch.Generator("cpu").manual_seed(42 * 1000)
     recorded = load_file(tmp_path / "records" / "step_000001" / "rank_0.safetensors")["noise.init"]
@@ -249,13 +259,13 @@ def test_replay_hands_out_the_recorded_noise_and_records_the_same(rng, same, tmp
     monkeypatch.chdir(tmp_path / "a")
     torch.manual_seed(11)
     args = make_args(rng=rng, record=True, init_same_noise=same)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     source = [fake_step(step, args) for step in (1, 2)]
     monkeypatch.chdir(tmp_path / "b")
     torch.manual_seed(12)  # another global state: replay must not draw
     args = make_args(rng=rng, record=True, init_same_noise=same, replay=str(tmp_path / "a" / "records"))
     assert alignment.argument_problem(args, {"WORLD_SIZE": "1", "RANK": "0"}) is None
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     replayed = [fake_step(step, args, rollout_batch=2) for step in (1, 2)]
     for a, b in zip(source, replayed):
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -274,17 +284,18 @@ def test_replay_hands_out_the_recorded_noise_and_records_the_same(rng, same, tmp
     (None, None), ("all", None), ("3", {3}), ("1-3,7", {1, 2, 3, 7}), (" 2 - 4 , 4", {2, 3, 4}), ("5-5", {5}),
 ])
 def test_record_steps(spec, steps):
-    assert records.parse_steps(spec) == (None if steps is None else frozenset(steps))
+    assert parse_steps(spec, "--record_steps") == (None if steps is None else frozenset(steps))
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("", "'' is not a step N or a range A-B"), ("1,,2", "'' is not a step"), ("a-3", "'a-3' is not a step"),
-    ("0-2", "'0-2' is not a range of steps counted from 1"), ("5-2", "'5-2' is not a range"), ("-1", "'-1' is not"),
-    ("1.5", "'1.5' is not a step"),
+    ("", "'' is not understood"), ("1,,2", "'' is not understood"), ("a-3", "'a-3' is not understood"),
+    ("0-2", "'0-2' is not a step or an increasing range of steps counted from 1"),
+    ("5-2", "'5-2' is not a step or an increasing range"), ("-1", "'-1' is not understood"),
+    ("1.5", "'1.5' is not understood"),
 ])
 def test_record_steps_refused(spec, message):
     with pytest.raises(ValueError, match=message):
-        records.parse_steps(spec)
+        parse_steps(spec, "--record_steps")
 
 
 def test_format_steps():
@@ -296,7 +307,7 @@ def test_format_steps():
     (dict(rng="cpu", seed=None), "--rng cpu needs --seed"),
     (dict(record_modules=True), "--record_modules needs --record"),
     (dict(record_steps="1-2"), "--record_steps needs --record"),
-    (dict(record=True, record_steps="x"), "--record_steps 'x': 'x' is not a step N or a range A-B"),
+    (dict(record=True, record_steps="x"), "--record_steps 'x': 'x' is not understood; give a step N, a range A-B"),
     (dict(replay="/nowhere/records"), "--replay /nowhere/records: no index.json there"),
 ])
 def test_bad_arguments_are_one_line(kw, message):
@@ -311,7 +322,7 @@ def test_good_arguments_pass():
 
 def test_check_args_exits_2_with_one_line(capsys):
     with pytest.raises(SystemExit) as stop:
-        alignment.check_args(make_args(rng="cpu", seed=None))
+        hooks.check_arguments(make_args(rng="cpu", seed=None))
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error: --rng cpu needs --seed" in err
@@ -322,7 +333,7 @@ def recorded(tmp_path, monkeypatch):
     """A records/ of 2 steps at make_args()' settings, world size 1."""
     monkeypatch.chdir(tmp_path)
     args = make_args(record=True)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     for step in (1, 2):
         fake_step(step, args)
     return tmp_path / "records"
@@ -410,16 +421,16 @@ def test_module_capture_names_order_and_values():
 def test_modules_are_recorded_once_in_step_1(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = make_args(record=True, record_modules=True)
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     model = Model()
     for step in (1, 2):
-        alignment.begin_step(step)
+        hooks.step_begin(step)
         for _ in range(2):
-            with alignment.capture_modules("transformer", model):
+            with hooks.model_call("transformer", model):
                 model(torch.ones(1, 3) * step)
-        with alignment.capture_modules("reward", model.blocks[1]):
+        with hooks.rewarding(model.blocks[1]):
             model.blocks[1](torch.ones(1, 3))
-        alignment.end_step()
+        hooks.step_end(step)
     assert all(not m._forward_hooks for m in model.modules())
     order = json.loads((tmp_path / "records" / "modules" / "rank_0.json").read_text())["order"]
     tensors = load_file(tmp_path / "records" / "modules" / "rank_0.safetensors")
@@ -431,10 +442,10 @@ def test_modules_are_recorded_once_in_step_1(tmp_path, monkeypatch):
 
 def test_no_module_hooks_without_record_modules(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    alignment.start(make_args(record=True), rank=0, world_size=1)
-    alignment.begin_step(1)
+    start(make_args(record=True))
+    hooks.step_begin(1)
     model = Model()
-    with alignment.capture_modules("transformer", model):
+    with hooks.model_call("transformer", model):
         assert all(not m._forward_hooks for m in model.modules())
 
 
@@ -474,9 +485,9 @@ def test_health_without_pairs_is_null_and_one_group_without_use_group():
 
 def test_fake_steps_health_matches_what_was_trained():
     args = make_args(rng="cpu")
-    alignment.start(args, rank=0, world_size=1)
+    start(args, rank=0, world_size=1)
     fake_step(1, args)
-    m = alignment.step_health()
+    m = FIGURES[-1]
     # samples 0 and 1 before the first update (new == old), samples 2 and 3 after (+0.5)
     assert m["logprob_diff_max"] == 0.0 and m["clip_frac_first"] == 0.0
     assert m["ratio_max"] == pytest.approx(float(torch.exp(torch.tensor(0.5)))) and m["clip_frac"] == 0.5

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/alignment_msprobe.py with the real MindStudio Probe (the msprobe extra,
+"""overlay/dancegrpo_port/alignment_msprobe.py with the real MindStudio Probe (the msprobe extra,
 which scripts/bootstrap.sh installs): its dumps of the --record_modules calls, and msprobe's own
 ``compare`` reading two of them.  The trainers are run with it by tests/align/test_compare_trainers.py
 (test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault).
@@ -20,8 +20,8 @@ from overlay_runner import OVERLAY  # noqa: F401  (puts overlay/ on sys.path)
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from fastvideo.utils import alignment  # noqa: E402  (overlay/ is on sys.path)
-from fastvideo.utils import alignment_msprobe as msprobe_dump  # noqa: E402
+from dancegrpo_port import alignment  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port import alignment_msprobe as msprobe_dump  # noqa: E402
 
 
 def test_what_is_refused_in_one_line(monkeypatch):
@@ -30,14 +30,6 @@ def test_what_is_refused_in_one_line(monkeypatch):
     assert "needs --record_modules" in msprobe_dump.problem("statistics", record_modules=False)
     monkeypatch.setattr(msprobe_dump.importlib.util, "find_spec", lambda name: None)
     assert "pip install mindstudio-probe" in msprobe_dump.problem("statistics", record_modules=True)
-
-
-def test_the_tool_and_the_trainer_agree_on_the_variable_and_the_tasks():
-    """launch --msprobe checks the task and sets the variable; the overlay reads and checks it again
-    (the overlay may not import the tool, so each side has its own copy of the names)."""
-    from dancegrpo_npu.align import options
-
-    assert (options.MSPROBE_ENV, options.MSPROBE_TASKS) == (msprobe_dump.ENV, msprobe_dump.TASKS)
 
 
 def test_the_trainers_argument_check_reads_the_environment(monkeypatch, tmp_path):
@@ -57,7 +49,7 @@ def test_the_trainers_argument_check_reads_the_environment(monkeypatch, tmp_path
 DUMP = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from fastvideo.utils.alignment_msprobe import MsprobeDump
+from dancegrpo_port.alignment_msprobe import MsprobeDump
 
 class Transformer(torch.nn.Module):
     def __init__(self):

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/models/attention_fallback.py against a plain reference attention."""
+"""overlay/dancegrpo_port/models/attention_fallback.py against a plain reference attention."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path;
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.models.attention_fallback import padded_qkv_attention, sdpa_attention  # noqa: E402
+from dancegrpo_port.models.attention_fallback import padded_qkv_attention, sdpa_attention  # noqa: E402
 
 
 def reference(qkv, mask, causal=False, softmax_scale=None):
@@ -89,7 +89,7 @@ def test_npu_path_with_the_fake_torch_npu(run_python):
         """
         import json, math, torch, torch_npu
         assert torch_npu.__fake__
-        from fastvideo.models.attention_fallback import npu_fusion_attention, sdpa_attention
+        from dancegrpo_port.models.attention_fallback import npu_fusion_attention, sdpa_attention
         g = torch.Generator().manual_seed(0)
         qkv = torch.randn(2, 6, 3, 2, 8, generator=g)
         mask = torch.ones(2, 6, dtype=torch.bool); mask[0, 4:] = False; mask[1, 0] = False

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
+"""overlay/dancegrpo_port/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path;
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.utils import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+from dancegrpo_port import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
 
 
 @pytest.mark.parametrize("value, kind", [(None, "auto"), ("", "auto"), ("CPU", "cpu"), (" npu ", "npu"), ("cuda", "cuda")])
@@ -19,7 +19,7 @@ def test_requested_kind(value, kind):
 
 
 def test_unknown_device_is_refused_with_the_choices():
-    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, npu, cuda, cpu"):
+    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
         device.requested_kind({device.DEVICE_ENV: "gpu"})
 
 
@@ -59,7 +59,7 @@ def test_cpu_run(run_python):
     out = run_python(
         """
         import json, torch
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         acc = device.activate()
         x = torch.randn(4, 4)
         with device.autocast(torch.bfloat16):
@@ -81,8 +81,8 @@ def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path
     out = run_python(
         """
         import torch
-        from fastvideo.utils import device
-        from fastvideo.utils.strict_mode import StrictModeError
+        from dancegrpo_port import device
+        from dancegrpo_port.strict_mode import StrictModeError
         weight = torch.ones(3, dtype=torch.float64, requires_grad=True)  # before strict mode
         assert device.activate().strict
         def caught(run):
@@ -109,7 +109,7 @@ def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path
 
 
 def test_bad_device_env_fails_activation(run_python):
-    proc = run_python("from fastvideo.utils import device; device.activate()", env={"DANCEGRPO_DEVICE": "tpu"}, check=False)
+    proc = run_python("from dancegrpo_port import device; device.activate()", env={"DANCEGRPO_DEVICE": "tpu"}, check=False)
     assert proc.returncode != 0 and "DANCEGRPO_DEVICE='tpu' is not one of" in proc.stderr
 
 
@@ -117,7 +117,7 @@ def test_broadcast_module_states_gives_every_rank_rank0s_weights(run_python, tmp
     out = run_python(
         f"""
         import torch, torch.distributed as dist, torch.multiprocessing as mp
-        from fastvideo.utils import device
+        from dancegrpo_port import device
 
         def work(rank):
             dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=rank, world_size=2)
@@ -148,7 +148,7 @@ def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     out = run_python(
         """
         import json, torch
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         acc = device.activate()
         import torch_npu
         assert torch_npu.__fake__
@@ -162,14 +162,14 @@ def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     # transfer_to_npu came before CUDA and before anything but the device module itself
     assert got.pop("transfer") == {"cuda_initialized": False,
-                                   "already_imported": ["fastvideo", "fastvideo.utils", "fastvideo.utils.device"]}
+                                   "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device"]}
     assert got == {"kind": "npu", "backend": "hccl", "dev": "npu:1", "cur": "npu:1", "autocast": "npu",
                    "offload": [True, True]}
 
 
 @pytest.mark.fake_npu
 def test_npu_requested_but_none_visible(run_python):
-    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
                       env={"DANCEGRPO_DEVICE": "npu", "FAKE_TORCH_NPU_DEVICES": "0"})
     assert proc.returncode != 0 and "DANCEGRPO_DEVICE=npu but torch_npu sees no NPU" in proc.stderr
 
@@ -177,11 +177,11 @@ def test_npu_requested_but_none_visible(run_python):
 @pytest.mark.fake_npu
 def test_auto_with_torch_npu_but_no_npu_visible_refuses_instead_of_training_on_the_cpu(run_python):
     # "3,2": torch_npu's device_count() is 0 for a list that does not ascend
-    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
                       env={"ASCEND_RT_VISIBLE_DEVICES": "3,2"})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fastvideo.utils.device.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
+    assert last.startswith("dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
                            "installed but sees no NPU (ASCEND_RT_VISIBLE_DEVICES '3,2'); check ASCEND_RT_VISIBLE_DEVICES")
     assert "`npu-smi info`" in last
 
@@ -193,7 +193,7 @@ def test_cpu_requested_on_an_npu_host_skips_transfer_to_npu(run_python):
     keeps torch_npu out too."""
     code = """
         import sys
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         print(device.activate().kind, "torch_npu" in sys.modules, "torch_npu.contrib.transfer_to_npu" in sys.modules)
     """
     out = run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"})
@@ -205,15 +205,15 @@ def test_cpu_requested_on_an_npu_host_skips_transfer_to_npu(run_python):
 @pytest.mark.fake_npu
 def test_without_cann_the_device_module_says_what_to_source_in_one_line(run_python):
     for env in ({}, {"DANCEGRPO_DEVICE": "cpu"}):  # autoload: even a CPU run cannot import torch
-        proc = run_python("from fastvideo.utils import device", fake_npu=True, check=False,
+        proc = run_python("from dancegrpo_port import device", fake_npu=True, check=False,
                           env={"FAKE_TORCH_NPU_BROKEN": "1", **env})
         assert proc.returncode != 0
         last = proc.stderr.strip().splitlines()[-1]
-        assert last.startswith("fastvideo.utils.device.DeviceSelectionError: import torch failed loading torch_npu "
+        assert last.startswith("dancegrpo_port.device.DeviceSelectionError: import torch failed loading torch_npu "
                                "(ImportError: libhccl.so: cannot open shared object file")
         assert "source CANN's set_env.sh" in last and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
     code = """
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         print(device.activate().kind, flush=True)
         import diffusers.models.activations  # imports torch_npu where it is installed, whatever torch did
     """
@@ -231,11 +231,11 @@ def test_without_cann_the_device_module_says_what_to_source_in_one_line(run_pyth
 def test_a_broken_torch_npu_is_reported_not_ignored(run_python, env, error):
     """With autoload off the device module imports torch_npu itself; an ImportError and the bare
     Exception of CANN's package check are both one DeviceSelectionError."""
-    proc = run_python("from fastvideo.utils import device; device.activate()", fake_npu=True, check=False,
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
                       env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **env})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"fastvideo.utils.device.DeviceSelectionError: torch_npu is installed but does not import {error}")
+    assert last.startswith(f"dancegrpo_port.device.DeviceSelectionError: torch_npu is installed but does not import {error}")
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
 
 
@@ -243,7 +243,7 @@ def test_a_broken_torch_npu_is_reported_not_ignored(run_python, env, error):
 def test_the_reward_gelu_is_exact_on_the_npu_unless_switched_back(run_python):
     code = """
         import json, torch, torch_npu
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         acc = device.activate()
         x = torch.linspace(-4, 4, 9)
         exact = torch.nn.GELU()(x)
@@ -270,7 +270,7 @@ def test_diffusers_kernels_chosen_by_import_follow_the_run_device(run_python):
     module makes it take its plain path, on the NPU diffusers' choice stands."""
     code = """
         import json, sys, torch, torch_npu
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         device.activate()
         from diffusers.models.activations import GEGLU
         geglu = GEGLU(8, 4)

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/models/flux_rope.py: float32 FLUX RoPE against diffusers' float64 one."""
+"""overlay/dancegrpo_port/models/flux_rope.py: float32 FLUX RoPE against diffusers' float64 one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel  # noqa: E402
 from diffusers.models.embeddings import FluxPosEmbed  # noqa: E402
 
-from fastvideo.models.flux_rope import Float32FluxPosEmbed, install_float32_rope, inverse_frequencies  # noqa: E402
+from dancegrpo_port.models.flux_rope import Float32FluxPosEmbed, install_float32_rope, inverse_frequencies  # noqa: E402
 
 FLUX_AXES = (16, 56, 56)
 

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/phases.py: phase times, peak memory, profiler traces of chosen steps."""
+"""overlay/dancegrpo_port/phases.py: phase times, peak memory, profiler traces of chosen steps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path;
 
 pytest.importorskip("torch")
 
-from fastvideo.utils import phases  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+from dancegrpo_port import phases  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
 
 
 def test_repeated_entries_add_up_and_each_step_starts_afresh():
@@ -54,7 +54,7 @@ def test_cpu_peak_is_the_phase_peak_not_the_process_peak(run_python):
         pytest.skip("/proc/self/clear_refs cannot be written here (the fallback, ru_maxrss, never resets)")
     out = run_python(
         "import json, torch\n"
-        "from fastvideo.utils import phases\n"
+        "from dancegrpo_port import phases\n"
         "timer = phases.PhaseTimer('cpu')\n"
         "with timer.phase('rollout'):\n"
         "    big = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched\n"
@@ -85,19 +85,6 @@ def test_unknown_and_nested_phases_are_refused():
     assert metrics["time_decode"] > 0 and metrics["time_train"] == 0.0  # a failed pass is not timed
 
 
-@pytest.mark.parametrize("text, steps", [
-    ("3", {3}), ("2-4", {2, 3, 4}), ("1,5", {1, 5}), (" 1, 3-4 ", {1, 3, 4}), ("4-4", {4}), ("2,2", {2}),
-])
-def test_parse_steps(text, steps):
-    assert phases.parse_steps(text) == frozenset(steps)
-
-
-@pytest.mark.parametrize("text", ["", "0", "4-2", "a", "1;2", "1,", "-3", "2-", "1.5", "3-x"])
-def test_parse_steps_refuses_with_the_accepted_syntax(text):
-    with pytest.raises(ValueError, match=r"profile steps .*: .*'3', a range '2-4', a list '1,5'"):
-        phases.parse_steps(text)
-
-
 def test_profiler_off_does_nothing(tmp_path):
     for off in (None, ""):
         profiler = phases.StepProfiler(off, str(tmp_path / "profile"))
@@ -106,7 +93,7 @@ def test_profiler_off_does_nothing(tmp_path):
         profiler.step_end(1)
         profiler.close()
     assert not (tmp_path / "profile").exists()
-    with pytest.raises(ValueError, match="profile steps 'x'"):
+    with pytest.raises(ValueError, match="--profile_steps 'x'"):
         phases.StepProfiler("x")
 
 
@@ -114,7 +101,7 @@ def test_torch_profiler_traces_step_2_of_3_with_the_phase_ranges(run_python, tmp
     run_python(
         """
         import torch
-        from fastvideo.utils.phases import PhaseTimer, StepProfiler
+        from dancegrpo_port.phases import PhaseTimer, StepProfiler
         timer, profiler = PhaseTimer(), StepProfiler("2", "profile")
         for step in (1, 2, 3):
             profiler.step_begin(step)
@@ -140,7 +127,7 @@ def test_close_stops_a_trace_whose_step_never_ended(run_python, tmp_path):
     run_python(
         """
         import torch
-        from fastvideo.utils.phases import StepProfiler
+        from dancegrpo_port.phases import StepProfiler
         profiler = StepProfiler("1-2", "profile")
         profiler.step_begin(1)
         torch.ones(3) + 1          # the step is cut short before step_end ...
@@ -159,7 +146,7 @@ def test_a_step_that_raises_still_leaves_its_trace(run_python, tmp_path):
     out = run_python(
         """
         import torch
-        from fastvideo.utils.phases import StepProfiler
+        from dancegrpo_port.phases import StepProfiler
         profiler = StepProfiler("2", "profile")
         for step in (1, 2):
             profiler.step_begin(step)
@@ -182,7 +169,7 @@ def test_npu_uses_torch_npu_profiler_and_the_npu_allocator(run_python, tmp_path)
     out = run_python(
         """
         import json, torch_npu
-        from fastvideo.utils.phases import PhaseTimer, StepProfiler
+        from dancegrpo_port.phases import PhaseTimer, StepProfiler
         timer, profiler = PhaseTimer(), StepProfiler("2", "profile")
         for step in (1, 2, 3):
             profiler.step_begin(step)
@@ -223,7 +210,7 @@ def test_a_trace_torch_npu_refused_silently_is_reported_in_one_line(run_python, 
     run_dir.mkdir()
     out = run_python(
         """
-        from fastvideo.utils.phases import StepProfiler
+        from dancegrpo_port.phases import StepProfiler
         profiler = StepProfiler("1", "profile")
         profiler.step_begin(1)
         profiler.step_end(1)
@@ -237,3 +224,46 @@ def test_a_trace_torch_npu_refused_silently_is_reported_in_one_line(run_python, 
                      "without raising (see its [ERROR] line above): its path rule allows only letters, digits, '.', "
                      "'/', '_', '-', '~' and spaces in the real absolute path"]
     assert not list((run_dir / "profile" / "step_1").iterdir())
+
+
+# ---------------------------------------------------------------- on the seam
+
+
+class FakeTimer:
+    def __init__(self):
+        self.log = []
+
+    @__import__("contextlib").contextmanager
+    def phase(self, name):
+        self.log.append(("enter", name))
+        yield
+        self.log.append(("exit", name))
+
+    def step_metrics(self):
+        return {"time_decode": 1.0}
+
+
+def test_the_seams_contexts_are_the_phases(monkeypatch):
+    from dancegrpo_port import hooks
+
+    monkeypatch.setattr(hooks, "_FEATURES", [])
+    with hooks.decoding(None):  # no feature: nothing to report to, nothing fails
+        pass
+    assert list(hooks.training([1, 2])) == [1, 2]
+    timer = FakeTimer()
+    hooks.install([phases.PhaseTimes(timer)])
+    with hooks.sampling():
+        timer.log.append("sample")
+    with hooks.decoding(None):
+        timer.log.append("body")
+    with hooks.rewarding(None):
+        pass
+    seen = []
+    for item in hooks.training([1, 2]):
+        seen.append((item, list(timer.log)))
+    # the whole training loop is one phase: entered before the first item, left after the last
+    assert timer.log == [("enter", "rollout"), "sample", ("exit", "rollout"), ("enter", "decode"), "body",
+                         ("exit", "decode"), ("enter", "reward"), ("exit", "reward"), ("enter", "train"),
+                         ("exit", "train")]
+    assert seen[0][1][-1] == ("enter", "train") and seen[1][1][-1] == ("enter", "train")
+    assert hooks.step_end(3, loss=0.5) == {"step": 3, "loss": 0.5, "time_decode": 1.0}

@@ -1,6 +1,7 @@
-"""overlay/fastvideo/utils/rollout.py on its own (no upstream, no training): the argument
-checks, the batch helpers, the chunked VAE decode, the batched reward inputs and the background
-PNG writer.  The trainers themselves are run by tests/patches/test_rollout_batching.py (slow).
+"""overlay/dancegrpo_port/rollout.py on its own (no upstream, no training): the argument
+checks, the batch helpers, the chunked VAE decode and the batched reward inputs; the seam's
+refusals of bad rollout and profile arguments.  The trainers themselves are run by
+tests/patches/test_rollout_batching.py (slow).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from overlay_runner import OVERLAY  # noqa: F401  (puts overlay/ on sys.path)
 
 torch = pytest.importorskip("torch")
 
-from fastvideo.utils import rollout  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port import hooks, rollout  # noqa: E402  (overlay/ is on sys.path)
 
 
 def make_args(**kw) -> argparse.Namespace:
-    base = dict(sample_batch_size=1, vae_decode_chunk=None, num_generations=4, use_group=True, train_batch_size=1)
+    base = dict(sample_batch_size=1, vae_decode_chunk=None, num_generations=4, use_group=True, train_batch_size=1,
+                gradient_accumulation_steps=4, seed=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -48,11 +50,11 @@ def test_bad_arguments_are_named(kw, expected):
 def test_check_args_refuses_with_one_line(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["train_grpo_flux.py"])
     with pytest.raises(SystemExit) as exit_:
-        rollout.check_args(make_args(sample_batch_size=3))
+        hooks.check_arguments(make_args(sample_batch_size=3))
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("train_grpo_flux.py: error: --sample_batch_size 3 ")
-    rollout.check_args(make_args(sample_batch_size=2))  # a good one passes silently
+    hooks.check_arguments(make_args(sample_batch_size=2))  # a good one passes silently
     assert capsys.readouterr().err == ""
 
 
@@ -186,91 +188,26 @@ class FakePick:
         return torch.nn.functional.one_hot(torch.tensor([ord(t) - 97 for t in x]), 4).float()
 
 
-def test_pickscore_scores_each_image_against_its_own_caption_with_the_text_encoded_once():
-    pick, text = FakePick(), rollout.PickScoreText()
+def test_pickscore_scores_each_image_against_its_own_caption_with_the_text_encoded_once(monkeypatch):
+    monkeypatch.setattr(rollout, "PICKSCORE_TEXT", rollout.PickScoreText())
+    pick = FakePick()
     captions = ["a", "a", "b", "b"]
     scores = []
     for batch_idx, images in ((torch.tensor([0, 1]), ["a", "b"]), (torch.tensor([2, 3]), ["b", "c"])):
-        embs = text(pick.processor, pick, captions, "cpu")
-        scores += rollout.pickscore(pick.processor, pick, embs, images, batch_idx, "cpu").tolist()
+        scores += rollout.pickscore(pick.processor, pick, captions, images, batch_idx, "cpu").tolist()
     assert scores == [1.0, 0.0, 1.0, 0.0] and pick.text_calls == 1
     # at N = 1, upstream's (text_embs @ image_embs.T)[0] with the step's captions
-    embs = text(pick.processor, pick, captions, "cpu")
+    embs = rollout.PICKSCORE_TEXT(pick.processor, pick, captions, "cpu")
     upstream = (embs @ pick.get_image_features(["a"]).T)[0]
-    assert rollout.pickscore(pick.processor, pick, embs, ["a"], torch.tensor([1]), "cpu").tolist() == upstream.tolist()
-
-
-# ---------------------------------------------------------------- PNG files
-
-
-def test_images_are_written_in_the_background(tmp_path, monkeypatch):
-    from PIL import Image
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "images").mkdir()
-    writer = rollout.ImageWriter()
-    monkeypatch.setattr(rollout, "WRITER", writer)
-    images = [Image.new("RGB", (4, 4), (i * 40, 0, 0)) for i in range(3)]
-    rollout.save_images(images, 1, torch.tensor([3, 4, 5]))
-    rollout.wait_images()
-    names = sorted(p.name for p in (tmp_path / "images").iterdir())
-    assert names == ["flux_1_3.png", "flux_1_4.png", "flux_1_5.png"]
-    assert Image.open(tmp_path / "images" / "flux_1_5.png").getpixel((0, 0)) == (80, 0, 0)
-
-
-class Unwritable:
-    def save(self, path):
-        raise OSError(28, "No space left on device")
-
-
-def test_a_write_error_surfaces_instead_of_vanishing(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    writer = rollout.ImageWriter()
-    monkeypatch.setattr(rollout, "WRITER", writer)
-    rollout.save_images([Unwritable()], 0, torch.tensor([2]))
-    with pytest.raises(RuntimeError, match=r"writing \./images/flux_0_2\.png failed: .*No space left"):
-        rollout.wait_images()
-    rollout.wait_images()  # reported once, then the writer goes on
-    rollout.save_images([Unwritable()], 0, torch.tensor([3]))
-    writer._queue.join()
-    with pytest.raises(RuntimeError, match="flux_0_3.png"):  # the next hand-over reports it too
-        rollout.save_images([Unwritable()], 0, torch.tensor([4]))
-
-
-# ---------------------------------------------------------------- phase times (patch 0022)
-
-
-class FakeTimer:
-    def __init__(self):
-        self.log = []
-
-    @__import__("contextlib").contextmanager
-    def phase(self, name):
-        self.log.append(("enter", name))
-        yield
-        self.log.append(("exit", name))
-
-
-def test_phases_go_to_the_run_timer_or_nowhere(monkeypatch):
-    monkeypatch.setattr(rollout, "TIMER", None)
-    with rollout.phase("decode"):  # no timer: nothing to report to, nothing fails
-        pass
-    assert list(rollout.timed("train", [1, 2])) == [1, 2]
-    timer = FakeTimer()
-    assert rollout.time_phases(timer) is timer
-    with rollout.phase("decode"):
-        timer.log.append("body")
-    seen = []
-    for item in rollout.timed("train", [1, 2]):
-        seen.append((item, list(timer.log)))
-    # the whole loop is one phase: entered before the first item, left after the last
-    assert timer.log == [("enter", "decode"), "body", ("exit", "decode"), ("enter", "train"), ("exit", "train")]
-    assert seen[0][1][-1] == ("enter", "train") and seen[1][1][-1] == ("enter", "train")
+    assert rollout.pickscore(pick.processor, pick, captions, ["a"], torch.tensor([1]), "cpu").tolist() == upstream.tolist()
+    assert pick.text_calls == 1  # the same captions: still encoded once
+    rollout.pickscore(pick.processor, pick, ["c", "d"], ["c"], torch.tensor([0]), "cpu")
+    assert pick.text_calls == 2  # the next step's captions are encoded anew
 
 
 @pytest.mark.parametrize("text", [None, "", "3", "2-4", "1,5"])
 def test_good_profile_steps_pass(text, capsys):
-    rollout.check_profile_steps(argparse.Namespace(profile_steps=text))
+    hooks.check_arguments(make_args(profile_steps=text))
     assert capsys.readouterr().err == ""
 
 
@@ -278,7 +215,7 @@ def test_good_profile_steps_pass(text, capsys):
 def test_bad_profile_steps_are_refused_with_one_line(text, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["train_grpo_flux_lora.py"])
     with pytest.raises(SystemExit) as exit_:
-        rollout.check_profile_steps(argparse.Namespace(profile_steps=text))
+        hooks.check_arguments(make_args(profile_steps=text))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1
-    assert err.startswith(f"train_grpo_flux_lora.py: error: --profile_steps: profile steps {text!r}")
+    assert err.startswith(f"train_grpo_flux_lora.py: error: --profile_steps {text!r}: ")

@@ -1,4 +1,4 @@
-"""overlay/fastvideo/utils/strict_mode.py: complex/float64 ops anywhere in the training step.
+"""overlay/dancegrpo_port/strict_mode.py: complex/float64 ops anywhere in the training step.
 
 Each test plants one float64 (or complex) op in one place a training step runs code -
 a module's forward, plain tensor math between modules, the loss, a backward formula, a
@@ -20,8 +20,8 @@ pytest.importorskip("diffusers")
 
 from diffusers.models.embeddings import FluxPosEmbed  # noqa: E402
 
-from fastvideo.models.flux_rope import install_float32_rope  # noqa: E402
-from fastvideo.utils.strict_mode import StrictModeError, strict_mode  # noqa: E402
+from dancegrpo_port.models.flux_rope import install_float32_rope  # noqa: E402
+from dancegrpo_port.strict_mode import StrictModeError, strict_mode  # noqa: E402
 
 from test_flux_rope import flux_ids, flux_inputs, tiny_flux  # noqa: E402
 

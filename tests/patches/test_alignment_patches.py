@@ -1,9 +1,9 @@
-"""Patches 0018-0020 (alignment, issue 9) in the real trainers: runs at the smoke's settings
-(2 steps, 64x64, 4 sampling steps, 2 generations, HPSv2-shaped reward, strict mode) on the
-tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer arguments.
+"""Alignment (the seam's, dancegrpo_port/alignment.py) in the real trainers: runs at the smoke's
+settings (2 steps, 64x64, 4 sampling steps, 2 generations, HPSv2-shaped reward, strict mode) on
+the tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer arguments.
 
-- --rng device is upstream's run bit for bit: the same metrics and images as a tree of the
-  series without 0018-0020 (built here by copying the project with patches/series cut);
+- the seam without the port's flags is upstream's run bit for bit: the same rewards, images and
+  trained weights as the series without the seam (and the two rollout patches, which use it);
 - --rng cpu twice gives identical records, on 1 and 2 ranks (and with the LoRA trainer);
 - --replay of a recorded run reproduces its records bitwise; a replay that does not fit is
   refused at start, one line a rank, before any model is loaded;
@@ -26,25 +26,25 @@ pytest.importorskip("diffusers")
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
-OURS = ("0018-rng.patch", "0019-record-replay.patch", "0020-grpo-health.patch")
-LATER = ("0021-sample-batch-size.patch", "0022-phase-times.patch")  # written on 0018-0020's lines
+SEAM = ("0009-seam-train-grpo-flux.patch", "0010-seam-train-grpo-flux-lora.patch")
+ON_THE_SEAM = ("0018-batched-rollout.patch", "0019-rewards-in-batches.patch")  # they call the seam's rollout module
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 
 
 @pytest.fixture(scope="session")
-def tree_without_alignment(upstream_source, tmp_path_factory):
-    """A project applied without 0018-0020 (and the patches written on their lines)."""
+def tree_without_the_seam(upstream_source, tmp_path_factory):
+    """A project applied without the seam (and the two patches that call what it imports)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
-    root = copy_project(tmp_path_factory.mktemp("without-alignment") / "project")
+    root = copy_project(tmp_path_factory.mktemp("without-the-seam") / "project")
     lines = (root / "patches" / "series").read_text().splitlines()
-    assert all(name in lines for name in OURS)
+    assert all(name in lines for name in SEAM + ON_THE_SEAM)
     project = find_project(root)
     fetch(project, source=upstream_source)
-    apply_worktree(project, without=OURS + LATER)  # `apply --without`: the patches after them move up
+    apply_worktree(project, without=SEAM + ON_THE_SEAM)  # `apply --without`: the patches after them move up
     return project
 
 
@@ -75,8 +75,8 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, tree_without_alignment):
-    return Runs(patched_tree.project, tree_without_alignment)
+def runs(patched_tree, tree_without_the_seam):
+    return Runs(patched_tree.project, tree_without_the_seam)
 
 
 def ok(record) -> Path:
@@ -111,16 +111,25 @@ def assert_same_records(a: Path, b: Path) -> None:
         assert not different, f"{name}: {different}"
 
 
-FIGURES = ("reward_mean", "loss", "grad_norm")
-# wall times and memory of the machine (patch 0022's phase figures among them), not the run's numbers
+# wall times and memory of the machine (the phase figures among them), not the run's numbers
 WALL = ("step_time", "time_rollout", "time_decode", "time_reward", "time_train", "peak_memory_bytes")
+
+
+def trained_weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    (checkpoint,) = (run_dir / "outputs").glob("checkpoint-*/diffusion_pytorch_model.safetensors")
+    return load_file(checkpoint)
 
 
 def test_rng_device_is_upstreams_run_bit_for_bit(runs):
     base = ok(runs(tree="without"))
     ours = ok(runs("--rng", "device"))
-    assert [[m[k] for k in FIGURES] for m in metrics(ours)] == [[m[k] for k in FIGURES] for m in metrics(base)]
+    assert not (base / "metrics.jsonl").exists()  # the tree without the seam: upstream's outputs only
+    assert (ours / "reward.txt").read_text() == (base / "reward.txt").read_text()  # upstream's mean reward a step
     assert images(ours) == images(base) and len(images(base)) == 2
+    mine, theirs = trained_weights(ours), trained_weights(base)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     # and the noise is upstream's, not just anything reproducible: --rng cpu gives other images
     assert images(ok(runs("--rng", "cpu", "--record", "--record_modules"))) != images(base)
 

@@ -23,7 +23,7 @@ def test_transfer_to_npu_comes_first(run_in_tree, patched_tree, script):
         spec = importlib.util.spec_from_file_location("patched_script", {str(patched_tree.tree / script)!r})
         spec.loader.exec_module(importlib.util.module_from_spec(spec))  # top level only: not __main__
         import torch_npu
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         assert torch_npu.__fake__
         print(json.dumps({{"state": torch_npu.transfer_state, "kind": device.accelerator().kind,
                           "backend": device.dist_backend(), "diffusers": "diffusers" in sys.modules}}))
@@ -32,5 +32,5 @@ def test_transfer_to_npu_comes_first(run_in_tree, patched_tree, script):
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["state"] == {"cuda_initialized": False,
-                            "already_imported": ["fastvideo", "fastvideo.utils", "fastvideo.utils.device"]}
+                            "already_imported": ["fastvideo", "fastvideo.utils", "dancegrpo_port.device"]}
     assert (got["kind"], got["backend"], got["diffusers"]) == ("npu", "hccl", True)

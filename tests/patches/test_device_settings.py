@@ -45,7 +45,7 @@ if stop_at == "init_process_group":  # main()'s first lines, before any collecti
         raise Stop()
     dist.init_process_group = stop
 else:  # right after the trainer set the transformer's attention up (before FSDP or LoRA wrap it)
-    import fastvideo.utils.device as device_module
+    import dancegrpo_port.device as device_module
     choose = device_module.choose_attention_processors
 
     def stop(transformer, *args, **kwargs):
@@ -151,7 +151,7 @@ def test_npu_run_keeps_diffusers_npu_processor(run_in_tree):
     out = run_in_tree(
         """
         import json, torch
-        from fastvideo.utils import device
+        from dancegrpo_port import device
         assert device.activate().kind == "npu"
         from diffusers import FluxTransformer2DModel
         t = FluxTransformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,

@@ -18,7 +18,7 @@ import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from diffusers import FluxTransformer2DModel
 from peft import LoraConfig
-from fastvideo.utils.device import activate, dist_backend, set_local_device
+from dancegrpo_port.device import activate, dist_backend, set_local_device
 activate()
 from fastvideo.utils.fsdp_util import get_dit_fsdp_kwargs
 from fastvideo.utils.checkpoint import save_checkpoint

@@ -33,7 +33,7 @@ def test_flux_path_imports_without_cuda_only_packages(run_in_tree):
         import fastvideo.utils.checkpoint, fastvideo.utils.communications_flux, fastvideo.utils.dataset_utils
         import fastvideo.dataset, fastvideo.dataset.latent_flux_rl_datasets
         from fastvideo.models.flash_attn_no_pad import flash_attn_no_pad
-        from fastvideo.models.attention_fallback import padded_qkv_attention
+        from dancegrpo_port.models.attention_fallback import padded_qkv_attention
         from fastvideo.utils.load import get_no_split_modules, load_transformer
         from diffusers import FluxTransformer2DModel
 

@@ -1,13 +1,13 @@
-"""Patches 0021 (batched rollout) and 0022 (phase times) of issue 10 in the real trainers, at the smoke's settings with 4
-generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
+"""The batched rollout (patches 0018-0019) and the phase times (the seam's) in the real trainers, at
+the smoke's settings with 4 generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
 --record) on the tiny fixtures:
 
 - bad --sample_batch_size / --vae_decode_chunk is refused at start, one line, no traceback;
-- --sample_batch_size 1 is the series without 0021-0022, bit for bit (records, metrics, PNG files);
+- --sample_batch_size 1 is the series without 0018-0019, bit for bit (records, metrics, PNG files);
 - --sample_batch_size 4 (= G) is aligned with it: the same records bit for bit, so
   `dancegrpo-npu compare` exits 0 and clip_frac_first is 0 on every step;
 - the LoRA trainer takes the flag too, with the same result;
-- every step's metrics.jsonl record has the phase times and peak memory (0022), and
+- every step's metrics.jsonl record has the phase times and peak memory, and
   --profile_steps writes a trace of that step; bad step text is refused at start.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import copy_project
-from test_alignment_patches import assert_same_records, images, metrics, ok
+from test_alignment_patches import WALL, assert_same_records, images, metrics, ok
 
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -28,17 +28,20 @@ BATCHED = (*ALIGNED, "--sample_batch_size", str(G), "--profile_steps", "2")
 PHASES = ("rollout", "decode", "reward", "train")
 
 
+ROLLOUT_PATCHES = ("0018-batched-rollout.patch", "0019-rewards-in-batches.patch")
+
+
 @pytest.fixture(scope="session")
-def tree_without_0021(upstream_source, tmp_path_factory):
-    """The project applied with `apply --without 0021 --without 0022` (0022's hunks sit on
-    0021's lines; the overlay modules stay, unused)."""
+def tree_without_batching(upstream_source, tmp_path_factory):
+    """The project applied with `apply --without 0018 --without 0019` (the overlay modules
+    stay: the seam's features are there, the trainer samples one at a time)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project
 
-    project = find_project(copy_project(tmp_path_factory.mktemp("without-0021") / "project"))
+    project = find_project(copy_project(tmp_path_factory.mktemp("without-batching") / "project"))
     fetch(project, source=upstream_source)
-    apply_worktree(project, without=("0021", "0022"))
+    apply_worktree(project, without=ROLLOUT_PATCHES)
     return project
 
 
@@ -69,14 +72,14 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, tree_without_0021):
-    return Runs(patched_tree.project, tree_without_0021)
+def runs(patched_tree, tree_without_batching):
+    return Runs(patched_tree.project, tree_without_batching)
 
 
 @pytest.mark.parametrize("extra, line", [
     (("--sample_batch_size", "0"), "--sample_batch_size 0 must be at least 1"),
     (("--sample_batch_size", "3"), "--sample_batch_size 3 does not divide --num_generations 4: pick one of 1, 2, 4"),
-    (("--profile_steps", "2-x"), "--profile_steps: profile steps '2-x': not understood"),
+    (("--profile_steps", "2-x"), "--profile_steps '2-x': '2-x' is not understood"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_at_start(runs, extra, line):
     record = runs(*extra)
@@ -88,12 +91,12 @@ def test_bad_arguments_are_refused_at_start(runs, extra, line):
     assert not any("Traceback" in entry or "loading model" in entry for entry in trainer)
 
 
-def test_sample_batch_size_1_is_the_series_without_0021_0022_bit_for_bit(runs):
+def test_sample_batch_size_1_is_the_series_without_the_rollout_patches_bit_for_bit(runs):
     base = ok(runs(*ALIGNED, tree="without"))
     ours = ok(runs(*ALIGNED))
     assert_same_records(base, ours)
-    # every figure the series without 0021-0022 writes, but the step's wall time
-    figures = [k for k in metrics(base)[0] if k != "step_time"]
+    # every figure the series without 0018-0019 writes, but wall times and memory
+    figures = [k for k in metrics(base)[0] if k not in WALL]
     assert [[m[k] for k in figures] for m in metrics(ours)] == [[m[k] for k in figures] for m in metrics(base)]
     assert images(ours) == images(base) and len(images(base)) == G
 
@@ -131,3 +134,12 @@ def test_phase_times_and_the_profile(runs):
     traces = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "profile").rglob("*.json"))
     assert len(traces) == 1 and traces[0].startswith("profile/step_2/rank_0.")  # step 2 only
     assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["step_2"]  # no folder for other steps
+
+
+def test_a_tree_without_the_batched_rollout_refuses_a_batch_size(runs):
+    """Without 0018 the flag still parses (the seam defines it) but the trainer samples one at a
+    time: the run stops at its first batch, naming why, instead of ignoring the flag."""
+    record = runs(*ALIGNED, "--sample_batch_size", "2", tree="without")
+    assert record.returncode != 0
+    console = (record.run_dir / "logs" / "console.log").read_text()
+    assert "--sample_batch_size 2: this trainer sampled a batch of 1" in console

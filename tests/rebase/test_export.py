@@ -65,7 +65,8 @@ def test_new_and_deleted_files_and_lock_hashes(world, tmp_path):
     (project.workdir / "fastvideo/__pycache__").mkdir()
     (project.workdir / "fastvideo/__pycache__/train.cpython-311.pyc").write_bytes(b"\0junk")
 
-    result = export_edits(project, "drop-flux", description="Drop the Flux model file, add a helper")
+    result = export_edits(project, "drop-flux", description="Drop the Flux model file, add a helper",
+                          include=("fastvideo/npu_patch_helper.py",))
 
     assert sorted(result.files) == ["A fastvideo/npu_patch_helper.py", "D fastvideo/models/flux.py"]
     text = result.patch.read_text()
@@ -148,3 +149,46 @@ def test_ignored_files_stay_out(world):
     (project.workdir / "outputs" / "model.bin").write_bytes(b"\0" * 64)
     with pytest.raises(DancegrpoError, match="nothing to export"):
         export_edits(project, "x")
+
+
+def test_untracked_new_files_are_listed_and_left_out_unless_included(world, tmp_path):
+    """A scratch file that neither upstream, the series nor the overlay has is not swept into
+    the patch: it is listed, stays in the tree, and --include takes it."""
+    history, base, project = world
+    p = project.workdir / "fastvideo/train.py"
+    p.write_text(p.read_text().replace("train_value_30 = compute('train', 30)", "train_value_30 = 30"))
+    (project.workdir / "scratch.py").write_text("print('debugging')\n")
+    (project.workdir / "notes").mkdir()
+    (project.workdir / "notes" / "a.txt").write_text("a\n")
+
+    result = export_edits(project, "fix")
+
+    assert result.files == ("M fastvideo/train.py",)
+    assert result.left_out == ("notes/a.txt", "scratch.py")
+    text = result.patch.read_text()
+    assert "scratch.py" not in text and "notes/a.txt" not in text
+    assert (project.workdir / "scratch.py").read_text() == "print('debugging')\n"  # still there, untouched
+
+    with pytest.raises(DancegrpoError) as e:
+        export_edits(project, "nope", include=("nosuch.py",))
+    assert "--include nosuch.py: the tree has no new file there" in e.value.one_line() and e.value.exit_code == 2
+
+    result = export_edits(project, "helper", include=("notes",))
+    assert result.files == ("A notes/a.txt",) and result.left_out == ("scratch.py",)
+
+
+def test_only_untracked_files_is_nothing_to_export(world):
+    history, base, project = world
+    (project.workdir / "scratch.py").write_text("x = 1\n")
+    with pytest.raises(DancegrpoError) as e:
+        export_edits(project, "x")
+    assert "only new files nothing owns: scratch.py; pass --include PATH" in e.value.one_line()
+
+
+def test_cli_lists_what_it_left_out(world):
+    history, base, project = world
+    (project.workdir / "fastvideo/utils.py").write_text("changed\n")
+    (project.workdir / "scratch.py").write_text("x = 1\n")
+    r = run_cli(project.root, "export", "utils", env={"SOURCE_DATE_EPOCH": "1767225600"})
+    assert r.returncode == 0, r.stderr
+    assert "exported 1 file(s)" in r.stdout and "  ? scratch.py" in r.stdout and "--include PATH" in r.stdout

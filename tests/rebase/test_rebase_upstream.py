@@ -160,3 +160,42 @@ def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source)
 
 def result_patch_name(project) -> str:
     return next(p.path.name for p in load_series(project.patches_dir) if "hand-fix" in p.name)
+
+
+def test_the_series_is_what_the_tool_writes(tmp_path, upstream_source):
+    """Each patch is the diff the tool itself writes for it (``export``, a rebase's refresh): its
+    commit in the patch queue against the one before, with the patch's context, ``index`` lines
+    of the blobs it really goes between and git's function context in the hunk headers.  So a
+    rebase rewrites a patch only when upstream changed the lines it is made of."""
+    from dancegrpo_npu.rebase.queue import build_queue, context_lines, diff_between, index_abbrev
+    from dancegrpo_npu.vcs.gitcmd import Git
+
+    project = real_project(tmp_path, upstream_source)
+    locked = load_lock(project.lock_path).commit
+    patches = load_series(project.patches_dir)
+    repo = Git(project.workdir)
+    parent, stale = locked, []
+    for patch, commit in zip(patches, build_queue(repo, locked, patches, tmp_path / "queue-index")):
+        assert index_abbrev(patch.diff), f"{patch.name} has no index lines"
+        if diff_between(repo, parent, commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff)) != patch.diff:
+            stale.append(patch.name)
+        parent = commit
+    assert not stale, f"not what export writes (re-export them): {stale}"
+
+
+def test_a_rebase_rewrites_only_the_patches_of_files_upstream_changed(tmp_path, upstream_source):
+    """1d510ba9 differs from the locked commit in files the series does not touch and in one
+    line of fastvideo/utils/load.py: every patch of another file comes out byte for byte."""
+    project = real_project(tmp_path, upstream_source)
+    other = "1d510ba946f3d0e3bd2d131cb7b032741f3794d4"
+    if subprocess.run(["git", "cat-file", "-e", f"{other}^{{commit}}"], cwd=project.workdir).returncode:
+        pytest.skip(f"upstream unavailable: the source lacks commit {other[:12]}")
+    changed = set(git(project.workdir, "diff", "--name-only", load_lock(project.lock_path).commit, other).split())
+    may_change = {p.path.name for p in load_series(project.patches_dir) if set(touched_files(p)) & changed}
+    before = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
+    result = start_rebase(project, other, source=upstream_source)
+    assert result.status == "done", result.report
+    after = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
+    assert after.keys() == before.keys()
+    rewritten = {name for name in before if after[name] != before[name]}
+    assert rewritten <= may_change, (rewritten, may_change)

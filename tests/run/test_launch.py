@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from synthetic_tree import make_project, trust_synthetic_tree
+from synthetic_tree import make_project, recipe_args, trust_synthetic_tree, write_weights
 
 from dancegrpo_npu.run import ascend
 
@@ -18,7 +18,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.fingerprint import trainer_matmul_precision
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan, launch
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.run.upstream_args import FLUX_DEFAULTS, PREPROCESS_DEFAULTS
+from dancegrpo_npu.run.upstream_args import PREPROCESS_DEFAULTS, split_flags
 
 PY = "/opt/py/bin/python"
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "PYTHONPATH": "/usr/local/Ascend/python/site-packages"}
@@ -51,12 +51,14 @@ def plan_for(project, spec, tmp_path, environ=None, dev=None, cwd=None):
     )
 
 
-def expected_default_args(tree: Path, run_dir: Path, drop=()) -> list[str]:
+def expected_default_args(tree: Path, run_dir: Path, recipe="8gpus", changes=None, drop=()) -> list[str]:
+    """The synthetic recipe's arguments (synthetic_tree.SYNTHETIC_RECIPES), as launch passes them."""
     out = []
     path_flags = {"--pretrained_model_name_or_path", "--vae_model_path", "--cache_dir", "--data_json_path"}
-    for flag, value in FLUX_DEFAULTS:
+    for flag, value, _ in split_flags(recipe_args(recipe)):
         if flag in drop or flag == "--output_dir":
             continue
+        value = (changes or {}).get(flag, value)
         out.append(flag)
         if value is not None:
             out.append(str(tree / value) if flag in path_flags else value)
@@ -78,7 +80,10 @@ def test_single_node_command_and_environment_exactly(project, tmp_path):
         "--master_addr", "127.0.0.1", "--master_port", "29555",
         "--log_dir", str(run_dir / "logs" / "torchrun"), "--redirects", "3", "--tee", "3",
         str(tree / "fastvideo/train_grpo_flux.py"),
-        *expected_default_args(tree, run_dir, drop={"--max_train_steps"}),
+        # world size 2: the 8-rank recipe scaled, the same 16 prompts and 96 samples an update
+        *expected_default_args(tree, run_dir, changes={"--train_batch_size": "8", "--train_sp_batch_size": "8",
+                                                       "--gradient_accumulation_steps": "48"},
+                               drop={"--max_train_steps"}),
         "--max_train_steps", "7",
         "--output_dir", str(run_dir / "outputs"),
     )  # fmt: skip
@@ -104,7 +109,7 @@ def test_two_nodes_on_npu_command_and_environment_exactly(project, tmp_path):
     )  # fmt: skip
     assert plan.command[19:] == (
         str(tree / "fastvideo/train_grpo_flux.py"),
-        *expected_default_args(tree, run_dir),
+        *expected_default_args(tree, run_dir, recipe="2nodes"),
         "--output_dir",
         str(run_dir / "outputs"),
     )
@@ -138,7 +143,7 @@ def test_user_environment_and_env_flags_override_launch_defaults(project, tmp_pa
         "flux",
         nproc_per_node=2,
         device="npu",
-        master_port=1234,
+        master_port=29502,
         env=(("TASK_QUEUE_ENABLE", "0"), ("ASCEND_RT_VISIBLE_DEVICES", "4,5")),
     )
     plan = plan_for(project, spec, tmp_path, environ=environ, dev=fake_dev(tmp_path, 8))
@@ -151,14 +156,14 @@ def test_user_environment_and_env_flags_override_launch_defaults(project, tmp_pa
 
 
 def test_auto_device_without_npu_sets_no_npu_environment(project, tmp_path):
-    plan = plan_for(project, LaunchSpec("flux", master_port=1), tmp_path)
+    plan = plan_for(project, LaunchSpec("flux", master_port=29501), tmp_path)
     assert plan.profile == "auto"
     assert not any(n.startswith(("HCCL", "ASCEND", "TASK_QUEUE")) for n, _, _ in plan.env_set)
 
 
 def test_paths_user_relative_to_cwd_defaults_relative_to_tree(project, tmp_path):
     here = tmp_path / "here"
-    (here / "weights" / "flux").mkdir(parents=True)
+    write_weights(here / "weights" / "flux")
     spec = LaunchSpec(
         "flux",
         args=(
@@ -168,7 +173,7 @@ def test_paths_user_relative_to_cwd_defaults_relative_to_tree(project, tmp_path)
             "--output_dir",
             "ckpt",
         ),
-        master_port=1,
+        master_port=29501,
     )
     plan = plan_for(project, spec, tmp_path, cwd=here)
     args = list(plan.script_args)
@@ -179,20 +184,20 @@ def test_paths_user_relative_to_cwd_defaults_relative_to_tree(project, tmp_path)
 
 
 def test_hub_id_is_left_for_the_script(project, tmp_path):
-    spec = LaunchSpec("flux", args=("--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"), master_port=1)
+    spec = LaunchSpec("flux", args=("--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"), master_port=29501)
     args = list(plan_for(project, spec, tmp_path).script_args)
     assert args[args.index("--pretrained_model_name_or_path") + 1] == "black-forest-labs/FLUX.1-dev"
 
 
 def test_without_upstream_defaults_only_the_given_args_and_output_dir(project, tmp_path):
-    spec = LaunchSpec("flux-lora", args=("--h", "64", "--cfg", "-1"), upstream_defaults=False, master_port=1)
+    spec = LaunchSpec("flux-lora", args=("--h", "64", "--cfg", "-1"), upstream_defaults=False, master_port=29501)
     plan = plan_for(project, spec, tmp_path)
     assert plan.script_args == ("--h", "64", "--cfg", "-1", "--output_dir", str(project.runs_dir / "RUN" / "outputs"))
     assert plan.script_path == project.workdir / "fastvideo/train_grpo_flux_lora.py"
 
 
 def test_preprocess_keeps_its_output_in_the_tree(project, tmp_path):
-    plan = plan_for(project, LaunchSpec("preprocess", master_port=1), tmp_path)
+    plan = plan_for(project, LaunchSpec("preprocess", master_port=29501), tmp_path)
     tree = project.workdir
     assert plan.script_args == tuple(
         x for flag, value in PREPROCESS_DEFAULTS for x in (flag, str((tree / value).resolve()))
@@ -282,13 +287,17 @@ def test_npu_plan_on_a_host_without_npus_is_made_in_full(project, tmp_path):
     assert no_npu_here(plan_for(project, spec, tmp_path, dev=fake_dev(tmp_path, 16))) is None
 
 
-def test_npu_dry_run_without_npus_prints_the_plan_and_a_warning(project, tmp_path, capsys):
+def test_npu_dry_run_without_npus_prints_the_plan_and_says_it_could_not_start_here(project, tmp_path, capsys):
     spec = LaunchSpec("flux", nproc_per_node=8, device="npu", master_port=29500)
     record = launch(project, spec, dry_run=True, dev_dir=fake_dev(tmp_path, 0))
     out, err = capsys.readouterr()
-    assert record.returncode == 0 and record.summary == {"status": "dry-run"}
-    assert err.startswith("dancegrpo-npu: warning: --device npu, but this host shows no NPU")
-    assert "a real launch here refuses" in err and err.count("\n") == 1
+    assert record.returncode == 1 and record.summary["status"] == "dry-run"
+    assert record.summary["problems"] == [
+        f"--device npu, but this host shows no NPU ({tmp_path / 'dev'}/davinci* missing): run on a 910B node "
+        "(in a container, map the NPUs with --device /dev/davinciN), or use --device cpu|cuda"
+    ]
+    assert "# could not start here:\n#   - --device npu, but this host shows no NPU" in out
+    assert err.startswith("dancegrpo-npu: dry run: the job could not start here; 1 problem(s)") and err.count("\n") == 1
     for d in ascend.NPU_ENV_DEFAULTS:  # the HCCL/CANN settings with where each comes from
         assert f"export {d.name}={d.value}  # launch default: {d.why}" in out
     assert "export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7  # launch default: one NPU per process" in out
@@ -309,9 +318,10 @@ def test_cli_npu_dry_run_on_this_host(project, capsys):
     """The command line, on this machine's own /dev (no NPU here, as on a login node)."""
     if ascend.davinci_count() > 0:
         pytest.skip("this host has NPUs: the login-node case cannot be shown here")
-    assert main(["-C", str(project.root), "launch", "flux", "--device", "npu", "--dry-run"]) == 0
+    assert main(["-C", str(project.root), "launch", "flux", "--device", "npu", "--dry-run"]) == 1
     out, err = capsys.readouterr()
-    assert "warning: --device npu, but this host shows no NPU (/dev/davinci* missing)" in err
+    assert "#   - --device npu, but this host shows no NPU (/dev/davinci* missing)" in out
+    assert "dry run: the job could not start here" in err
     assert "export HCCL_CONNECT_TIMEOUT=1200" in out and "torch.distributed.run" in out
     rc = main(["-C", str(project.root), "launch", "flux", "--device", "npu"])
     err = capsys.readouterr().err
@@ -466,6 +476,10 @@ def test_real_launch_one_process_keeps_the_record(project, tmp_path):
                                        "source": "matmul_precision.json, written by the trainer's rank 0 at start"}
     launched = json.loads((run / "launch.json").read_text())
     assert launched["command"] == list(record.command) and launched["user_args"] == ["--max_train_steps", "3"]
+    assert launched["recipe"]["name"] == "8gpus" and launched["recipe"]["world_size"] == 8
+    assert launched["recipe"]["scaling"].startswith("world size 1 is not recipe 8gpus's (8): scaled it")
+    assert "--max_train_steps 3 (script: 300; given after --)" in launched["recipe"]["differences"]
+    assert launched["master_addr"] == "127.0.0.1"
     assert "synthetic trainer rank 0/1 started" in (run / "logs" / "console.log").read_text()
     for rel in ("launch.json", "command.sh", "environment.json", "summary.json"):
         assert "s3cret" not in (run / rel).read_text(), rel  # secrets passed with --env are not recorded

@@ -4,21 +4,17 @@ Flux trainers, kept in launch.json; refused for preprocess and for bad steps in 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 from test_launch_align import command_tail, dry_run
 
-from dancegrpo_npu.align.options import parse_step_spec
-from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.run.launch import build_plan
 from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu.run.runner import _launch_json
 
-OVERLAY = Path(__file__).resolve().parents[2] / "overlay"
 
 
 @pytest.fixture
@@ -43,10 +39,10 @@ def test_profile_becomes_the_trainers_profile_steps(project, capsys, script):
     "argv, message",
     [
         (["preprocess", "--profile", "1"], "--profile: only the Flux trainers (flux, flux-lora) time and profile"),
-        (["flux", "--profile", "x"], "--profile 'x': 'x' is not a step or a range of steps"),
-        (["flux", "--profile", "0"], "--profile '0': '0' is not a step"),
-        (["flux", "--profile", "4-2"], "'4-2' is not a step"),
-        (["flux", "--profile", ""], "an empty item"),
+        (["flux", "--profile", "x"], "--profile 'x': 'x' is not understood"),
+        (["flux", "--profile", "0"], "--profile '0': '0' is not a step or an increasing range"),
+        (["flux", "--profile", "4-2"], "'4-2' is not a step or an increasing range"),
+        (["flux", "--profile", ""], "--profile '': '' is not understood"),
         (["flux", "--profile", "1", "--", "--profile_steps", "2"], "--profile_steps given after -- as well as"),
     ],
 )
@@ -64,40 +60,19 @@ def test_profile_steps_are_kept_in_launch_json(project, tmp_path):
     json.dumps(traced)
 
 
-@pytest.mark.parametrize("text", ["3", "2-4", "1,5", "1,3-4", " 2 , 5 ", "4-4", "0", "4-2", "x", "", "1,", "2 - 4",
-                                  "-1", "1.5", "1;2", "٣"])
-def test_the_tool_and_the_trainer_accept_the_same_steps(text):
-    """launch checks --profile without importing torch; the overlay's parse_steps (which the trainer
-    uses) must accept exactly what launch passes, and mean the same steps."""
-    sys.path.insert(0, str(OVERLAY))
-    try:
-        from fastvideo.utils.phases import parse_steps
-    finally:
-        sys.path.remove(str(OVERLAY))
-    try:
-        tool = frozenset(parse_step_spec(text, "--profile"))
-    except DancegrpoError:
-        tool = None
-    try:
-        trainer = parse_steps(text)
-    except ValueError:
-        trainer = None
-    assert tool == trainer
-
-
 @pytest.mark.parametrize("where, refused", [("plain_dir", False), ("proj+1", True), ("a@b", True), ("c:d", True)])
 def test_an_npu_profile_is_refused_where_torch_npu_would_write_no_trace(tmp_path, monkeypatch, capsys, where, refused):
     """torch_npu's profiler checks the REAL absolute path of each trace folder and swallows its own
     error: a project under a path with '+', '@' or ':' would lose every trace without a word."""
     trust_synthetic_tree(monkeypatch)
     project = find_project(make_project(tmp_path / where / "proj"))
-    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
-    if not refused:
-        assert rc == 0, err
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    if not refused:  # (the dry run still says this host has no NPU)
+        assert rc != 2 and "the real path of the traces" not in out + err, err
         return
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert f"--profile: the real path of the traces, {tmp_path / where}/proj/runs/" in err
-    assert "torch_npu's profiler would write no trace and raise nothing" in err and "symbolic link" in err
+    assert "torch_npu's profiler would write no trace and raise nothing" in err and "--runs-dir DIR" in err
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "cpu", "--profile", "1")
     assert rc == 0, err  # torch.profiler has no such rule
 

@@ -61,6 +61,9 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert [row[0] for row in rows] == ["1", "2"]
     assert "rollout samples/s against N=1: N=2 " in r.stdout
+    # the header says how many CPU threads it used and why: the OMP_NUM_THREADS=1 given here
+    assert r.stdout.splitlines()[0].endswith("warm-up; 1 CPU thread(s) (OMP_NUM_THREADS=1, yours)")
+    assert facts["torch_threads"] == 1 and facts["torch_threads_from"] == "OMP_NUM_THREADS=1, yours"
 
 
 @pytest.mark.parametrize("error, expected", [

@@ -30,6 +30,7 @@ from dancegrpo_npu.align.records import (
     open_pair,
 )
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.files import writing
 from dancegrpo_npu.project import project_from_args
 
 NOISE = ("noise.init", "noise.sde", "noise.perms")
@@ -265,7 +266,8 @@ def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_
     steps = common_steps(a, b, wanted)
     tol = tolerances_mod.resolve(overrides, a.index, b.index)
     result = run_compare(a, b, steps, tol)
-    written = report.write_reports(result)
+    with writing(result.b.run_dir / "compare.json", "free space or fix the permissions in the run under test"):
+        written = report.write_reports(result)
     print(report.render(result, written))
     return 0 if result.aligned else 1
 

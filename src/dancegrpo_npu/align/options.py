@@ -21,51 +21,31 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu.contract import (
+    MSPROBE_ENV, MSPROBE_TASKS, RECORDS_FORMAT, REPLAY_FIT, RNG_CHOICES, STEPS_SYNTAX, format_steps, parse_steps,
+)
 from dancegrpo_npu.errors import DancegrpoError
 
-RNG_CHOICES = ("device", "cpu")
-MSPROBE_TASKS = ("statistics", "tensor")
-MSPROBE_ENV = "DANCEGRPO_MSPROBE"
 ALIGN_SCRIPTS = ("flux", "flux-lora")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
-_SPEC_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-def parse_step_spec(spec: str, what: str = "--record-steps") -> tuple[int, ...]:
-    """``"1-10,50"`` -> (1, ..., 10, 50): steps counted from 1, ranges inclusive."""
-    steps: set[int] = set()
-    items = spec.split(",") if spec else [""]
-    for item in items:
-        m = _SPEC_ITEM.match(item.strip())
-        first = int(m.group(1)) if m else 0
-        last = int(m.group(2)) if m and m.group(2) else first
-        if not m or first < 1 or last < first:
-            raise DancegrpoError(
-                f"{what} {spec!r}: {item.strip() or 'an empty item'!r} is not a step or a range of steps",
-                "write steps counted from 1 and ranges FIRST-LAST, comma-separated, e.g. 1-10,50",
-                exit_code=2,
-            )
-        steps.update(range(first, last + 1))
-    return tuple(sorted(steps))
+def parse_step_spec(spec: str, what: str = "--record-steps") -> tuple[int, ...] | None:
+    """A step list in the shared syntax (the trainers parse it the same way): ``"1-10,50"`` ->
+    (1, ..., 10, 50); ``"all"`` -> None (every step).  Bad text is one line, exit 2."""
+    try:
+        steps = parse_steps(spec, what)
+    except ValueError as exc:
+        raise DancegrpoError(str(exc), f"write {STEPS_SYNTAX}, e.g. 1-10,50", exit_code=2) from None
+    return None if steps is None else tuple(sorted(steps))
 
 
-def format_steps(steps) -> str:
-    """(1, 2, 3, 7) -> "1-3,7"."""
-    out, run = [], []
-    for s in sorted(steps):
-        if run and s == run[-1] + 1:
-            run.append(s)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [s]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out) or "none"
+def shown_steps(steps) -> str:
+    """A step list for messages: "1-3,7", or "none"."""
+    return format_steps(steps) or "none"
 
 
 @dataclass(frozen=True)
@@ -177,24 +157,21 @@ def records_index(run_dir: Path, what: str = "--replay") -> dict:
         ) from None
     except (OSError, ValueError) as e:
         raise DancegrpoError(f"{what}: {index_path} is not readable JSON ({e})", "record the run again", 2) from None
-    if not isinstance(index, dict) or index.get("format") != 1:
+    if not isinstance(index, dict) or index.get("format") != RECORDS_FORMAT:
         raise DancegrpoError(
-            f"{what}: {index_path} is not a format-1 records index",
-            "this dancegrpo-npu reads format 1 (docs/alignment.md); record the run again",
+            f"{what}: {index_path} is not a format-{RECORDS_FORMAT} records index",
+            f"this dancegrpo-npu reads format {RECORDS_FORMAT} (docs/alignment.md); record the run again",
             exit_code=2,
         )
     return index
 
 
-# What the replayed run must share with the planned one (the contract's list), in message order.
-REPLAY_KEYS = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
-
 
 def check_replay(run_dir: Path, planned: dict) -> Path:
-    """Refuse, in one line, a replay whose records do not fit ``planned`` (REPLAY_KEYS and
+    """Refuse, in one line, a replay whose records do not fit ``planned`` (REPLAY_FIT and
     ``max_train_steps``); return the records directory to pass to the trainer."""
     index = records_index(run_dir)
-    differ = [(key, index.get(key), planned.get(key)) for key in REPLAY_KEYS if index.get(key) != planned.get(key)]
+    differ = [(key, index.get(key), planned.get(key)) for key in REPLAY_FIT if index.get(key) != planned.get(key)]
     if differ:
         recorded = ", ".join(f"{k} {_show(r)}" for k, r, _ in differ)
         here = ", ".join(f"{k} {_show(p)}" for k, _, p in differ)
@@ -214,8 +191,8 @@ def check_replay(run_dir: Path, planned: dict) -> Path:
     missing = [s for s in range(1, max_steps + 1) if s not in recorded_steps]
     if missing:
         raise DancegrpoError(
-            f"--replay {run_dir.name}: steps {format_steps(missing)} of this launch (max_train_steps {max_steps}) "
-            f"were not recorded (recorded: {format_steps(recorded_steps)})",
+            f"--replay {run_dir.name}: steps {shown_steps(missing)} of this launch (max_train_steps {max_steps}) "
+            f"were not recorded (recorded: {shown_steps(recorded_steps)})",
             "lower --max_train_steps, or record those steps",
             exit_code=2,
         )

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dancegrpo_npu.align.options import format_steps, records_index
+from dancegrpo_npu.align.options import records_index, shown_steps
+from dancegrpo_npu.contract import MODULE_GROUPS
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.records import find_run
 
@@ -30,9 +31,6 @@ MUST_MATCH = (
     ("num_generations", "generations"),
     ("sampling_steps", "sampling steps"),
 )
-
-MODULE_GROUPS = ("transformer", "vae", "reward")  # the models of module records, in step 1's order
-
 
 def module_group(name: str) -> str:
     """transformer | vae | reward: the model a module record belongs to ("reward/visual", and
@@ -115,10 +113,10 @@ def check_comparable(a: RunRecords, b: RunRecords) -> None:
 def common_steps(a: RunRecords, b: RunRecords, wanted: tuple[int, ...] | None) -> tuple[int, ...]:
     steps = sorted(set(a.steps) & set(b.steps) & (set(wanted) if wanted is not None else set(a.steps)))
     if not steps:
-        chosen = f"; --steps {format_steps(wanted)}" if wanted is not None else ""
+        chosen = f"; --steps {shown_steps(wanted)}" if wanted is not None else ""
         raise DancegrpoError(
-            f"compare: no common recorded step ({a.name}: {format_steps(a.steps)}, "
-            f"{b.name}: {format_steps(b.steps)}{chosen})",
+            f"compare: no common recorded step ({a.name}: {shown_steps(a.steps)}, "
+            f"{b.name}: {shown_steps(b.steps)}{chosen})",
             "record the same steps in both runs (--record-steps)",
             exit_code=2,
         )

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
-from dancegrpo_npu.align.options import format_steps
+from dancegrpo_npu.align.options import shown_steps
 from dancegrpo_npu.align.records import module_group
 from dancegrpo_npu.files import write_atomic
 
@@ -121,7 +121,7 @@ def first_divergence_text(result) -> str:
 
 def verdict_text(result) -> str:
     if result.aligned:
-        return f"verdict: aligned: {len(result.rows)} checks over step(s) {format_steps(result.steps)} within tolerance"
+        return f"verdict: aligned: {len(result.rows)} checks over step(s) {shown_steps(result.steps)} within tolerance"
     if not result.noise_equal:
         return f"verdict: not aligned: {NOISE_VERDICT}"
     failed = sum(not r.ok for r in result.rows)
@@ -140,7 +140,7 @@ def render(result, written: dict) -> str:
     lines = [
         _run_line("RUN_A (reference):", result.a),
         _run_line("RUN_B (under test):", result.b),
-        f"steps compared: {format_steps(result.steps)}" + (f"; module outputs: {modules}" if modules else ""),
+        f"steps compared: {shown_steps(result.steps)}" + (f"; module outputs: {modules}" if modules else ""),
     ]
     lines += [f"wrote {path}" for path in written.get("files", [])]
     lines += [f"note: {note}" for note in (*result.notes, *written.get("notes", []))]

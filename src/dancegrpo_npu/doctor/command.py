@@ -29,8 +29,9 @@ from dancegrpo_npu.doctor.checks import (
 )
 from dancegrpo_npu.doctor.compute import check_all_reduce, check_matmul
 from dancegrpo_npu.doctor.numerics import check_numerics
+from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.run.upstream_args import SCRIPTS
+from dancegrpo_npu.run.upstream_args import DEFAULT_FLUX_DIR, SCRIPTS
 
 # What preprocessing (the whole pipeline) and training (transformer, vae) load from FLUX.1-dev.
 FLUX_LAYOUT = (
@@ -76,8 +77,8 @@ def check_tree(project: Project) -> Check:
 
 def check_weights(project: Project, opts: DoctorOptions) -> Check:
     tree = project.workdir
-    defaults = dict(SCRIPTS["flux"].defaults)  # where launch points the trainer by default
-    flux = opts.flux_dir or tree / defaults["--pretrained_model_name_or_path"]
+    defaults = dict(SCRIPTS["flux"].defaults)  # where launch points the reward files by default
+    flux = opts.flux_dir or tree / DEFAULT_FLUX_DIR
     hps = opts.hps_ckpt or tree / defaults["--hps_ckpt"]
     clip = opts.hps_open_clip_ckpt or tree / defaults["--hps_open_clip_ckpt"]
     problems = []
@@ -149,7 +150,7 @@ def register(sub, common) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda", "npu"),
+        choices=DEVICE_CHOICES,
         default="auto",
         help="what training will run on (npu: the NPU checks must pass)",
     )

@@ -47,7 +47,7 @@ from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import load_series
 
 STATE_VERSION = 1
-PHASES = ("starting", "applying", "stopped", "finishing", "swapping", "done")
+REBASE_PHASES = ("starting", "applying", "stopped", "finishing", "swapping", "done")
 ONTO_REF = "refs/dancegrpo-npu/rebase/onto"
 DONE_REF = "refs/dancegrpo-npu/rebased-onto"
 ORIG_TREE_REF = "refs/dancegrpo-npu/rebase-orig"
@@ -157,7 +157,7 @@ def load_state(paths: RebasePaths) -> RebaseState | None:
         return None
     try:
         data = json.loads(paths.state_file.read_text(encoding="utf-8"))
-        if data.get("version") != STATE_VERSION or data.get("phase") not in PHASES:
+        if data.get("version") != STATE_VERSION or data.get("phase") not in REBASE_PHASES:
             raise ValueError(f"version {data.get('version')}, phase {data.get('phase')}")
         data["steps"] = tuple(Step(**s) for s in data.get("steps", ()))
         for key in ("names", "queue", "conflicts"):

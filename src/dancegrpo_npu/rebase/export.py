@@ -7,6 +7,10 @@ upstream.lock gains the hashes of the upstream files it newly touches.  Edits to
 overlay files are copied back into ``overlay/``.  Afterwards the patched tree is
 exactly lock + series + overlay again, so ``dancegrpo-npu verify`` passes.
 
+Only files the series or the overlay owns are taken on their own: upstream's files and the
+files patches create.  A new file that none of them has (a scratch script, a log) is listed
+and left in the tree; ``--include PATH`` takes it into the patch.
+
 The stub's ``Description:`` starts with ``TODO``.  It does not block ``apply``
 (the fix must keep working), but it is the first thing to edit before committing.
 """
@@ -47,6 +51,7 @@ class ExportResult:
     files: tuple[str, ...]  # "M path" lines of the new patch
     overlay: tuple[str, ...]  # overlay files copied back from the tree
     notes: tuple[str, ...]
+    left_out: tuple[str, ...] = ()  # new files nothing owns, not asked for with --include
 
 
 def patch_file_name(name: str, existing: list[str]) -> str:
@@ -87,7 +92,34 @@ def series_context(patches: list[Patch]) -> int:
     return counts.most_common(1)[0][0] if counts else DEFAULT_CONTEXT
 
 
-def export_edits(project: Project, name: str, description: str | None = None, context: int | None = None) -> ExportResult:
+def _included(path: str, include: tuple[str, ...]) -> bool:
+    return any(path == inc or path.startswith(inc.rstrip("/") + "/") for inc in include)
+
+
+def split_untracked(changes, include: tuple[str, ...]) -> tuple[list, list[str]]:
+    """(the changes to export, the new files nothing owns that ``include`` does not name).
+
+    A file the tip lacks ("A") is in neither upstream nor the series (overlay files are not
+    in the snapshot at all): it is taken only when asked for.  Each ``include`` must name one."""
+    include = tuple(inc.strip("/") for inc in include)
+    for inc in include:
+        if not any(c.status == "A" and _included(c.path, (inc,)) for c in changes):
+            raise DancegrpoError(
+                f"--include {inc}: the tree has no new file there that the series or the overlay does not own",
+                "name a new file (or a directory of them) as `dancegrpo-npu export` lists it, relative to the tree",
+                exit_code=2,
+            )
+    kept = [c for c in changes if c.status != "A" or _included(c.path, include)]
+    return kept, [c.path for c in changes if c.status == "A" and not _included(c.path, include)]
+
+
+def export_edits(
+    project: Project,
+    name: str,
+    description: str | None = None,
+    context: int | None = None,
+    include: tuple[str, ...] = (),
+) -> ExportResult:
     main = open_workdir_repo(project.workdir)
     if RebasePaths(main.git_dir(), project.workdir).state_dir.exists():
         raise DancegrpoError("a rebase is in progress", "finish it (`dancegrpo-npu rebase --continue`) or --abort it, then export")
@@ -104,19 +136,24 @@ def export_edits(project: Project, name: str, description: str | None = None, co
         queue = build_queue(git, base, patches, Path(tmp) / "index")
         tip = queue[-1] if queue else base
         now = snapshot_worktree(git, overlay, Path(tmp) / "index")
-        changes = changed_files(git, tip, now)
+        changes, left_out = split_untracked(changed_files(git, tip, now), tuple(include))
+        if left_out:  # the patch is made from the tree without them
+            now = snapshot_worktree(git, overlay + left_out, Path(tmp) / "index")
         copied, notes = overlay_edits(project, overlay)
         if not changes and not copied:
+            untracked = f"; only new files nothing owns: {', '.join(left_out)}" if left_out else ""
             raise DancegrpoError(
-                f"nothing to export: {project.workdir} is exactly upstream.lock + patches/series + overlay/",
-                "edit files in the patched tree first; `dancegrpo-npu status` lists local edits",
+                f"nothing to export: {project.workdir} is exactly upstream.lock + patches/series + overlay/{untracked}",
+                "pass --include PATH to take a new file into the patch" if left_out
+                else "edit files in the patched tree first; `dancegrpo-npu status` lists local edits",
             )
         if changes:
             written = write_patch(project, lock, patches, git, base, tip, now, changes, target, description, context)
         copy_overlay(project, copied)
-    notes.append(record_applied(project))  # outside the session: apply opens its own
+    note = record_applied(project)  # outside the session: apply opens its own
+    notes.append(note.replace("is clean", "lists only the new files left out") if left_out else note)
     files = tuple(f"{c.status} {c.path}" for c in changes)
-    return ExportResult(written if changes else None, files, tuple(copied), tuple(notes))
+    return ExportResult(written if changes else None, files, tuple(copied), tuple(notes), tuple(left_out))
 
 
 def write_patch(
@@ -204,6 +241,10 @@ def register(sub, common) -> None:
     p.add_argument("name", metavar="NAME", help="what the patch does, e.g. fix-hccl-timeout (numbered like the series)")
     p.add_argument("-m", "--description", metavar="TEXT", help="the Description: first line (default: a TODO to edit)")
     p.add_argument("-U", "--context", type=int, metavar="N", help="lines of context (default: what the series uses)")
+    p.add_argument("--include", action="append", default=[], metavar="PATH",
+                   help="also take this new file (or the new files under this directory) into the patch; "
+                   "new files that neither upstream, the series nor the overlay has are otherwise listed and left "
+                   "in the tree; repeatable")
     p.set_defaults(func=_cmd_export)
 
 
@@ -211,7 +252,7 @@ def _cmd_export(args) -> int:
     project = project_from_args(args)
     if args.context is not None and not 0 <= args.context <= 20:
         raise DancegrpoError(f"--context {args.context} is out of range", "use 0 to 20 lines (Debian style: 3 or fewer)")
-    result = export_edits(project, args.name, args.description, args.context)
+    result = export_edits(project, args.name, args.description, args.context, tuple(args.include))
     if result.patch is not None:
         rel = result.patch.relative_to(project.root)
         print(f"exported {len(result.files)} file(s) to {rel} (appended to patches/series):")
@@ -220,6 +261,10 @@ def _cmd_export(args) -> int:
         print(f"copied back to overlay/: {rel}")
     for note in result.notes:
         print(f"note: {note}")
+    if result.left_out:
+        print("left in the tree, not exported (new files that neither upstream, the series nor the overlay has; "
+              "--include PATH takes one into the patch):")
+        print("\n".join(f"  ? {path}" for path in result.left_out))
     if result.patch is not None and "TODO" in result.patch.read_text(encoding="utf-8").split("\n---\n", 1)[0]:
         print(f"now edit the TODO lines of the Description: in {rel}, then commit patches/ and upstream.lock")
     return 0

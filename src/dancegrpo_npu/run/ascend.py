@@ -170,7 +170,7 @@ def check_profiler_dir(directory: Path) -> None:
     raise DancegrpoError(
         f"--profile: the real path of the traces, {real}, {problem}: torch_npu's profiler would write no trace "
         "and raise nothing",
-        "move the project to a path without them, or make runs/ a symbolic link to a directory whose real path "
-        "has none (the rule reads the real path)",
+        "put the runs where the real path has none: --runs-dir DIR (or DANCEGRPO_RUNS; a symbolic link helps only "
+        "if its target's path is clean, the rule reads the real path)",
         exit_code=2,
     )

@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from dancegrpo_npu.run import ascend
+from dancegrpo_npu.contract import DEVICE_ENV, STRICT_ENV
 from dancegrpo_npu.errors import DancegrpoError
 
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec
@@ -32,6 +33,24 @@ def parse_env_assignment(text: str) -> tuple[str, str]:
     if not sep or not _ENV_NAME.match(name):
         raise DancegrpoError(f"bad environment assignment {text!r}", "write --env NAME=VALUE", exit_code=2)
     return name, value
+
+
+def cpu_threads(nproc: int, environ: dict[str, str], busy: float = 0.0) -> tuple[int, str]:
+    """Threads per process for work on the CPU, and where the number comes from.
+
+    An explicit OMP_NUM_THREADS wins.  Else the usable cores (this process's affinity), less
+    ``busy`` cores other processes keep busy (bench passes the load average; smoke passes
+    none, so that its ranks' thread count, and with it their sums, do not vary from run to
+    run), shared by ``nproc`` processes: more threads than free cores make OpenMP's threads
+    spin against each other, many times slower (a tiny bench 30x on a loaded 2-core host).
+    """
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given), f"OMP_NUM_THREADS={given}, yours"
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    free = max(1, usable - round(busy))
+    load = f" less {busy:.1f} busy (load average)" if busy else ""
+    return max(1, free // nproc), f"{usable} usable core(s){load} / {nproc} process(es); OMP_NUM_THREADS wins"
 
 
 def _npu_profile(spec: LaunchSpec, npus: int) -> bool:
@@ -67,9 +86,9 @@ def plan_environment(
         os.pathsep.join([str(tree)] + ([inherited_pp] if inherited_pp else [])),
         "the patched tree first (CANN's python paths from set_env.sh stay after it)",
     )
-    entries["DANCEGRPO_DEVICE"] = (spec.device, "--device")
+    entries[DEVICE_ENV] = (spec.device, "--device")
     if spec.strict:
-        entries["DANCEGRPO_NPU_STRICT"] = ("1", "--strict")
+        entries[STRICT_ENV] = ("1", "--strict")
     default(
         "WANDB_MODE",
         "offline",
@@ -143,13 +162,30 @@ def recorded_value(name: str, value: str) -> str:
     return "<redacted>" if _SECRET.search(name) else value
 
 
-def shell_script(plan: LaunchPlan) -> str:
-    """The plan as a shell script: what --dry-run prints and command.sh holds."""
+def shell_script(plan: LaunchPlan, *, dry_run: bool = False, problems: list[str] | tuple[str, ...] = ()) -> str:
+    """The plan as a shell script: what --dry-run prints and command.sh holds.  It runs as it
+    is: it stops at the first failing command and creates the run directory it works in."""
     lines = [
         "#!/usr/bin/env bash",
         f"# dancegrpo-npu launch {plan.spec.script}: torchrun on {plan.script_path}",
-        "# The variables launch sets; everything else is inherited from the calling shell.",
+    ]
+    if dry_run:
+        lines.append(f"# dry run: nothing was started, and the run directory {plan.run_dir} was not created")
+    if plan.recipe is not None:
+        from dancegrpo_npu.run.recipes import recipe_line
+
+        lines.append(f"# {recipe_line(plan)}")
+        if plan.recipe_notes:
+            lines.append("# values that differ from the recipe's script:")
+            lines += [f"#   {note}" for note in plan.recipe_notes]
+    if problems:
+        lines.append("# could not start here:")
+        lines += [f"#   - {problem}" for problem in problems]
+    lines += [
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(str(plan.run_dir))}",
         f"cd {shlex.quote(str(plan.run_dir))}",
+        "# The variables launch sets; everything else is inherited from the calling shell.",
     ]
     for name, value, why in plan.env_set:
         shown = recorded_value(name, value)

@@ -152,7 +152,7 @@ def upstream_facts(project: Project) -> dict:
 
 
 # Written in the run directory by the patched trainers' rank 0 at the start of main() (patch 0016,
-# overlay fastvideo/utils/device.py allow_tf32): the TF32 / HF32 switches as set and read back.
+# overlay dancegrpo_port/device.py allow_tf32): the TF32 / HF32 switches as set and read back.
 # Only the trainer can see them, so the launcher folds the file in after the run.
 MATMUL_RECORD = "matmul_precision.json"
 

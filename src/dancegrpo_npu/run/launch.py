@@ -32,7 +32,10 @@ from dancegrpo_npu.align.options import (
     parse_step_spec,
 )
 from dancegrpo_npu.engine import treecheck
+from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
+from dancegrpo_npu.contract import DEVICE_ENV
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run import network, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
@@ -41,13 +44,12 @@ from dancegrpo_npu.run.upstream_args import (
     SCRIPTS,
     ScriptInfo,
     build_script_args,
-    check_inputs,
+    input_problems,
     script_info,
     split_flags,
     trainer_values,
 )
 
-DEVICES = ("auto", "cpu", "cuda", "npu")
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
 
 
@@ -75,12 +77,19 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
             f"number the nodes 0..{spec.nnodes - 1}, the master node being 0",
             exit_code=2,
         )
-    if spec.master_port is not None and not 0 < spec.master_port < 65536:
-        raise DancegrpoError(f"--master-port {spec.master_port} is not a TCP port", "use 1024..65535", exit_code=2)
+    network.check_port("--master-port", spec.master_port)
+    network.check_network(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname, network.this_host())
+    if spec.recipe is not None and (info.recipe_glob is None or not spec.upstream_defaults):
+        raise DancegrpoError(
+            f"--recipe {spec.recipe}: "
+            + (f"{info.name} has no recipes" if info.recipe_glob is None else "--no-upstream-defaults uses none"),
+            f"launch {info.name} without --recipe",
+            exit_code=2,
+        )
     for name, value in spec.env:
         parse_env_assignment(f"{name}={value}")
-        if name == "DANCEGRPO_DEVICE":
-            raise DancegrpoError("DANCEGRPO_DEVICE is set by --device", "use --device instead of --env", exit_code=2)
+        if name == DEVICE_ENV:
+            raise DancegrpoError(f"{DEVICE_ENV} is set by --device", "use --device instead of --env", exit_code=2)
     run_name(spec)
     given = spec.align.given()
     if given and info.name not in ALIGN_SCRIPTS:
@@ -144,15 +153,18 @@ def build_plan(
     cwd: Path | None = None,
     dev_dir: Path = Path("/dev"),
     python: str | None = None,
+    dry_run: bool = False,
 ) -> LaunchPlan:
     """Everything about a launch, checked; nothing is written or started.
 
-    Whether this host can run it (an NPU plan on a host without NPUs) is left to
-    ``launch``: a dry run on a login node prints the plan for the NPU node."""
+    Missing or incomplete inputs are refused, unless ``dry_run``: then they are listed in
+    ``plan.problems``.  Whether this host can run it (an NPU plan on a host without NPUs) is
+    left to ``launch``: a dry run on a login node prints the plan for the NPU node."""
     info = check_spec(spec)
     environ = dict(os.environ if environ is None else environ)
     state = treecheck.require_tree(project, info.relpath)
     tree = project.workdir
+    recipe, recipe_args, scaling = recipes.plan_recipe(spec, info, tree)
     script_args = build_script_args(
         info,
         tuple(spec.args),
@@ -160,8 +172,15 @@ def build_plan(
         cwd=Path(cwd or os.getcwd()),
         run_dir=run_dir,
         upstream_defaults=spec.upstream_defaults,
+        recipe_args=recipe_args,
     )
-    check_inputs(info, script_args)
+    problems = input_problems(info, script_args)
+    if problems and not dry_run:
+        raise DancegrpoError(
+            "; ".join(problems),
+            "put them there (docs/ascend-910b.md, Weights) or pass their flags after --; "
+            "`dancegrpo-npu launch ... --dry-run` lists everything missing",
+        )
     script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
     script_args += _profile_args(spec)
     if spec.align.env():  # --msprobe: before the user's --env, which wins
@@ -179,7 +198,7 @@ def build_plan(
         "--nnodes", str(spec.nnodes),
         "--nproc_per_node", str(spec.nproc_per_node),
         "--node_rank", str(spec.node_rank),
-        "--master_addr", spec.master_addr,
+        "--master_addr", spec.master_addr or "127.0.0.1",
         "--master_port", str(port),
         "--log_dir", str(run_dir / "logs" / "torchrun"),
         "--redirects", "3",
@@ -200,31 +219,38 @@ def build_plan(
         tree_state=state,
         npus_here=npus_here,
         dev_dir=dev_dir,
+        recipe=recipe,
+        recipe_scaling=scaling.describe() if scaling else None,
+        recipe_notes=recipes.recipe_notes(spec, info, recipe, scaling, script_args),
+        problems=tuple(problems),
     )
 
 
 def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir: Path = Path("/dev")) -> RunRecord:
     """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc.
 
-    An NPU job on a host that shows no NPU is planned in full; a dry run prints it with a
-    warning on stderr (people prepare jobs on login nodes), a real launch refuses."""
+    A dry run checks every input in one pass and prints the plan, with what would stop the
+    job here (missing inputs, no NPU on this host); its return code is 0 when the job could
+    start here, 1 when not.  A real launch refuses instead, before anything is written."""
     now = time.time()
     check_spec(spec)
     tentative = project.runs_dir / records.run_dir_name(run_name(spec), now)
-    plan = build_plan(project, spec, tentative, dev_dir=dev_dir)
+    plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
     not_here = no_npu_here(plan)
     if dry_run:
-        if not_here is not None:
-            print(f"dancegrpo-npu: warning: {not_here.message}: a real launch here refuses; "
-                  "this plan is for a host with NPUs", file=sys.stderr, flush=True)
-        print(f"# dry run: nothing started, and the run directory {tentative} is not created")
-        print(shell_script(plan), end="", flush=True)
-        return RunRecord(tentative, 0, plan.command, {"status": "dry-run"})
+        problems = list(plan.problems) + ([f"{not_here.message}: {not_here.hint}"] if not_here else [])
+        print(shell_script(plan, dry_run=True, problems=problems), end="", flush=True)
+        if problems:
+            print(f"dancegrpo-npu: dry run: the job could not start here; {len(problems)} problem(s), "
+                  "listed in the plan under '# could not start here'", file=sys.stderr, flush=True)
+        return RunRecord(tentative, 1 if problems else 0, plan.command, {"status": "dry-run", "problems": problems})
     if not_here is not None:
         raise not_here
     run_dir = records.create_run_dir(project.runs_dir, run_name(spec), now)
     if run_dir != tentative:
         plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
+    if plan.recipe is not None:
+        print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
 
     return run_plan(project, plan)
 
@@ -250,14 +276,20 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--node-rank", type=int, default=d(0), metavar="K", help="this node's number, 0..nnodes-1 (0 is the master)"
     )
-    p.add_argument("--master-addr", default=d("127.0.0.1"), metavar="ADDR", help="node 0's address (default 127.0.0.1)")
+    p.add_argument("--master-addr", default=d(None), metavar="ADDR",
+                   help="node 0's address; needed with --nnodes > 1, where a node other than 0 must name another host "
+                   "(default 127.0.0.1, one node)")
     p.add_argument(
         "--master-port",
         type=int,
         default=d(None),
         metavar="PORT",
-        help="node 0's port (default: a free port; 29500 with several nodes)",
+        help="node 0's port, 1024-65535 (default: a free port; 29500 with several nodes)",
     )
+    p.add_argument("--recipe", default=d(None), metavar="NAME",
+                   help="upstream's recipe for flux / flux-lora: the trainer arguments of its script "
+                   "scripts/finetune/finetune_flux_grpo_NAME.sh in the patched tree (8gpus, 2nodes, 8gpus-lora); "
+                   "default: the one for the launch's world size, else the nearest one, scaled")
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -281,7 +313,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--ifname",
         default=d(None),
         metavar="IFACE",
-        help="network interface between nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME",
+        help="this host's network interface between the nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME",
     )
     p.add_argument("--name", default=d(None), help="run directory suffix (default: the script's name)")
     p.add_argument(
@@ -289,13 +321,14 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         dest="upstream_defaults",
         action="store_false",
         default=d(True),
-        help="pass only the arguments after --, not upstream's defaults",
+        help="pass only the arguments after --, not upstream's recipe and the port's defaults",
     )
     p.add_argument(
         "--dry-run",
         action="store_true",
         default=d(False),
-        help="print the environment and torchrun command, start nothing (works on a host without the NPUs, e.g. a login node)",
+        help="check every input and print the plan as a script (environment, torchrun command, what is missing), "
+        "start nothing; works on a login node; exit 0 when the job could start here, 1 when not",
     )
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
@@ -305,18 +338,25 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 EPILOG = textwrap.dedent(
     """\
-    Upstream's defaults (scripts/finetune/finetune_flux_grpo.sh, finetune_flux_grpo_8gpus_lora.sh,
-    scripts/preprocess/preprocess_flux_rl_embeddings.sh) are passed unless an argument after --
-    overrides them.  Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are
-    read in the patched tree; relative paths you type, in the current directory.  Without
-    --output_dir, training writes its checkpoints to <run>/outputs.
+    flux and flux-lora start from upstream's own recipe: the trainer arguments of its launch
+    script in the patched tree, read from scripts/finetune/finetune_flux_grpo*.sh (8gpus: the
+    one-node script, 2nodes: finetune_flux_grpo.sh, 8gpus-lora for flux-lora).  The default
+    is the recipe for the launch's world size; a world size no recipe has runs the nearest one
+    scaled to it (the same prompts per step and effective batch where it divides them), and
+    says so.  The port adds the HPS reward paths; preprocess gets the arguments of
+    scripts/preprocess/preprocess_flux_rl_embeddings.sh.  Arguments after -- override these.
+    Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
+    patched tree; relative paths you type, in the current directory.  Without --output_dir,
+    training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every
+    value that differs from its script.
 
-    Each launch gets runs/<YYYYmmdd-HHMMSS>-<name>/ with the command, environment fingerprint,
-    every rank's log, reward.txt, images/, metrics.jsonl and summary.json.
+    Each launch gets <runs>/<YYYYmmdd-HHMMSS>-<name>/ (runs/ in the project, or --runs-dir /
+    $DANCEGRPO_RUNS) with the command, environment fingerprint, every rank's log, reward.txt,
+    images/, metrics.jsonl and summary.json.
 
     examples:
       dancegrpo-npu launch preprocess --nproc-per-node 8
-      dancegrpo-npu launch flux --nproc-per-node 8 --device npu
+      dancegrpo-npu launch flux --nproc-per-node 8 --device npu            # recipe 8gpus
       dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
       dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
       dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
@@ -354,6 +394,7 @@ def _parse_words(args) -> tuple[str, list[str]]:
     _add_options(inner, suppress=True)
     inner.add_argument("-C", dest="project_dir", default=argparse.SUPPRESS)
     inner.add_argument("--workdir", default=argparse.SUPPRESS)
+    inner.add_argument("--runs-dir", dest="runs_dir", default=argparse.SUPPRESS)
     _, unknown = inner.parse_known_args(rest, namespace=args)
     if unknown:
         raise DancegrpoError(
@@ -390,6 +431,8 @@ def _cmd_launch(args) -> int:
         strict=args.strict,
         align=options_from_args(args),
         profile_steps=args.profile_steps,
+        recipe=args.recipe,
+        ifname=args.ifname,
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

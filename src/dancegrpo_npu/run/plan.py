@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.align.options import AlignOptions
+from dancegrpo_npu.run.recipes import Recipe
 from dancegrpo_npu.run.upstream_args import ScriptInfo
 
 
@@ -18,8 +19,9 @@ class LaunchSpec:
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
+    master_addr: str | None = None  # None: 127.0.0.1 (one node; several nodes must name node 0's)
     master_port: int | None = None  # None: a free port (single node), 29500 (several nodes)
+    ifname: str | None = None  # --ifname: checked here; launch's CLI turns it into *_SOCKET_IFNAME
     device: str = "auto"  # auto|cpu|cuda|npu -> DANCEGRPO_DEVICE
     name: str | None = None  # run directory suffix; default: the script's name
     env: tuple[tuple[str, str], ...] = ()  # extra environment; wins over everything
@@ -27,6 +29,7 @@ class LaunchSpec:
     strict: bool = False  # DANCEGRPO_NPU_STRICT=1
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (flux, flux-lora only)
     profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (flux, flux-lora only)
+    recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class LaunchPlan:
     tree_state: dict
     npus_here: int = 0  # NPUs the planning host shows; a dry run may plan a job for another host
     dev_dir: Path = Path("/dev")  # where they were counted (davinci<N> nodes)
+    recipe: Recipe | None = None  # the upstream recipe the arguments start from
+    recipe_scaling: str | None = None  # how it was scaled to the launch's world size, if it was
+    recipe_notes: tuple[str, ...] = ()  # every value that differs from the recipe's script, with why
+    problems: tuple[str, ...] = ()  # inputs missing or incomplete (a dry run lists them; launch refuses)
 
     @property
     def world_size(self) -> int:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.files import writing
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.run.records import PHASES, RunInfo, find_run, load_run, read_metrics
 
@@ -138,6 +139,7 @@ def _cmd_plot(args) -> int:
         output = project.runs_dir / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png"
     if output.suffix.lower() != ".png":
         raise DancegrpoError(f"{output} is not a .png file name", "name the output FILE.png", exit_code=2)
-    plot_runs(runs, output)
+    with writing(output, "free space or fix the permissions there, or write elsewhere: --output FILE.png"):
+        plot_runs(runs, output)
     print(output)
     return 0

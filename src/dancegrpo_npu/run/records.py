@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dancegrpo_npu.contract import HEALTH_KEYS
+from dancegrpo_npu.contract import PHASES
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.files import write_atomic
-from dancegrpo_npu.throughput.phases import PHASES
+from dancegrpo_npu.files import writing, write_atomic
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
@@ -47,15 +48,18 @@ def run_dir_name(name: str, now: float | None = None) -> str:
 
 
 def create_run_dir(runs_dir: Path, name: str, now: float | None = None) -> Path:
-    """A new, empty run directory; ``-2``, ``-3``... is added when the name is taken."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    """A new, empty run directory; ``-2``, ``-3``... is added when the name is taken.  One that
+    cannot be made is one line naming the path and the reason."""
     base = run_dir_name(name, now)
+    with writing(runs_dir):
+        runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         candidate = runs_dir / (base if n == 1 else f"{base}-{n}")
-        try:
-            candidate.mkdir()  # atomic: two launches in the same second get different names
-        except FileExistsError:
-            continue
+        with writing(candidate):
+            try:
+                candidate.mkdir()  # atomic: two launches in the same second get different names
+            except FileExistsError:
+                continue
         return candidate
     raise DancegrpoError(f"could not create a run directory for {base} in {runs_dir}", "remove old runs")
 
@@ -74,24 +78,10 @@ def read_json(path: Path) -> dict | None:
 
 # GRPO health keys of metrics.jsonl (alignment contract; every run, recorded or not), and the
 # grad norm upstream already logs.  A value is None where the step had no pairs to compute it on.
-HEALTH_KEYS = (
-    "grad_norm",
-    "reward_std",
-    "adv_min",
-    "adv_max",
-    "zero_std_groups",
-    "ratio_min",
-    "ratio_max",
-    "ratio_mean",
-    "clip_frac",
-    "approx_kl",
-    "logprob_diff_max",
-    "logprob_diff_mean",
-    "clip_frac_first",
-)
+HEALTH_COLUMNS = ("grad_norm", *HEALTH_KEYS)
 
 # Phase times of a GRPO step: the trainers write them from patch 0022 on (overlay
-# fastvideo/utils/phases.py), for the phases bench times (PHASES): time_<phase> seconds, and
+# dancegrpo_port/phases.py), for the phases bench times (PHASES): time_<phase> seconds, and
 # peak_memory_bytes {phase: bytes} with its kind.
 
 
@@ -105,7 +95,7 @@ class Metrics:
     step_time: tuple[float, ...]
     source: str | None  # "metrics.jsonl" | "reward.txt" | None
     skipped_lines: int = 0
-    # HEALTH_KEYS present in metrics.jsonl: one value (or None) per step, aligned with steps
+    # HEALTH_COLUMNS present in metrics.jsonl: one value (or None) per step, aligned with steps
     health: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     # PHASES present in metrics.jsonl (older runs: none): seconds, and peak bytes, per step
     phase_time: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
@@ -152,7 +142,7 @@ def read_metrics(run_dir: Path) -> Metrics:
     jsonl = run_dir / "metrics.jsonl"
     if jsonl.is_file():
         steps, reward, loss, step_time, skipped = [], [], [], [], 0
-        health: dict[str, list[float | None]] = {k: [] for k in HEALTH_KEYS}
+        health: dict[str, list[float | None]] = {k: [] for k in HEALTH_COLUMNS}
         phase_time: dict[str, list[float | None]] = {p: [] for p in PHASES}
         phase_peak: dict[str, list[float | None]] = {p: [] for p in PHASES}
         peak_kind = None

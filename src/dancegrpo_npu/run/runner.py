@@ -5,12 +5,19 @@ and to ``logs/console.log``; each rank's own stdout/stderr files are under ``log
 ``summary.json`` says "running" while the job runs and is rewritten at the end: succeeded,
 failed (with the failing rank's last lines and exception: ``run.failure``), interrupted (Ctrl-C), terminated (SIGTERM) or
 error (torchrun could not be started).
+
+A full disk must not cost the record: summary.json is written at the start with room reserved
+for the final one, which, when a new file cannot be written any more, is written into that room
+in place (``_final_summary``), saying why.  A run directory whose first files cannot be written
+is removed again, and the launch is one line naming the path and the reason.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +27,7 @@ from pathlib import Path
 
 from dancegrpo_npu.run import records
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.files import cannot_write
 from dancegrpo_npu.run.fingerprint import fingerprint, trainer_matmul_precision
 from dancegrpo_npu.run.environment import recorded_value, shell_script
 from dancegrpo_npu.run.failure import failure_detail, rank_logs
@@ -64,11 +72,15 @@ def _launch_json(plan) -> dict:
         "nnodes": spec.nnodes,
         "node_rank": spec.node_rank,
         "world_size": plan.world_size,
-        "master_addr": spec.master_addr,
+        "master_addr": spec.master_addr or "127.0.0.1",
         "master_port": spec.master_port,
         "strict": spec.strict,
         "profile_steps": spec.profile_steps,  # --profile: the steps traced into <run>/profile/
         "upstream_defaults": spec.upstream_defaults,
+        # upstream's recipe the arguments start from: its script, how it was scaled, what differs
+        "recipe": None if plan.recipe is None else {
+            "name": plan.recipe.name, "script": str(plan.recipe.path), "world_size": plan.recipe.world_size,
+            "scaling": plan.recipe_scaling, "differences": list(plan.recipe_notes)},
         "user_args": list(spec.args),
         "script_args": list(plan.script_args),
         "command": list(plan.command),
@@ -98,19 +110,33 @@ def _summary(plan, status: str, returncode: int | None, start: float, end: float
     return summary
 
 
-def _stream(proc: subprocess.Popen, console: Path) -> None:
-    """Copy torchrun's output to the console log and the terminal (while the terminal takes it)."""
-    echo = True
-    with open(console, "ab") as log:
+# Bytes of summary.json kept from the start: the final summary (failure tail included) fits.
+SUMMARY_RESERVE = 32 * 1024
+
+
+def _stream(proc: subprocess.Popen, console: Path) -> str | None:
+    """Copy torchrun's output to the console log and the terminal (while the terminal takes it);
+    returns why the console log could not be written to the end (a full disk), or None."""
+    echo, log, log_error = True, None, None
+    try:
+        log = open(console, "ab")
+    except OSError as e:
+        log_error = f"{console}: {e.strerror or e}"
+    with log if log is not None else open(os.devnull, "wb"):
         for line in iter(proc.stdout.readline, b""):
-            log.write(line)
-            log.flush()
+            if log is not None and log_error is None:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError as e:  # keep the job and the terminal going; the record says so
+                    log_error = f"{console}: {e.strerror or e}"
             if echo:
                 try:
                     sys.stdout.buffer.write(line)
                     sys.stdout.flush()
                 except (AttributeError, OSError, ValueError):  # `launch ... | head`: keep logging
                     echo = False
+    return log_error
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:
@@ -127,19 +153,24 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
 def run_plan(project: Project, plan):
     """Run ``plan`` (its run directory exists and is empty); returns the RunRecord."""
     run_dir = plan.run_dir
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
-    records.write_json(run_dir / "launch.json", _launch_json(plan))
-    (run_dir / "command.sh").write_text(shell_script(plan))
-    os.chmod(run_dir / "command.sh", 0o755)
     start = time.time()
-    records.write_json(run_dir / "summary.json", _summary(plan, "running", None, start, None))
+    try:
+        (run_dir / "logs").mkdir(exist_ok=True)
+        (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
+        records.write_json(run_dir / "launch.json", _launch_json(plan))
+        (run_dir / "command.sh").write_text(shell_script(plan))
+        os.chmod(run_dir / "command.sh", 0o755)
+        _reserve_summary(run_dir / "summary.json", _summary(plan, "running", None, start, None))
+    except OSError as e:
+        shutil.rmtree(run_dir, ignore_errors=True)  # no half-made record
+        raise cannot_write(Path(e.filename or run_dir), e) from None
     print(f"dancegrpo-npu: run directory {run_dir}", flush=True)
     status, returncode, extra, device_kind, fp = "interrupted", None, {}, None, None
+    log_error = None
     try:
         with _sigterm_raises():
             fp = _fingerprint(project, plan)
-            records.write_json(run_dir / "environment.json", fp)
+            _write_or_note(run_dir / "environment.json", fp)
             device_kind = (fp.get("devices") or {}).get("kind")
             try:
                 proc = subprocess.Popen(
@@ -149,7 +180,7 @@ def run_plan(project: Project, plan):
                 status, extra = "error", {"failure": {"error": f"could not start torchrun: {e}"}}
                 raise DancegrpoError(f"could not start torchrun: {e}", f"the record is in {run_dir}") from e
             try:
-                _stream(proc, run_dir / "logs" / "console.log")
+                log_error = _stream(proc, run_dir / "logs" / "console.log")
                 returncode = proc.wait()
             except BaseException as e:
                 status = "terminated" if isinstance(e, _Terminated) else "interrupted"
@@ -164,12 +195,58 @@ def run_plan(project: Project, plan):
     finally:
         if fp is not None:  # what only the trainer could see, once it has run
             fp["matmul_precision"] = trainer_matmul_precision(run_dir)
-            records.write_json(run_dir / "environment.json", fp)
+            _write_or_note(run_dir / "environment.json", fp)
+        if log_error:
+            extra = {**extra, "record_errors": [log_error]}
         summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
-        records.write_json(run_dir / "summary.json", summary)
+        summary = _final_summary(run_dir / "summary.json", summary)
     print(_one_line(run_dir, summary), flush=True)
-    rc = returncode if returncode not in (None, 0) or status == "succeeded" else 1
+    rc = returncode if returncode not in (None, 0) or summary["status"] == "succeeded" else 1
     return RunRecord(run_dir=run_dir, returncode=rc, command=plan.command, summary=summary)
+
+
+def _reserve_summary(path: Path, summary: dict) -> None:
+    """summary.json with SUMMARY_RESERVE bytes (JSON allows the trailing blanks)."""
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    records.write_atomic(path, text + " " * max(0, SUMMARY_RESERVE - len(text.encode())))
+
+
+def _write_or_note(path: Path, data: dict) -> None:
+    try:
+        records.write_json(path, data)
+    except OSError:
+        pass  # a full disk: the final summary, written into its reserved room, says so
+
+
+def _final_summary(path: Path, summary: dict) -> dict:
+    """Write the final summary; when the disk takes no new file, into the room summary.json
+    has had since the start, with the reason, shortened to fit.  Returns the summary (in full)."""
+    try:
+        records.write_json(path, summary)
+        return summary
+    except OSError as e:
+        reason = f"{path.name}: {e.strerror or e}"
+    summary = {**summary, "record_errors": [*summary.get("record_errors", []), reason]}
+    if summary["status"] == "succeeded":
+        summary["status"] = "failed"  # its outputs may be cut short as well
+    failure = summary.get("failure") or {}
+    if not failure.get("error"):
+        summary["failure"] = {**failure, "error": f"the run's record could not be written: {reason}"}
+    candidates = (summary, {**summary, "failure": {k: v for k, v in summary["failure"].items() if k != "tail"}},
+                  {k: summary[k] for k in ("status", "returncode", "failure", "record_errors", "script", "world_size")})
+    try:
+        size = path.stat().st_size
+        for candidate in candidates:
+            data = (json.dumps(candidate, default=str) + "\n").encode()
+            if len(data) <= size:
+                with open(path, "r+b") as f:
+                    f.write(data + b" " * (size - len(data)))
+                    f.flush()
+                    os.fsync(f.fileno())
+                break
+    except OSError:
+        pass
+    return summary
 
 
 def _fingerprint(project: Project, plan) -> dict:
@@ -187,4 +264,6 @@ def _one_line(run_dir: Path, s: dict) -> str:
         text += f", reward {reward['first']:.4g} -> {reward['last']:.4g}"
     if s.get("failure", {}).get("log"):
         text += f"; see {run_dir / s['failure']['log']}"
+    if s.get("record_errors"):
+        text += f"; could not write {', '.join(s['record_errors'])}"
     return text + f"; record: {run_dir}"

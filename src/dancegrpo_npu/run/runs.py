@@ -7,7 +7,7 @@ import os
 import socket
 
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import HEALTH_KEYS, PHASES, RunInfo, list_runs, read_metrics
+from dancegrpo_npu.run.records import HEALTH_COLUMNS, PHASES, RunInfo, list_runs, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -36,7 +36,7 @@ def _fmt(x) -> str:
 def row(run: RunInfo) -> dict:
     reward = run.summary.get("reward") or {}
     metrics = read_metrics(run.path)  # live: a running run's summary is only rewritten at its end
-    health = {k: metrics.last(k) for k in ("reward_mean", *HEALTH_KEYS) if metrics.last(k) is not None}
+    health = {k: metrics.last(k) for k in ("reward_mean", *HEALTH_COLUMNS) if metrics.last(k) is not None}
     return {
         "name": run.name,
         "status": status_of(run),
@@ -51,7 +51,16 @@ def row(run: RunInfo) -> dict:
         "phases_s": metrics.phase_means(),  # mean seconds per step of each timed phase ({} for older runs)
         "peak_memory_bytes": metrics.phase_peaks(),  # the largest peak of each phase over the steps
         "peak_memory_kind": metrics.peak_memory_kind,
+        "reason": failure_reason(run.summary),  # why a failed run failed (summary.json), else None
     }
+
+
+def failure_reason(summary: dict) -> str | None:
+    failure = summary.get("failure") if isinstance(summary.get("failure"), dict) else {}
+    errors = summary.get("record_errors") or []
+    parts = [failure["error"]] if failure.get("error") else []
+    parts += [f"could not write {e}" for e in errors if f"could not be written: {e}" not in " ".join(parts)]
+    return "; ".join(parts) or None
 
 
 def human_bytes(n: float) -> str:
@@ -87,8 +96,13 @@ def format_table(rows: list[dict]) -> str:
                       _fmt(health.get("clip_frac")), _fmt(health.get("logprob_diff_max")), wall))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
-    # each run's phase lines go under its row (rows are out[1:], in the order of rows)
-    return "\n".join([out[0]] + [text for r, line in zip(rows, out[1:], strict=True) for text in [line, *phase_lines(r)]])
+    # each run's reason and phase lines go under its row (rows are out[1:], in the order of rows)
+    return "\n".join([out[0]] + [text for r, line in zip(rows, out[1:], strict=True)
+                                 for text in [line, *reason_lines(r), *phase_lines(r)]])
+
+
+def reason_lines(r: dict) -> list[str]:
+    return [f"    {r['status']}: {r['reason']}"] if r.get("reason") else []
 
 
 def register(sub, common) -> None:

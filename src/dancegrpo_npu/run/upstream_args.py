@@ -1,10 +1,11 @@
-"""The three stock scripts launch runs, upstream's default arguments for them, and path handling.
+"""The three stock scripts launch runs, the default arguments launch gives them, and path handling.
 
-Upstream's defaults are kept here as data, copied from upstream's own launch scripts at the
-locked commit (each table names its file), so that ``launch flux`` with no arguments runs what
-``bash scripts/finetune/finetune_flux_grpo.sh`` runs.  The user's arguments override them flag
-by flag.  Only the torchrun options (nodes, processes, master) are not taken from those scripts:
-they are launch's own options.
+The trainers' defaults are upstream's own recipes, read from its launch scripts in the patched
+tree (``run.recipes``), so that ``launch flux --nproc-per-node 8`` runs what
+``bash scripts/finetune/finetune_flux_grpo_8gpus.sh`` runs; the port adds the reward paths
+(``HPS_DEFAULTS``).  Preprocessing's defaults are kept here as data, copied from upstream's
+script (its table names the file).  The user's arguments override them flag by flag.  The
+torchrun options (nodes, processes, master) are launch's own options.
 
 Relative paths: upstream's defaults (``data/flux``, ``data/rl_embeddings/...``) are relative to
 the upstream checkout, where upstream's README puts the weights, so they are resolved against
@@ -19,90 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.recipes import FLUX_RECIPE_GLOB
 
-# upstream scripts/finetune/finetune_flux_grpo.sh (commit 15cc71d5), minus the torchrun options.
-FLUX_DEFAULTS: tuple[tuple[str, str | None], ...] = (
-    ("--seed", "42"),
-    ("--pretrained_model_name_or_path", "data/flux"),
-    ("--vae_model_path", "data/flux"),
-    ("--cache_dir", "data/.cache"),
-    ("--data_json_path", "data/rl_embeddings/videos2caption.json"),
-    ("--gradient_checkpointing", None),
-    ("--train_batch_size", "1"),
-    ("--num_latent_t", "1"),
-    ("--sp_size", "1"),
-    ("--train_sp_batch_size", "1"),
-    ("--dataloader_num_workers", "4"),
-    ("--gradient_accumulation_steps", "4"),
-    ("--max_train_steps", "300"),
-    ("--learning_rate", "1e-5"),
-    ("--mixed_precision", "bf16"),
-    ("--checkpointing_steps", "40"),
-    ("--allow_tf32", None),
-    ("--cfg", "0.0"),
-    ("--output_dir", "data/outputs/grpo"),
-    ("--h", "720"),
-    ("--w", "720"),
-    ("--t", "1"),
-    ("--sampling_steps", "16"),
-    ("--eta", "0.3"),
-    ("--lr_warmup_steps", "0"),
-    ("--sampler_seed", "1223627"),
-    ("--max_grad_norm", "1.0"),
-    ("--weight_decay", "0.0001"),
-    ("--use_hpsv2", None),
-    ("--num_generations", "12"),
-    ("--shift", "3"),
-    ("--use_group", None),
-    ("--ignore_last", None),
-    ("--timestep_fraction", "0.6"),
-    ("--init_same_noise", None),
-    ("--clip_range", "1e-4"),
-    ("--adv_clip_max", "5.0"),
-)
-
-# upstream scripts/finetune/finetune_flux_grpo_8gpus_lora.sh (commit 15cc71d5), minus torchrun's.
-FLUX_LORA_DEFAULTS: tuple[tuple[str, str | None], ...] = (
-    ("--seed", "42"),
-    ("--pretrained_model_name_or_path", "data/flux"),
-    ("--vae_model_path", "data/flux"),
-    ("--cache_dir", "data/.cache"),
-    ("--data_json_path", "data/rl_embeddings/videos2caption.json"),
-    ("--gradient_checkpointing", None),
-    ("--train_batch_size", "2"),
-    ("--num_latent_t", "1"),
-    ("--sp_size", "1"),
-    ("--train_sp_batch_size", "2"),
-    ("--dataloader_num_workers", "4"),
-    ("--gradient_accumulation_steps", "12"),
-    ("--max_train_steps", "301"),
-    ("--learning_rate", "3e-4"),
-    ("--mixed_precision", "bf16"),
-    ("--checkpointing_steps", "60"),
-    ("--allow_tf32", None),
-    ("--cfg", "0.0"),
-    ("--output_dir", "data/outputs/grpo"),
-    ("--h", "720"),
-    ("--w", "720"),
-    ("--t", "1"),
-    ("--sampling_steps", "12"),
-    ("--eta", "0.3"),
-    ("--lr_warmup_steps", "0"),
-    ("--sampler_seed", "1223627"),
-    ("--max_grad_norm", "1.0"),
-    ("--weight_decay", "0.0001"),
-    ("--use_hpsv2", None),
-    ("--num_generations", "12"),
-    ("--shift", "3"),
-    ("--use_group", None),
-    ("--ignore_last", None),
-    ("--timestep_fraction", "0.6"),
-    ("--init_same_noise", None),
-    ("--clip_range", "1e-4"),
-    ("--adv_clip_max", "5.0"),
-    ("--lora_alpha", "256"),
-    ("--lora_rank", "128"),
-)
+# Where upstream's README puts the FLUX.1-dev weights, and its recipes point (doctor looks there).
+DEFAULT_FLUX_DIR = "data/flux"
 
 # The HPS reward files the trainers read.  Upstream hard-codes them relative to the working
 # directory (./hps_ckpt/...); the port makes them arguments with these defaults (contract 3),
@@ -139,35 +60,40 @@ TRAIN_PATH_FLAGS = (
 class ScriptInfo:
     name: str  # what the user types: flux | flux-lora | preprocess
     relpath: str  # the stock script in the patched tree
-    defaults: tuple[tuple[str, str | None], ...]
+    defaults: tuple[tuple[str, str | None], ...]  # after the recipe's arguments, if it has recipes
     path_flags: tuple[str, ...]
-    # Flags naming things that must exist before the run starts: (flag, "dir"|"file", what it is).
+    # Flags naming things that must exist before the run starts: (flag, kind, what it is); the
+    # kinds are run.inputs'.
     required_inputs: tuple[tuple[str, str, str], ...]
     # Whether the script's --output_dir is the run's own output (checkpoints: yes) or a product
     # later runs read (preprocess's embeddings: no, train reads data/rl_embeddings).
     output_in_run_dir: bool
+    # upstream's launch scripts holding this script's recipes (run.recipes), None: no recipes.
+    # A trainer the port adds gets its recipes by naming its scripts here.
+    recipe_glob: str | None = None
 
 
 _TRAIN_INPUTS = (
-    ("--pretrained_model_name_or_path", "dir", "FLUX.1-dev weights"),
-    ("--vae_model_path", "dir", "FLUX.1-dev VAE weights"),
-    ("--dit_model_name_or_path", "dir", "transformer weights"),
-    ("--data_json_path", "file", "RL-embeddings dataset (run `dancegrpo-npu launch preprocess` first)"),
+    ("--pretrained_model_name_or_path", "flux", "FLUX.1-dev weights"),
+    ("--vae_model_path", "vae", "FLUX.1-dev VAE weights"),
+    ("--dit_model_name_or_path", "model", "transformer weights"),
+    ("--data_json_path", "embeddings", "RL-embeddings dataset: run `dancegrpo-npu launch preprocess` first"),
     ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
     ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
 )
 
 SCRIPTS: dict[str, ScriptInfo] = {
     "flux": ScriptInfo(
-        "flux", "fastvideo/train_grpo_flux.py", FLUX_DEFAULTS + HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True
+        "flux", "fastvideo/train_grpo_flux.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True, FLUX_RECIPE_GLOB
     ),
     "flux-lora": ScriptInfo(
         "flux-lora",
         "fastvideo/train_grpo_flux_lora.py",
-        FLUX_LORA_DEFAULTS + HPS_DEFAULTS,
+        HPS_DEFAULTS,
         TRAIN_PATH_FLAGS,
         _TRAIN_INPUTS,
         True,
+        FLUX_RECIPE_GLOB,
     ),
     "preprocess": ScriptInfo(
         "preprocess",
@@ -175,7 +101,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
         PREPROCESS_DEFAULTS,
         ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
         (
-            ("--model_path", "dir", "FLUX.1-dev weights"),
+            ("--model_path", "pipeline", "FLUX.1-dev weights"),
             (
                 "--prompt_dir",
                 "file",
@@ -271,13 +197,15 @@ def build_script_args(
     cwd: Path,
     run_dir: Path,
     upstream_defaults: bool,
+    recipe_args: tuple[tuple[str, str | None], ...] = (),
 ) -> list[str]:
-    """The script's final argument list: defaults (tree-relative) overridden by the user's."""
+    """The script's final argument list: the recipe's arguments, then the port's defaults (both
+    tree-relative), each overridden by the user's."""
     user = split_flags(user_args)
     user_flags = {flag for flag, _, _ in user}
     items: list[tuple[str, str | None, bool]] = []
     if upstream_defaults:
-        for flag, value in info.defaults:
+        for flag, value in (*recipe_args, *info.defaults):
             if flag in user_flags:
                 continue
             if flag == "--output_dir" and info.output_in_run_dir:
@@ -294,8 +222,12 @@ def build_script_args(
     return join_flags(items)
 
 
-def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
-    """Refuse, before torchrun starts, a run whose input weights or data are not there."""
+def input_problems(info: ScriptInfo, script_args: list[str]) -> list[str]:
+    """What is missing or incomplete among the run's input weights and data, each in one line
+    naming the flag; [] when all are there.  Every input is checked (a dry run lists them all)."""
+    from dancegrpo_npu.run.inputs import input_problem
+
+    problems = []
     for flag, value, _ in split_flags(script_args):
         for req_flag, kind, what in info.required_inputs:
             if flag != req_flag or value is None:
@@ -303,16 +235,10 @@ def check_inputs(info: ScriptInfo, script_args: list[str]) -> None:
             p = Path(value)
             if not p.is_absolute():
                 continue  # a hub id: the script downloads or finds it in its cache
-            if kind == "dir" and not p.is_dir():
-                raise DancegrpoError(
-                    f"{flag}: the {what} directory {p} does not exist",
-                    f"put the weights there (docs/ascend-910b.md, Weights) or pass {flag} DIR",
-                )
-            if kind == "file" and not p.is_file():
-                raise DancegrpoError(
-                    f"{flag}: {p} does not exist ({what})",
-                    f"put the file there (docs/ascend-910b.md, Weights) or pass {flag} PATH",
-                )
+            problem = input_problem(kind, p, what)
+            if problem:
+                problems.append(f"{flag}: {problem}")
+    return problems
 
 
 # The Flux trainers' own argparse defaults (fastvideo/train_grpo_flux.py and train_grpo_flux_lora.py,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.align.options import AlignOptions, add_align_options, options_from_args, records_index
+from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.smoke.checks import (
@@ -51,7 +52,6 @@ from dancegrpo_npu.smoke.checks import (
 
 STEPS = 2  # the default --steps
 GENERATIONS = 2  # the default --generations
-DEVICES = ("auto", "cpu", "cuda", "npu")
 # Trainer flags the smoke's own checks depend on: set through the smoke's options only.
 OWN_FLAGS = {
     "--max_train_steps": "use --steps",
@@ -168,7 +168,9 @@ def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
     env = [("WANDB_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")]
     if device == "cpu" or (device == "auto" and not _accelerator_visible()):
         # The ranks share the CPU: one thread each when there are fewer cores than ranks.
-        env.append(("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
+        from dancegrpo_npu.run.environment import cpu_threads
+
+        env.append(("OMP_NUM_THREADS", str(cpu_threads(nproc, dict(os.environ))[0])))
     return tuple(env)
 
 

@@ -80,6 +80,21 @@ def precision_autocast(trainer, kind: str, dtype):
     return disabled
 
 
+def set_cpu_threads(environ: dict[str, str], busy: float | None = None) -> tuple[int, str]:
+    """torch's CPU threads as smoke sets its ranks' (``run.environment.cpu_threads``; one
+    process here), not counting the cores the load average says others keep busy: a timing
+    must not be taken with threads spinning against other processes.  An explicit
+    OMP_NUM_THREADS wins.  (threads, where the number comes from)."""
+    import torch
+
+    from dancegrpo_npu.run.environment import cpu_threads
+
+    busy = os.getloadavg()[0] if busy is None and hasattr(os, "getloadavg") else (busy or 0.0)
+    threads, why = cpu_threads(1, environ, busy)
+    torch.set_num_threads(threads)
+    return threads, why
+
+
 def run_bench(project, config: presets.BenchConfig, progress=_progress):
     """Build, check, measure: (results, facts for the fingerprint)."""
     from dancegrpo_npu.engine.treecheck import tree_state
@@ -95,6 +110,9 @@ def run_bench(project, config: presets.BenchConfig, progress=_progress):
     trainer, kind = phases.load_trainer(project.workdir, config.device)
     import torch
 
+    threads_from = set_cpu_threads(dict(os.environ))[1] if kind == "cpu" else None
+    if threads_from:
+        progress(f"{torch.get_num_threads()} CPU thread(s) ({threads_from})")
     dtype = resolve_dtype(config.dtype, kind)
     configs = model_lib.model_configs(config.preset)
     counts = model_lib.count_parameters(configs)
@@ -111,13 +129,14 @@ def run_bench(project, config: presets.BenchConfig, progress=_progress):
         "memory_available_bytes": available,
         "peak_memory": "max_memory_allocated per phase" if kind != "cpu" else "peak RSS of the process per phase (VmHWM)",
         "torch_threads": torch.get_num_threads(),
+        "torch_threads_from": threads_from,  # on the CPU: how the thread count was chosen
         "tree": state,
     }
     bench = None
     try:
         progress(f"building the models on {kind} in {facts['dtype']} (transformer: {counts.transformer:.3g} parameters)")
         torch.manual_seed(0)
-        from fastvideo.utils.device import current_device
+        from dancegrpo_port.device import current_device
 
         target = current_device()
         built = model_lib.build_models(trainer, configs, target, dtype)
@@ -147,7 +166,9 @@ def format_table(results, facts) -> str:
     lines = [
         f"preset {facts['preset']} on {facts['device_kind']} ({facts['dtype']}): {facts['height']}x{facts['width']}, "
         f"{facts['sampling_steps']} sampling steps, G={facts['generations']}, {facts['train_timesteps']} trained "
-        f"timesteps a sample, {facts['steps']} timed step(s) after {facts['warmup_steps']} warm-up",
+        f"timesteps a sample, {facts['steps']} timed step(s) after {facts['warmup_steps']} warm-up"
+        + (f"; {facts['torch_threads']} CPU thread(s) ({facts['torch_threads_from']})"
+           if facts.get("torch_threads_from") else ""),
         "samples/s; seconds per GRPO step; peak memory in GiB (" + facts["peak_memory"] + ")",
         head,
     ]

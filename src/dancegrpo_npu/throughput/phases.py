@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from dancegrpo_npu.contract import DEVICE_ENV, PHASES
 from dancegrpo_npu.errors import DancegrpoError
 
-PHASES = ("rollout", "decode", "reward", "train")
 TRAINER = "fastvideo/train_grpo_flux.py"
 # upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX, GUIDANCE = 1e-5, 1e-4, 1.0, 1e-4, 5.0, 3.5
@@ -47,10 +47,10 @@ def load_trainer(tree: Path, device: str):
     """
     if not (tree / TRAINER).is_file():
         raise DancegrpoError(f"bench: {tree} has no {TRAINER}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
-    os.environ["DANCEGRPO_DEVICE"] = device
+    os.environ[DEVICE_ENV] = device
     if str(tree) not in sys.path:
         sys.path.insert(0, str(tree))
-    from fastvideo.utils import device as device_module
+    from dancegrpo_port import device as device_module
 
     try:
         kind = device_module.activate().kind

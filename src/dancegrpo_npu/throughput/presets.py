@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 
-DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "bf16", "fp32")
 
 

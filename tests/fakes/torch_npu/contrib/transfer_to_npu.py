@@ -39,7 +39,8 @@ torch_npu.transfer_state = {
     "cuda_initialized": torch.cuda.is_initialized(),
     "already_imported": sorted(
         name for name in sys.modules
-        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "trl", "fastvideo")
+        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "trl", "fastvideo",
+                                  "dancegrpo_port")
     ),
 }
 

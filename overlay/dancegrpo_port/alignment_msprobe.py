@@ -24,9 +24,9 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-ENV = "DANCEGRPO_MSPROBE"
-TASKS = ("statistics", "tensor")
-ORDER = ("transformer", "vae", "reward")  # the order the trainer makes the three calls in
+from dancegrpo_port.contract import MODULE_GROUPS as ORDER  # the three calls, in the order a step makes them
+from dancegrpo_port.contract import MSPROBE_ENV as ENV
+from dancegrpo_port.contract import MSPROBE_TASKS as TASKS
 
 
 def task_from_env(environ=None) -> str | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -34,41 +33,13 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-FORMAT = 1
-REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
+from dancegrpo_port.contract import MODULE_GROUPS as MODULE_PREFIXES
+from dancegrpo_port.contract import RECORDS_FORMAT as FORMAT
+from dancegrpo_port.contract import REPLAY_FIT, format_steps
+
 NOISE = ("noise.init", "noise.sde", "noise.perms")
 ROWS_PER_PAIR = ("train.log_prob", "train.old_log_prob", "train.ratio", "train.loss")
 WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
-MODULE_PREFIXES = ("transformer", "vae", "reward")
-
-
-def parse_steps(spec: str | None) -> frozenset | None:
-    """``--record_steps``: ``"1-10,50"`` -> {1..10, 50}; None or "all" -> None (every step)."""
-    if spec is None or spec.strip().lower() == "all":
-        return None
-    steps: set[int] = set()
-    for part in spec.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not match:
-            raise ValueError(f"--record_steps {spec!r}: {part.strip()!r} is not a step N or a range A-B")
-        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-        if low < 1 or high < low:
-            raise ValueError(f"--record_steps {spec!r}: {part.strip()!r} is not a range of steps counted from 1")
-        steps.update(range(low, high + 1))
-    return frozenset(steps)
-
-
-def format_steps(steps) -> str:
-    """[1, 2, 3, 5] -> "1-3,5" (the --record_steps syntax)."""
-    out, steps = [], sorted(steps)
-    i = 0
-    while i < len(steps):
-        j = i
-        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
-            j += 1
-        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def step_path(root, step: int, rank: int) -> Path:

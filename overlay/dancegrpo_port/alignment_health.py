@@ -25,8 +25,7 @@ import math
 import torch
 import torch.distributed as dist
 
-KEYS = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
-        "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
+from dancegrpo_port.contract import HEALTH_KEYS
 
 
 def _distributed() -> bool:
@@ -112,7 +111,7 @@ class Health:
 
         if not self.group_size:
             zero_groups = int(rewards.numel() > 0 and bool(rewards.max() == rewards.min()))
-        return {
+        figures = {
             "reward_std": rewards.std().item() if rewards.numel() > 1 else None,
             "adv_min": finite(mins[1]), "adv_max": finite(maxs[1]),
             "zero_std_groups": int(zero_groups),
@@ -121,3 +120,4 @@ class Health:
             "logprob_diff_max": finite(maxs[2]), "logprob_diff_mean": per(diff_sum, n_first),
             "clip_frac_first": per(clipped_first, n_first),
         }
+        return {key: figures[key] for key in HEALTH_KEYS}  # the shared names, in their order

@@ -42,12 +42,13 @@ from pathlib import Path
 
 import torch
 
-from fastvideo.utils import alignment_msprobe as msprobe_dump
-from fastvideo.utils import alignment_records as records
-from fastvideo.utils.alignment_health import Health
+from dancegrpo_port import alignment_msprobe as msprobe_dump
+from dancegrpo_port import alignment_records as records
+from dancegrpo_port import upstream_args
+from dancegrpo_port.alignment_health import Health
+from dancegrpo_port.contract import RNG_CHOICES, parse_steps
 
 RUN = None  # the current run (start())
-RNG_CHOICES = ("device", "cpu")
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Settings:
         return cls(
             rng=getattr(args, "rng", "device"), seed=args.seed, rank=rank, world_size=world_size,
             record=bool(getattr(args, "record", False)),
-            record_steps=records.parse_steps(getattr(args, "record_steps", None)),
+            record_steps=parse_steps(getattr(args, "record_steps", None), "--record_steps"),
             record_modules=bool(getattr(args, "record_modules", False)),
             replay=getattr(args, "replay", None), clip_range=args.clip_range,
             group_size=args.num_generations if args.use_group else None,
@@ -99,32 +100,14 @@ def argument_problem(args, environ=None) -> str | None:
         if not record:
             return "--record_steps needs --record"
         try:
-            records.parse_steps(args.record_steps)
+            parse_steps(args.record_steps, "--record_steps")
         except ValueError as exc:
             return str(exc)
     if getattr(args, "replay", None):
         world_size, rank = int(environ.get("WORLD_SIZE", "1")), int(environ.get("RANK", "0"))
         return records.replay_problem(args.replay, run_fields(args, world_size), rank,
-                                      samples_per_rank(args), args.max_train_steps or 0)
+                                      upstream_args.samples_per_step(args), args.max_train_steps or 0)
     return None
-
-
-def refuse(problem: str | None) -> None:
-    """A trainer argument problem, before anything is loaded: one line on stderr as argparse
-    words it (without the usage), exit 2; nothing when ``problem`` is None.  The overlay's
-    other argument checks (fastvideo/utils/rollout.py) refuse through this too."""
-    if problem:
-        print(f"{os.path.basename(sys.argv[0])}: error: {problem}", file=sys.stderr, flush=True)
-        sys.exit(2)
-
-
-def check_args(args) -> None:
-    """Refuse bad alignment arguments before anything is loaded: one line on stderr, exit 2."""
-    refuse(argument_problem(args))
-
-
-def samples_per_rank(args) -> int:
-    return args.train_batch_size * (args.num_generations if args.use_group else 1)
 
 
 def run_fields(args, world_size: int) -> dict:
@@ -283,71 +266,16 @@ def start(args, rank: int, world_size: int, device=None) -> Run:
     return RUN
 
 
-def begin_step(step: int) -> None:
-    _run().begin_step(step)
-
-
-def end_step() -> None:
-    _run().end_step()
-
-
-def begin_rollout(num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
-    _run().noise.begin_rollout(num_samples, latent_shape, sampling_steps, same_noise)
-
-
-def rollout_batch(batch_idx) -> None:
-    _run().noise.select(batch_idx)
-
-
-def initial_latents(shape, device, dtype) -> torch.Tensor:
-    return _run().noise.initial_latents(shape, device, dtype)
-
-
-def sde_noise(like: torch.Tensor, index: int) -> torch.Tensor:
-    return _run().noise.sde_noise(like, index)
-
-
-def timestep_perms(batch_size: int, n: int) -> torch.Tensor:
-    return _run().noise.timestep_perms(batch_size, n)
-
-
-def observe(name: str, tensor: torch.Tensor) -> None:
-    """A stage of the step (latents, log_probs, rewards, advantages): for health and record."""
-    run = _run()
-    run.health.observe(name, tensor)
-    if run.recorder:
-        run.recorder.add(name, tensor)
-
-
-def observe_images(images) -> None:
-    run = _run()
-    if run.recorder and run.recorder.active:
-        run.recorder.add("images", torch.stack([records.image_tensor(im) for im in images]))
-
-
-def trained_pair(new_log_prob, old_log_prob, ratio, loss) -> None:
-    """One trained (sample, timestep): its recomputed and sampling log-probs, ratio, loss."""
-    run = _run()
-    run.health.pair(new_log_prob, old_log_prob, ratio)
-    if run.recorder:
-        for name, value in (("train.log_prob", new_log_prob), ("train.old_log_prob", old_log_prob),
-                            ("train.ratio", ratio), ("train.loss", loss)):
-            run.recorder.add(name, value.reshape(-1))
-
-
-def optimizer_stepped(grad_norm) -> None:
-    run = _run()
-    run.health.stepped()
-    if run.recorder:
-        run.recorder.add("grad_norm", torch.as_tensor(grad_norm).reshape(-1))
+def noise_source() -> Noise:
+    """The run's noise (upstream's device draws before ``start()``)."""
+    return _run().noise
 
 
 @contextmanager
-def capture_modules(prefix: str, root):
+def capture_modules(run: Run, prefix: str, root):
     """Around the first transformer forward, VAE decode and reward call: with
     --record_modules, every module's output the first time through (then the hooks go); with
     DANCEGRPO_MSPROBE, msprobe dumps the same call."""
-    run = _run()
     recorder = run.recorder
     if recorder is None or not recorder.modules_due(prefix):
         yield
@@ -361,7 +289,102 @@ def capture_modules(prefix: str, root):
         recorder.add_modules(prefix, capture)
 
 
-def step_health() -> dict:
-    """The GRPO health figures of the step, over all ranks (a collective: every rank calls)."""
-    run = _run()
-    return run.health.metrics(run.device)
+class Alignment:
+    """The alignment feature on the seam (dancegrpo_port/hooks.py): what the trainer reports
+    goes to the GRPO health figures and, with --record, to the step's record."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def _observe(self, name: str, tensor) -> None:
+        self.run.health.observe(name, tensor)
+        if self.run.recorder:
+            self.run.recorder.add(name, tensor)
+
+    def step_begin(self, step: int) -> None:
+        self.run.begin_step(step)
+
+    def rollout_begin(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
+        self.run.noise.begin_rollout(num_samples, latent_shape, sampling_steps, same_noise)
+
+    def rollout_batch(self, batch_idx) -> None:
+        self.run.noise.select(batch_idx)
+
+    def model_call(self, name: str, module):
+        return capture_modules(self.run, name, module)
+
+    def decoding(self, vae):
+        return capture_modules(self.run, "vae", vae)
+
+    def rewarding(self, model):
+        return capture_modules(self.run, "reward", model)
+
+    def sampled(self, latents, log_probs) -> None:
+        self._observe("latents", latents)
+        self._observe("log_probs", log_probs)
+
+    def decoded(self, images, batch_idx, name: str) -> None:
+        recorder = self.run.recorder
+        if recorder and recorder.active:
+            recorder.add("images", torch.stack([records.image_tensor(im) for im in images]))
+
+    def advantages(self, rewards, advantages) -> None:
+        self._observe("rewards", rewards)
+        self._observe("advantages", advantages)
+
+    def trained_pair(self, new_log_prob, old_log_prob, ratio, loss) -> None:
+        """One trained (sample, timestep): its recomputed and sampling log-probs, ratio, loss."""
+        self.run.health.pair(new_log_prob, old_log_prob, ratio)
+        if self.run.recorder:
+            for name, value in (("train.log_prob", new_log_prob), ("train.old_log_prob", old_log_prob),
+                                ("train.ratio", ratio), ("train.loss", loss)):
+                self.run.recorder.add(name, value.reshape(-1))
+
+    def update(self, grad_norm) -> None:
+        self.run.health.stepped()
+        if self.run.recorder:
+            self.run.recorder.add("grad_norm", torch.as_tensor(grad_norm).reshape(-1))
+
+    def step_end(self, step: int, figures: dict) -> None:
+        """The step's record is written; its GRPO health figures, over all ranks (a collective:
+        every rank takes part), join the step's figures."""
+        self.run.end_step()
+        figures.update(self.run.health.metrics(self.run.device))
+
+
+# ---------------------------------------------------------------- trainer flags
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--rng",
+        choices=RNG_CHOICES,
+        default="device",
+        help="where the random draws of training come from: device (upstream's) or cpu "
+        "(one CPU generator seeded from --seed and the rank: the same noise on every device)",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="record the stages of each step (noise, latents, log-probs, images, rewards, "
+        "advantages, trained ratios and losses, grad norms) in ./records/ (safetensors)",
+    )
+    parser.add_argument(
+        "--record_steps",
+        type=str,
+        default=None,
+        help="with --record: the steps to record, e.g. 1-10,50 (default: every step)",
+    )
+    parser.add_argument(
+        "--record_modules",
+        action="store_true",
+        help="with --record: also every module's output of step 1's first transformer "
+        "forward, first VAE decode and first reward call",
+    )
+    parser.add_argument(
+        "--replay",
+        type=str,
+        default=None,
+        help="the records/ directory of a recorded run: take every noise tensor from it "
+        "instead of drawing it",
+    )

@@ -16,7 +16,7 @@ Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
                           modules (the HPS reward's ViT) compute through ``torch_npu.npu_gelu``
                           with their own ``approximate``; ``upstream`` leaves torch's op (see
                           :func:`choose_gelu`).
-``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``fastvideo.utils.strict_mode``) - from
+``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``dancegrpo_port.strict_mode``) - from
                           :func:`activate` to the end of the process, fail at the first op
                           that makes a complex or float64 tensor on the chosen device (the
                           NPU runs neither), naming the op and where it ran.
@@ -52,8 +52,8 @@ import json
 import os
 from dataclasses import dataclass
 
-DEVICE_ENV = "DANCEGRPO_DEVICE"
-STRICT_ENV = "DANCEGRPO_NPU_STRICT"
+from dancegrpo_port.contract import DEVICE_CHOICES, DEVICE_ENV, STRICT_ENV
+
 GELU_ENV = "DANCEGRPO_NPU_GELU"
 SET_ENV_HINT = "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh)"
 # diffusers imports an installed torch_npu whatever torch does: autoload off is not enough for the trainers
@@ -75,7 +75,6 @@ except RuntimeError as _error:  # torch >= 2.5 imports torch_npu inside `import 
         f"import torch failed loading torch_npu ({type(_cause).__name__}: {str(_cause).splitlines()[0] if _cause else ''}): "
         f"{SET_ENV_HINT}, or {CPU_ONLY_HINT}") from _error
 
-DEVICE_KINDS = ("auto", "npu", "cuda", "cpu")
 DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 _TRUE = ("1", "true", "yes", "on")
 
@@ -100,9 +99,9 @@ class Accelerator:
 def requested_kind(environ=None) -> str:
     environ = os.environ if environ is None else environ
     value = environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
-    if value not in DEVICE_KINDS:
+    if value not in DEVICE_CHOICES:
         raise DeviceSelectionError(
-            f"{DEVICE_ENV}={value!r} is not one of {', '.join(DEVICE_KINDS)}")
+            f"{DEVICE_ENV}={value!r} is not one of {', '.join(DEVICE_CHOICES)}")
     return value
 
 
@@ -198,7 +197,7 @@ def activate(environ=None) -> Accelerator:
         importlib.import_module("torch_npu.contrib.transfer_to_npu")
     _active = Accelerator(kind=kind, strict=strict_requested(environ), gelu=choose_gelu(kind, gelu))
     if _active.strict:
-        from fastvideo.utils.strict_mode import enable_strict_mode
+        from dancegrpo_port.strict_mode import enable_strict_mode
 
         enable_strict_mode(device_type=kind)
     return _active

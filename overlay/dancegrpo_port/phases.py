@@ -1,7 +1,8 @@
 """Phase times, peak memory and profiler traces of GRPO steps.
 
-Added to the upstream tree by dancegrpo-npu (overlay; the patched trainers call it, patch
-0022).  Self-contained: it needs torch and ``fastvideo.utils.device`` only.
+Two features on the seam (dancegrpo_port/hooks.py): ``PhaseTimes`` (time_<phase> seconds and
+peak memory in every step's metrics.jsonl line) and ``Profile`` (``--profile_steps``).
+Self-contained: it needs torch and ``dancegrpo_port.device`` only.
 
 A GRPO step is four phases - ``rollout`` (sampling), ``decode`` (the VAE), ``reward``,
 ``train`` - and :class:`PhaseTimer` times each with the device synchronised at both ends
@@ -25,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import re
 import resource
 import sys
 import time
@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
-PHASES = ("rollout", "decode", "reward", "train")
+from dancegrpo_port.contract import DEVICE_KINDS, PHASES, parse_steps
+
 DEVICE_PEAK_KIND = "device allocator"
 HOST_PEAK_KIND = "host peak RSS (includes weights)"
-STEPS_SYNTAX = "step numbers counted from 1: one step '3', a range '2-4', a list '1,5' or both '1,3-4'"
 
 
 def _active_kind() -> str:
-    from fastvideo.utils import device
+    from dancegrpo_port import device
 
     return device.accelerator().kind
 
@@ -50,7 +50,7 @@ class PhaseTimer:
 
     def __init__(self, kind: str | None = None):
         self.kind = kind or _active_kind()
-        if self.kind not in ("cpu", "cuda", "npu"):
+        if self.kind not in DEVICE_KINDS:
             raise ValueError(f"PhaseTimer: device kind {self.kind!r} is not one of cpu, cuda, npu")
         self._module = None if self.kind == "cpu" else getattr(torch, self.kind)
         self.peak_memory_kind = HOST_PEAK_KIND if self._module is None else DEVICE_PEAK_KIND
@@ -120,41 +120,28 @@ class PhaseTimer:
         return metrics
 
 
-def parse_steps(text: str) -> frozenset[int]:
-    """``"3"``, ``"2-4"``, ``"1,5"``, ``"1,3-4"`` -> the step numbers; ValueError otherwise."""
-    items = str(text).split(",")
-    steps: set[int] = set()
-    for item in items:
-        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)  # as launch --profile checks it
-        if not match:
-            raise ValueError(f"profile steps {text!r}: not understood; give {STEPS_SYNTAX}")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) else first
-        if first < 1 or last < first:
-            raise ValueError(f"profile steps {text!r}: {item.strip()!r} is not a step or an increasing range; "
-                             f"give {STEPS_SYNTAX}")
-        steps.update(range(first, last + 1))
-    return frozenset(steps)
-
-
 class StepProfiler:
     """A profiler trace of each chosen step, in ``out_dir/step_<N>/`` (every rank writes its
-    own file, named by rank).  ``steps`` None or "" means off: then every call is a no-op."""
+    own file, named by rank).  ``steps`` in the shared step syntax ("all": every step); None or
+    "" means off: then every call is a no-op."""
 
     def __init__(self, steps: str | None, out_dir: str = "./profile"):
-        self.steps = parse_steps(steps) if steps not in (None, "") else frozenset()
+        off = steps in (None, "")
+        chosen = None if off else parse_steps(steps, "--profile_steps")
+        self.every_step = not off and chosen is None
+        self.steps = chosen or frozenset()
         self.out_dir = Path(out_dir)
         self._open: tuple[int, object] | None = None  # (step, profiler) being traced
         self._kind: str | None = None
-        if self.steps:  # a step that raises never reaches step_end: its trace shows where it failed
+        if self.enabled:  # a step that raises never reaches step_end: its trace shows where it failed
             atexit.register(self.close, synchronize=False)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.steps)
+        return self.every_step or bool(self.steps)
 
     def step_begin(self, step: int) -> None:
-        if step not in self.steps:
+        if not (self.every_step or step in self.steps):
             return
         self.close()  # a step whose step_end never came
         self._kind = self._kind or _active_kind()
@@ -213,3 +200,63 @@ class StepProfiler:
             activities=activities,
             on_trace_ready=p.tensorboard_trace_handler(str(directory), worker_name=worker),
             record_shapes=True, profile_memory=True)
+
+
+# ---------------------------------------------------------------- the features on the seam
+
+
+class PhaseTimes:
+    """Each phase of the step timed (the seam's sampling, decoding, rewarding and training
+    contexts); the step's figures get time_<phase>, peak_memory_bytes and peak_memory_kind."""
+
+    def __init__(self, timer: PhaseTimer):
+        self.timer = timer
+
+    def sampling(self):
+        return self.timer.phase("rollout")
+
+    def decoding(self, vae):
+        return self.timer.phase("decode")
+
+    def rewarding(self, model):
+        return self.timer.phase("reward")
+
+    def training(self):
+        return self.timer.phase("train")
+
+    def step_end(self, step: int, figures: dict) -> None:
+        figures.update(self.timer.step_metrics())  # this rank's; every rank: it starts the next step
+
+
+class Profile:
+    """``--profile_steps``: a profiler trace of each chosen step (written once the step's time
+    is taken: writing the trace is not the step's time)."""
+
+    def __init__(self, profiler: StepProfiler):
+        self.profiler = profiler
+
+    def step_begin(self, step: int) -> None:
+        self.profiler.step_begin(step)
+
+    def step_end(self, step: int, figures: dict) -> None:
+        self.profiler.step_end(step)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--profile_steps",
+        type=str,
+        default=None,
+        help="write a profiler trace of these steps to ./profile/step_N/, e.g. 3, 2-4 or 1,5",
+    )
+
+
+def argument_problem(args) -> str | None:
+    steps = getattr(args, "profile_steps", None)
+    if steps in (None, ""):
+        return None
+    try:
+        parse_steps(steps, "--profile_steps")
+    except ValueError as exc:
+        return str(exc)
+    return None

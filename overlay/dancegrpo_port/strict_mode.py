@@ -3,7 +3,7 @@
 Added to the upstream tree by dancegrpo-npu (overlay).  The Ascend NPU runs neither
 complex nor float64 kernels, and code that makes such tensors runs fine on CUDA and
 CPU - so a port can look finished and still fail on the NPU.  With
-``DANCEGRPO_NPU_STRICT=1``, ``fastvideo.utils.device.activate`` (the first thing each
+``DANCEGRPO_NPU_STRICT=1``, ``dancegrpo_port.device.activate`` (the first thing each
 patched script runs) switches this mode on for the rest of the process, and every aten
 op the process runs is checked: the whole training step - module forwards, the GRPO
 math between them (``flux_step``'s log-prob, the ratio, the loss), the backward pass,

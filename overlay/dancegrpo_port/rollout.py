@@ -1,30 +1,25 @@
-"""Batched rollout (issue 10): the Flux trainers' ``sample_reference_model`` in batches.
+"""Batched rollout: the Flux trainers' ``sample_reference_model`` in batches.
 
-Patches 0021 and 0022 call this module; it imports torch, the standard library (PIL through the
-images it is given) and the overlay's alignment module (for ``refuse``), never the dancegrpo_npu
-tool.
+The batched-rollout and rewards-in-batches patches call the helpers here; the ``Batching``
+feature on the seam (dancegrpo_port/hooks.py) checks that the trainer samples the batches it
+was asked for.  It imports torch and the standard library (PIL through the images it is
+given), never the dancegrpo_npu tool.
 
 ``--sample_batch_size N`` (default 1: upstream) sends the G generations of a prompt through the
 transformer N at a time; ``--vae_decode_chunk K`` (default N) decodes them K at a time; the
-rewards score a rollout batch at once from the decoded images in memory; the PNG files
-(``./images/flux_{rank}_{sample}.png``, at N = 1 upstream's names) are written by a background
-thread, off the critical path, and waited for before the step ends.
+rewards score a rollout batch at once from the decoded images in memory.
 
 At N = 1 every helper here does what upstream's code does, op for op: one chunk is the whole
 tensor (no split), a batch of one is ``unsqueeze(0)``-shaped, the text ids are repeated as
 upstream repeats them.  With ``--rng cpu`` every sample gets the noise it gets at N = 1
-(fastvideo/utils/alignment.py draws per sample, whatever the batching).
+(dancegrpo_port/alignment.py draws per sample, whatever the batching).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
-
-from fastvideo.utils.alignment import refuse
 
 # ---------------------------------------------------------------- arguments
 
@@ -51,9 +46,34 @@ def argument_problem(args) -> str | None:
     return None
 
 
-def check_args(args) -> None:
-    """Refuse bad rollout arguments before anything is loaded: one line on stderr, exit 2."""
-    refuse(argument_problem(args))
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--sample_batch_size",
+        type=int,
+        default=1,
+        help="generations sampled through the transformer at once (default 1, upstream's); "
+        "must divide --num_generations",
+    )
+    parser.add_argument(
+        "--vae_decode_chunk",
+        type=int,
+        default=None,
+        help="images decoded by the VAE at once (default: --sample_batch_size)",
+    )
+
+
+class Batching:
+    """The rollout batches the trainer samples are the ones asked for: a tree whose trainer
+    still samples one at a time (without the batched-rollout patch) stops at the first batch
+    instead of ignoring --sample_batch_size."""
+
+    def __init__(self, sample_batch_size: int):
+        self.size = sample_batch_size
+
+    def rollout_batch(self, batch_idx) -> None:
+        if len(batch_idx) != self.size:
+            raise RuntimeError(f"--sample_batch_size {self.size}: this trainer sampled a batch of {len(batch_idx)} "
+                               "(its rollout is not batched: the batched-rollout patch is not in this tree)")
 
 
 def decode_chunk(args) -> int:
@@ -143,26 +163,33 @@ def hps_inputs(images, captions, preprocess_val, tokenizer, device):
 
 
 class PickScoreText:
-    """PickScore's text embeddings, once per step.  Upstream encodes ALL the step's captions
-    for every image and scores it against the first one; the text only depends on the
-    captions, so it is encoded once and each image is scored against its own caption."""
+    """PickScore's text embeddings of a step's captions, encoded once.  Upstream encodes ALL the
+    step's captions for every image and scores it against the first one; the text depends only
+    on the captions (and the frozen reward model), so it is encoded once and each image is
+    scored against its own caption."""
 
     def __init__(self):
-        self.captions, self.embs = None, None
+        self.key, self.embs = None, None
 
     def __call__(self, processor, model, captions, device) -> torch.Tensor:
-        if self.captions != list(captions):
-            text_inputs = processor(text=captions, padding=True, truncation=True, max_length=77,
+        key = (id(model), tuple(captions))
+        if self.key != key:
+            text_inputs = processor(text=list(captions), padding=True, truncation=True, max_length=77,
                                     return_tensors="pt").to(device)
             with torch.no_grad():
                 embs = model.get_text_features(**text_inputs)
                 self.embs = embs / torch.norm(embs, dim=-1, keepdim=True)
-            self.captions = list(captions)
+            self.key = key
         return self.embs
 
 
-def pickscore(processor, model, text_embs: torch.Tensor, images, batch_idx, device) -> torch.Tensor:
-    """Each image of the batch against its own caption's embedding (row batch_idx[j])."""
+PICKSCORE_TEXT = PickScoreText()
+
+
+def pickscore(processor, model, captions, images, batch_idx, device) -> torch.Tensor:
+    """Each image of the batch against its own caption (row batch_idx[j] of the step's
+    ``captions``), the captions' embeddings encoded once a step."""
+    text_embs = PICKSCORE_TEXT(processor, model, captions, device)
     image_inputs = processor(images=images, padding=True, truncation=True, max_length=77,
                              return_tensors="pt").to(device)
     with torch.no_grad():
@@ -171,96 +198,3 @@ def pickscore(processor, model, text_embs: torch.Tensor, images, batch_idx, devi
         scores = text_embs @ image_embs.T  # (captions, images): upstream's product
     rows = torch.as_tensor(batch_idx, device=scores.device).reshape(-1)
     return scores[rows, torch.arange(len(rows), device=scores.device)]
-
-
-# ---------------------------------------------------------------- PNG files, off the critical path
-
-
-class ImageWriter:
-    """Saves PIL images on a background thread.  ``wait()`` blocks until every image handed
-    over is on disk and raises the first error the thread met (a full disk must not vanish)."""
-
-    def __init__(self):
-        self._queue: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    def save(self, image, path: str) -> None:
-        self._raise()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="rollout-png-writer", daemon=True)
-            self._thread.start()
-        self._queue.put((image, path))
-
-    def _work(self) -> None:
-        while True:
-            image, path = self._queue.get()
-            try:
-                if self._error is None:
-                    image.save(path)
-            except BaseException as exc:  # noqa: BLE001  (handed to the trainer by wait())
-                self._error = RuntimeError(f"writing {path} failed: {exc}")
-                self._error.__cause__ = exc
-            finally:
-                self._queue.task_done()
-
-    def wait(self) -> None:
-        self._queue.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
-WRITER = ImageWriter()
-
-
-def save_images(images, rank: int, batch_idx) -> None:
-    """One PNG per sample, ./images/flux_{rank}_{sample}.png, in the background."""
-    for image, sample in zip(images, torch.as_tensor(batch_idx).reshape(-1).tolist()):
-        WRITER.save(image, image_path(rank, sample))
-
-
-def wait_images() -> None:
-    """Before the step ends (and before anything reads the PNG files back)."""
-    WRITER.wait()
-
-
-# ---------------------------------------------------------------- phase times (patch 0022)
-
-TIMER = None  # the run's fastvideo.utils.phases.PhaseTimer (time_phases()); None: nothing timed
-
-
-def time_phases(timer):
-    """Once, in main(): the timer the trainer's phases report to (kept here because upstream's
-    sample_reference_model and train_one_step have no handle on the run)."""
-    global TIMER
-    TIMER = timer
-    return timer
-
-
-def phase(name: str):
-    """``with rollout.phase("decode"): ...`` - timed by the run's PhaseTimer, if any."""
-    return TIMER.phase(name) if TIMER is not None else nullcontext()
-
-
-def timed(name: str, items):
-    """The items of a loop, the whole loop timed as one phase (the training loop: one line of
-    the trainer changes instead of its whole body's indentation)."""
-    with phase(name):
-        yield from items
-
-
-def check_profile_steps(args) -> None:
-    """Refuse bad --profile_steps text before anything is loaded: one line on stderr, exit 2."""
-    from fastvideo.utils.phases import parse_steps
-
-    steps = getattr(args, "profile_steps", None)
-    if steps in (None, ""):
-        return
-    try:
-        parse_steps(steps)
-    except ValueError as exc:
-        refuse(f"--profile_steps: {exc}")

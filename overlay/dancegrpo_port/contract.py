@@ -1,0 +1,80 @@
+"""The vocabulary that the trainers and the ``dancegrpo-npu`` tool share, defined once.
+
+The patched tree imports this module as ``dancegrpo_port.contract``; the tool loads the same
+file from ``overlay/dancegrpo_port/contract.py`` (``dancegrpo_npu.contract``), so the tool never
+lives in the tree and the tree never imports the tool.  Nothing here may import anything but
+the standard library: the tool reads it without torch.
+
+What is defined here, and nowhere else:
+
+- ``DEVICE_KINDS`` / ``DEVICE_CHOICES``: where a run trains (``auto`` picks one of the kinds), and
+  the environment variables that choose it (``DEVICE_ENV``) and strict mode (``STRICT_ENV``).
+- ``RNG_CHOICES``: ``--rng`` (upstream's device draws, or one CPU generator for every device).
+- ``PHASES``: the phases of a GRPO step that metrics.jsonl times (``time_<phase>``).
+- ``HEALTH_KEYS``: the GRPO health figures of every metrics.jsonl line.
+- ``RECORDS_FORMAT``, ``REPLAY_FIT``, ``MODULE_GROUPS``: the ``records/`` format, what a replay
+  must share with the run it replays, and the models whose module outputs are recorded, in the
+  order a step calls them.
+- ``MSPROBE_ENV``, ``MSPROBE_TASKS``: msprobe dumps beside the module records.
+- the step-list syntax (``--record_steps``, ``--profile_steps``, ``compare --steps``,
+  ``launch --profile``) and its one parser, ``parse_steps``, with ``format_steps`` back.
+"""
+
+from __future__ import annotations
+
+import re
+
+DEVICE_KINDS = ("cpu", "cuda", "npu")
+DEVICE_CHOICES = ("auto",) + DEVICE_KINDS
+DEVICE_ENV = "DANCEGRPO_DEVICE"  # the run's device (one of DEVICE_CHOICES), as launch and smoke set it
+STRICT_ENV = "DANCEGRPO_NPU_STRICT"  # 1: stop at the first op that would leave the device
+
+RNG_CHOICES = ("device", "cpu")
+
+PHASES = ("rollout", "decode", "reward", "train")
+
+# Over every rank's samples; a figure with nothing to go over is None (JSON null).  grad_norm,
+# which upstream logs already, is read beside them.
+HEALTH_KEYS = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
+               "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
+
+RECORDS_FORMAT = 1
+REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
+MODULE_GROUPS = ("transformer", "vae", "reward")
+
+MSPROBE_ENV = "DANCEGRPO_MSPROBE"
+MSPROBE_TASKS = ("statistics", "tensor")
+
+STEPS_SYNTAX = "a step N, a range A-B, a comma list of those (1,3-5), or all"
+_STEP_ITEM = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
+
+
+def parse_steps(text, what: str = "steps") -> frozenset | None:
+    """``"3"``, ``"2-4"``, ``"1, 3 - 5"`` -> the step numbers (counted from 1); ``None`` or
+    ``"all"`` -> None (every step).  Anything else: ValueError naming ``what``."""
+    if text is None or str(text).strip().lower() == "all":
+        return None
+    steps: set[int] = set()
+    for item in str(text).split(","):
+        match = _STEP_ITEM.fullmatch(item)
+        if not match:
+            raise ValueError(f"{what} {text!r}: {item.strip()!r} is not understood; give {STEPS_SYNTAX}")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if first < 1 or last < first:
+            raise ValueError(f"{what} {text!r}: {item.strip()!r} is not a step or an increasing range of "
+                             f"steps counted from 1; give {STEPS_SYNTAX}")
+        steps.update(range(first, last + 1))
+    return frozenset(steps)
+
+
+def format_steps(steps) -> str:
+    """[1, 2, 3, 5] -> "1-3,5" (the syntax ``parse_steps`` reads)."""
+    out, steps = [], sorted(steps)
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ",".join(out)

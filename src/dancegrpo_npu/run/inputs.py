@@ -1,0 +1,92 @@
+"""Whether a launch's inputs are there and whole: weights, the embeddings dataset, reward files.
+
+All of them are checked in one pass, so that a dry run on a login node lists everything a job
+still lacks, and a real launch refuses with all of it in one line.  A directory that exists is
+not enough: weights need each component's ``config.json`` and weight files (what
+``from_pretrained`` reads), the embeddings directory its JSON, a file some bytes.
+
+Kinds (``ScriptInfo.required_inputs``):
+
+- ``flux``: a FLUX.1-dev directory as the trainers read it: ``transformer/`` and ``vae/``
+- ``vae``: a directory holding ``vae/`` (the trainers' --vae_model_path)
+- ``model``: one model's directory: config.json and weights at its top
+- ``pipeline``: the whole FLUX.1-dev pipeline, as preprocessing loads it
+- ``embeddings``: the embeddings dataset's JSON (preprocessing writes it), a non-empty list
+- ``file``: a file that is not empty
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+FLUX_MODELS = ("transformer", "vae")
+PIPELINE_MODELS = ("transformer", "vae", "text_encoder", "text_encoder_2")
+PIPELINE_TOKENIZERS = ("tokenizer", "tokenizer_2")
+# The embeddings JSON is read whole only below this size (a full dataset is a few MB).
+_JSON_READ_LIMIT = 256 * 2**20
+
+
+def _model_problem(d: Path) -> str | None:
+    """What a model directory lacks for ``from_pretrained``, or None."""
+    if not d.is_dir():
+        return f"{d.name}/ is missing"
+    lacks = []
+    if not (d / "config.json").is_file():
+        lacks.append("config.json")
+    if not any(p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) for p in d.iterdir()):
+        lacks.append("weight files (*.safetensors)")
+    return f"{d.name}/ has no {' and no '.join(lacks)}" if lacks else None
+
+
+def _dir_problems(p: Path, kind: str) -> list[str]:
+    if kind == "model":
+        problem = _model_problem(p)
+        return [problem.replace(f"{p.name}/ ", "", 1)] if problem else []
+    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS}[kind]
+    problems = [m for m in (_model_problem(p / name) for name in models) if m]
+    if kind == "pipeline":
+        if not (p / "model_index.json").is_file():
+            problems.insert(0, "model_index.json is missing")
+        for name in PIPELINE_TOKENIZERS:
+            if not (p / name).is_dir() or not any((p / name).iterdir()):
+                problems.append(f"{name}/ is missing or empty")
+    return problems
+
+
+def _embeddings_problem(p: Path) -> str | None:
+    if not p.is_file():
+        where = p.parent
+        if where.is_dir():
+            return f"the embeddings directory {where} has no {p.name}"
+        return f"{p} does not exist"
+    size = p.stat().st_size
+    if size == 0:
+        return f"{p} is empty"
+    if size > _JSON_READ_LIMIT:
+        return None
+    try:
+        data = json.loads(p.read_text(errors="replace"))
+    except (OSError, ValueError) as e:
+        return f"{p} is not JSON ({e})"
+    if not isinstance(data, list) or not data:
+        return f"{p} holds no embeddings (a JSON list of them is expected)"
+    return None
+
+
+def input_problem(kind: str, path: Path, what: str) -> str | None:
+    """One line saying what is wrong with one input, or None when it is there and whole."""
+    if kind == "file":
+        if not path.is_file():
+            return f"{path} does not exist ({what})"
+        if path.stat().st_size == 0:
+            return f"{path} is empty ({what})"
+        return None
+    if kind == "embeddings":
+        problem = _embeddings_problem(path)
+        return f"{problem} ({what})" if problem else None
+    if not path.is_dir():
+        return f"the {what} directory {path} does not exist"
+    problems = _dir_problems(path, kind)
+    return f"the {what} directory {path} is incomplete: {', '.join(problems)}" if problems else None

@@ -1,0 +1,79 @@
+"""Every patch after the foundation can be left out alone: `apply --without P` builds, and the
+smoke runs on the tree without P (slow: one 1-step smoke per patch, on one fetched project).
+
+The foundation is groups 1-3 of patches/series: imports without CUDA-only packages, the device,
+and the seam that every feature plugs into.  For every later patch the table says what the
+smoke does on the tree without it: it passes (the patch is a feature the smoke does not use, or
+a fix the launch already covers), or it stops with the error the patch exists to prevent (or,
+for a patch that adds trainer flags, the smoke's use of them).  A patch added to the series
+without a row here fails the table test: each new patch says what leaving it out does.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROJECT_ROOT, copy_project
+
+pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+FOUNDATION_GROUPS = 3  # the `# N.` group comments of patches/series that are the foundation
+
+# patch -> None: the smoke passes without it; a text: the smoke fails, and its error says this
+WITHOUT = {
+    "0011-caption-list.patch": "Unsupported caption type",
+    "0012-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
+    "0013-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "0014-hps-paths-as-arguments.patch": "unrecognized arguments: --hps_model",
+    "0015-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
+    "0016-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0017-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
+    "0018-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
+    "0019-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
+    "0020-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
+}
+
+
+def after_foundation() -> list[str]:
+    group, names = 0, []
+    for line in (PROJECT_ROOT / "patches" / "series").read_text().splitlines():
+        text = line.strip()
+        if text.startswith("#") and text[1:].strip()[:1].isdigit() and "." in text[:6]:
+            group = int(text[1:].strip().split(".")[0])
+        elif text and not text.startswith("#") and group > FOUNDATION_GROUPS:
+            names.append(text)
+    return names
+
+
+def test_the_table_names_every_patch_after_the_foundation():
+    assert after_foundation() == list(WITHOUT)
+
+
+@pytest.fixture(scope="module")
+def project(upstream_source, tmp_path_factory):
+    from dancegrpo_npu.engine.fetch import fetch
+    from dancegrpo_npu.project import find_project
+
+    project = find_project(copy_project(tmp_path_factory.mktemp("each-alone") / "project"))
+    fetch(project, source=upstream_source)
+    return project
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("patch", list(WITHOUT))
+def test_the_tree_without_it_builds_and_runs_the_smoke(project, patch):
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import command as smoke
+
+    apply_worktree(project, without=(patch,), force=True)
+    options = smoke.SmokeOptions(steps=1, device="cpu")
+    expected = WITHOUT[patch]
+    if expected is None:
+        result = smoke.run_smoke(project, options)
+        assert len(result.steps) == 1
+    else:
+        with pytest.raises(DancegrpoError) as failed:
+            smoke.run_smoke(project, options)
+        assert expected in str(failed.value), failed.value

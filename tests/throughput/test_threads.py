@@ -1,0 +1,56 @@
+"""CPU threads: bench sets them as smoke sets its ranks', says so, and an explicit
+OMP_NUM_THREADS wins (more threads than free cores spin against each other: a tiny bench ran
+30x slower with 2 threads than with 1 on a loaded 2-core host)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dancegrpo_npu.run.environment import cpu_threads
+
+
+@pytest.fixture
+def eight_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+
+
+def test_usable_cores_shared_by_the_processes(eight_cores):
+    assert cpu_threads(1, {})[0] == 8 and cpu_threads(2, {})[0] == 4 and cpu_threads(16, {})[0] == 1
+    assert cpu_threads(1, {}, busy=6.2) == (2, "8 usable core(s) less 6.2 busy (load average) / 1 process(es); "
+                                               "OMP_NUM_THREADS wins")
+    assert cpu_threads(1, {}, busy=11.0)[0] == 1
+
+
+def test_an_explicit_omp_num_threads_wins(eight_cores):
+    assert cpu_threads(2, {"OMP_NUM_THREADS": "3"}, busy=7) == (3, "OMP_NUM_THREADS=3, yours")
+    assert cpu_threads(2, {"OMP_NUM_THREADS": "junk"})[0] == 4  # not a number: not an explicit count
+
+
+def test_smoke_ranks_get_the_same_rule(eight_cores, monkeypatch):
+    from dancegrpo_npu.smoke import command as smoke
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert ("OMP_NUM_THREADS", "4") in smoke.job_env("cpu", 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert ("OMP_NUM_THREADS", "1") in smoke.job_env("cpu", 2)
+
+
+def test_bench_sets_torchs_threads_and_says_how(eight_cores):
+    torch = pytest.importorskip("torch")
+    from dancegrpo_npu.throughput.command import format_table, set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads({}, busy=7.0) == (1, "8 usable core(s) less 7.0 busy (load average) / 1 process(es); "
+                                                    "OMP_NUM_THREADS wins")
+        assert torch.get_num_threads() == 1
+        assert set_cpu_threads({"OMP_NUM_THREADS": "2"}, busy=7.0)[0] == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    facts = {"preset": "tiny", "device_kind": "cpu", "dtype": "float32", "height": 64, "width": 64,
+             "sampling_steps": 4, "generations": 4, "train_timesteps": 1, "steps": 1, "warmup_steps": 1,
+             "peak_memory": "RSS", "torch_threads": 2, "torch_threads_from": "OMP_NUM_THREADS=2, yours"}
+    header = format_table([], facts).splitlines()[0]
+    assert header.endswith("1 warm-up; 2 CPU thread(s) (OMP_NUM_THREADS=2, yours)")

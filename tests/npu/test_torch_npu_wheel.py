@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -58,10 +60,13 @@ def _download() -> Path:
             if in_ci():
                 pytest.fail(f"CI: {why}")
             pytest.skip(why)
-    tmp = CACHE / "src.partial"
+    tmp = CACHE / f"src.partial-{os.getpid()}"  # complete or absent: another run may be extracting too
     with zipfile.ZipFile(found[0]) as whl:
         whl.extractall(tmp, [n for n in whl.namelist() if KEEP.fullmatch(n)])
-    tmp.rename(src)
+    try:
+        tmp.rename(src)
+    except OSError:  # the other run was first
+        shutil.rmtree(tmp)
     return src
 
 

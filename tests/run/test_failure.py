@@ -67,6 +67,19 @@ def test_failure_detail_records_the_error(tmp_path):
     json.dumps(detail)  # it goes into summary.json
 
 
+def test_failure_detail_takes_a_ranks_argparse_refusal(tmp_path):
+    """A trainer that refuses its arguments exits 2 with argparse's usage and one error line, no
+    traceback: that line is the failure, not torchrun's "exited with code 2"."""
+    rank0 = tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stderr.log").write_text("usage: train_grpo_flux.py [-h] --data_json_path X\n"
+                                      "train_grpo_flux.py: error: unrecognized arguments: --hps_model m.json\n")
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(code=2))
+    detail = failure_detail(tmp_path)
+    assert detail["log"].endswith("/0/stderr.log")
+    assert detail["error"] == "train_grpo_flux.py: error: unrecognized arguments: --hps_model m.json"
+
+
 def test_failure_detail_falls_back_to_the_console(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "console.log").write_text("[default0]:[rank0]: Traceback (most recent call last):\n"

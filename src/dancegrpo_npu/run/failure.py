@@ -112,7 +112,8 @@ def failure_detail(run_dir: Path) -> dict:
         if path.name != "stderr.log":
             continue
         lines = _read(path) or []
-        if any(_TRACEBACK in line or "Error" in line for line in lines):
+        # a traceback, an exception line, or the trainer's argparse refusal ("x.py: error: ...")
+        if any(_TRACEBACK in line or "Error" in line or _ERROR_LINE.match(line.strip()) for line in lines):
             return {"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
                     "error": error_line(lines)}
     lines = _read(run_dir / "logs" / "console.log") or []

@@ -74,7 +74,7 @@ def test_failure_detail_takes_a_ranks_argparse_refusal(tmp_path):
     rank0.mkdir(parents=True)
     (rank0 / "stderr.log").write_text("usage: train_grpo_flux.py [-h] --data_json_path X\n"
                                       "train_grpo_flux.py: error: unrecognized arguments: --hps_model m.json\n")
-    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(code=2))
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(code=2, traceback="<N/A>"))
     detail = failure_detail(tmp_path)
     assert detail["log"].endswith("/0/stderr.log")
     assert detail["error"] == "train_grpo_flux.py: error: unrecognized arguments: --hps_model m.json"

@@ -225,7 +225,7 @@ def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) ->
     digest = sha256_file(archive)
     if digest != lock.archive_sha256:
         raise DancegrpoError(
-            f"{archive.name} has sha256 {digest[:16]}…, upstream.lock's archive_sha256 is {lock.archive_sha256[:16]}…",
+            f"{archive.name} has sha256 {digest}, upstream.lock's archive_sha256 is {lock.archive_sha256}",
             "use the archive of the locked commit, or fetch from git",
         )
     with tempfile.TemporaryDirectory(prefix="extract-", dir=repo / ".git") as tmp:

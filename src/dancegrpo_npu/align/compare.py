@@ -6,6 +6,10 @@ images, the rewards, the advantages, the trained log-probs, ratios and losses, t
 with module records, the module outputs of step 1 where they happen (transformer before the
 latents, VAE before the images, reward model before the rewards), in execution order.  Each
 row is the worst over the ranks.  The first row out of tolerance is the first divergence.
+Module outputs are judged by msprobe's rule; once the runs are not aligned, a module whose
+relative error is above its dtype's threshold and jumps over every module before it "stands out"
+and is out of tolerance too, so that the first divergence names a small fault, not its effect
+(align/modules.py, docs/alignment.md).
 
 Exit 0: aligned.  1: not aligned (noise that differs included: that is no like-for-like
 comparison).  2: the runs cannot be compared (a one-line error).
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
+from dancegrpo_npu.align.modules import flag_standing_out, module_checks
 from dancegrpo_npu.align.options import parse_step_spec
 from dancegrpo_npu.align.records import (
     MODULE_GROUPS,
@@ -160,30 +165,6 @@ def _stage_checks(fa, fb, step: int, rank: int, tol: dict, state: dict) -> list:
     return rows
 
 
-def _module_checks(a: RunRecords, b: RunRecords, tol: dict) -> list:
-    """One row per module of RUN_A's execution order (rank 0's order names the rows), worst over ranks."""
-    from dancegrpo_npu.align import metrics as m
-
-    merged: dict[str, m.Check] = {}
-    for rank in range(a.world_size):
-        order = a.module_order(rank)
-        with open_pair(a.module_file(rank), b.module_file(rank)) as (fa, fb):
-            for name in order:
-                ta, tb = fa.get(name), fb.get(name)
-                where = {"rank": rank}
-                if ta is None or tb is None:
-                    what = "missing in " + ("RUN_A" if ta is None else "RUN_B")
-                    row = m.Check("module", 1, what, float("nan"), None, "msprobe", False, where, name, {"problem": what})
-                else:
-                    figures = m.module_metrics(ta, tb)
-                    ok = m.msprobe_ok(figures, tol)
-                    row = m.Check("module", 1, "cosine", figures["cosine"], tol["module_cos"], "msprobe", ok, where,
-                                  name, figures)  # fmt: skip
-                if name not in merged or row.worse_than(merged[name]):
-                    merged[name] = row
-    return list(merged.values())
-
-
 def _group(row) -> str:
     return module_group(row.module or "")
 
@@ -192,7 +173,7 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
     from dancegrpo_npu.align import metrics as m
 
     state: dict = {}
-    modules = _module_checks(a, b, tol) if a.has_modules() and b.has_modules() else []
+    modules = module_checks(a, b, tol) if a.has_modules() and b.has_modules() else []
     module_step = 1 if 1 in steps else steps[0]
     rows: list[m.Check] = []
     for step in steps:
@@ -205,6 +186,7 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
         if "rewards" in merged:
             merged["rewards"] = _reward_row(merged["rewards"], state["rewards"][step], tol["rewards_rel_pct"])
         rows += _splice_modules(list(merged.values()), modules if step == module_step else [])
+    flag_standing_out(rows)  # not aligned: the module where the error jumps is named, not its effect
     rewards = {s: (v[0] / v[2], v[1] / v[2]) for s, v in state.get("rewards", {}).items() if v[2]}
     notes = ()
     if a.has_modules() != b.has_modules():

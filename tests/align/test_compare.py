@@ -4,6 +4,7 @@ tolerance overrides, compare.json and compare.png."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -306,8 +307,39 @@ def test_nan_in_run_b_fails_and_a_run_against_itself_is_aligned(project, capsys)
     rc, out, _ = compare(project, capsys, "a", "b")
     assert rc == 1 and first_divergence(out).startswith("first divergence: train.loss at step 1")
     assert "is NaN" in first_divergence(out)
-    rc, out, _ = compare(project, capsys, "b", "b")  # identical bits, NaN included
+    shutil.copytree(project / "runs" / "b", project / "runs" / "b-copy")
+    rc, out, _ = compare(project, capsys, "b", "b-copy")  # identical bits, NaN included
     assert rc == 0
+
+
+def test_a_run_compared_with_itself_says_so_and_checks_nothing(project, capsys):
+    a = make_run(project / "runs", "20260101-100000-cpu")
+    for ref_b in ("20260101-100000-cpu", "cpu", str(a)):  # the same run, however it is named
+        rc, out, err = compare(project, capsys, "20260101-100000-cpu", ref_b)
+        assert rc == 2 and out == "" and err.count("\n") == 1, err
+        assert "compare: RUN_A and RUN_B are the same run, 20260101-100000-cpu" in err
+        assert "no evidence of alignment; nothing was checked" in err and "--replay 20260101-100000-cpu" in err
+    assert not (a / "compare.json").exists()
+
+
+@pytest.mark.parametrize("damage, line", [
+    (lambda text: text[:-20], "line 2 is not a JSON record with a step (after step 1; a truncated write?)"),
+    (lambda text: "garbage\n" + text, "line 1 is not a JSON record with a step (before any step; a truncated write?)"),
+    (None, "cannot be read ("),
+])  # fmt: skip
+def test_a_truncated_or_unreadable_metrics_file_is_named(project, capsys, damage, line):
+    make_run(project / "runs", "a")
+    b = make_run(project / "runs", "b")
+    jsonl = b / "metrics.jsonl"
+    if damage:
+        jsonl.write_text(damage(jsonl.read_text()))
+    else:
+        jsonl.unlink()
+        jsonl.mkdir()  # unreadable as a file, for root too
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 0, out  # the records are the evidence, and they are aligned
+    notes = [n for n in out.splitlines() if n.startswith("note: ") and "metrics.jsonl" in n]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {jsonl}") and line in notes[0], out
 
 
 def test_noise_that_differs_is_reported_first_and_is_not_like_for_like(project, capsys):
@@ -367,12 +399,13 @@ def test_mismatched_runs_cannot_be_compared(project, capsys, b_index, message):
 
 def test_no_records_missing_run_and_steps_outside(project, capsys):
     make_run(project / "runs", "a")
+    make_run(project / "runs", "a2")
     (project / "runs" / "plain").mkdir()
     (project / "runs" / "plain" / "summary.json").write_text("{}")
     for argv, message in (
         (("a", "plain"), "compare: run plain has no records"),
         (("a", "nosuch"), "no run 'nosuch'"),
-        (("a", "a", "--steps", "5-6"), "no common recorded step (a: 1-2, a: 1-2; --steps 5-6)"),
+        (("a", "a2", "--steps", "5-6"), "no common recorded step (a: 1-2, a2: 1-2; --steps 5-6)"),
         (("a", "a", "--steps", "2-1"), "--steps '2-1'"),
         (("a", "a", "--tol", "reward=1"), "unknown tolerance 'reward'; the names: latents_rel_l2, log_probs_abs"),
         (("a", "a", "--tol", "rewards_rel_pct=much"), "'much' is not a finite non-negative number"),

@@ -243,13 +243,34 @@ def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_
     wanted = parse_step_spec(steps_spec, what="--steps") if steps_spec is not None else None
     a = load_records(project.runs_dir, ref_a)
     b = load_records(project.runs_dir, ref_b)
+    if a.run_dir.resolve() == b.run_dir.resolve():
+        raise DancegrpoError(
+            f"compare: RUN_A and RUN_B are the same run, {a.name} ({ref_a!r}, {ref_b!r}): a run compared with itself "
+            "is bit-equal whatever it holds, which is no evidence of alignment; nothing was checked",
+            f"compare it with another run: a reference from another device, or a replay of it (--replay {a.name})",
+            exit_code=2,
+        )
     check_comparable(a, b)
     steps = common_steps(a, b, wanted)
     tol = tolerances_mod.resolve(overrides, a.index, b.index)
     result = run_compare(a, b, steps, tol)
+    result.notes += metrics_notes(a, b)
     written = report.write_reports(result)
     print(report.render(result, written))
     return 0 if result.aligned else 1
+
+
+def metrics_notes(*runs: RunRecords) -> tuple[str, ...]:
+    """What compare.png's curves lack: a metrics.jsonl that stops at a line that is no record, or
+    that cannot be read (the records, which the verdict is made of, are read separately)."""
+    from dancegrpo_npu.run.records import read_metrics
+
+    notes = []
+    for run in runs:
+        problem = read_metrics(run.run_dir).problem
+        if problem:
+            notes.append(f"{problem}; compare.png's curves of {run.name} miss what it does not hold")
+    return tuple(notes)
 
 
 EPILOG = textwrap.dedent(

@@ -30,14 +30,14 @@ def test_series_lists_patches_in_order():
 
 def test_not_a_project_is_one_line_error(tmp_path):
     r = run("-C", str(tmp_path), "series")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no upstream.lock" in r.stderr and "-C DIR" in r.stderr
 
 
 def test_C_after_the_verb(tmp_path):
     r = run("series", "-C", str(tmp_path))
-    assert r.returncode == 1 and "no upstream.lock" in r.stderr
+    assert r.returncode == 2 and "no upstream.lock" in r.stderr
 
 
 def test_cli_starts_without_torch():

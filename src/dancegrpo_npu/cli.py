@@ -46,6 +46,16 @@ The usual path:
   dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
 """
 
+EXIT_STATUS = """\
+Exit status: 0 done, or the check passed; 1 checked and failed (verify, compare, doctor,
+lock --check, rebase --dry-run, smoke), or refused by the state of the project (a tree that
+is not exact, local edits, a patch that does not apply, a run that failed); 2 could not
+check: the command line is wrong (a usage error, a value out of range, a name that names
+nothing, options that do not go together, runs that cannot be compared); 130 interrupted
+(Ctrl-C); 141 stdout closed by its reader (`| head`).  Errors are one line: what is wrong,
+then what to run.
+"""
+
 
 def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
     """-C and --workdir, accepted before or after the verb.
@@ -90,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="dancegrpo-npu",
         description=DESCRIPTION,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(for_subcommand=False)],
     )

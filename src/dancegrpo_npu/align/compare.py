@@ -12,7 +12,7 @@ and is out of tolerance too, so that the first divergence names a small fault, n
 (align/modules.py, docs/alignment.md).
 
 Exit 0: aligned.  1: not aligned (noise that differs included: that is no like-for-like
-comparison).  2: the runs cannot be compared (a one-line error).
+comparison).  2: the runs cannot be compared (a one-line error), a run with itself included.
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ EPILOG = textwrap.dedent(
     """\
     RUN_A is the reference (the GPU or CPU run), RUN_B the run under test (the NPU run); both must
     have been launched with --record (docs/alignment.md).  compare.json and compare.png are written
-    into RUN_B.  Exit 0: aligned; 1: not aligned; 2: cannot compare.
+    into RUN_B.  Exit 0: aligned; 1: not aligned; 2: cannot compare (a run with itself too).
 
     examples:
       dancegrpo-npu compare 20260101-100000-gpu 20260101-110000-npu

@@ -84,11 +84,11 @@ def resolve_source(lock: Lock, given: str | None) -> Source:
     path = Path(location).expanduser()
     if location.endswith((".tar.gz", ".tgz")) and "://" not in location:
         if not path.is_file():
-            raise DancegrpoError(f"source archive {location} does not exist", SOURCE_HINT)
+            raise DancegrpoError(f"source archive {location} does not exist", SOURCE_HINT, exit_code=2)
         return Source("archive", str(path.resolve()))
     if "://" not in location and not re.match(r"^[\w.-]+@[\w.-]+:", location) and path.exists():
         if not (path / ".git").exists() and not (path / "HEAD").is_file():
-            raise DancegrpoError(f"source {location} is neither a git repository nor a .tar.gz", SOURCE_HINT)
+            raise DancegrpoError(f"source {location} is neither a git repository nor a .tar.gz", SOURCE_HINT, exit_code=2)
         return Source("git", str(path.resolve()))
     return Source("git", location)
 

@@ -293,7 +293,7 @@ def register(sub, common) -> None:
 def _cmd_rebase(args) -> int:
     project = project_from_args(args)
     if args.dry_run and not args.onto:
-        raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`")
+        raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`", exit_code=2)
     if args.onto and args.dry_run:
         result = dry_run(project, args.onto, args.source)
     elif args.onto:

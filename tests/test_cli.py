@@ -30,14 +30,14 @@ def test_series_lists_patches_in_order():
 
 def test_not_a_project_is_one_line_error(tmp_path):
     r = run("-C", str(tmp_path), "series")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no upstream.lock" in r.stderr and "-C DIR" in r.stderr
 
 
 def test_C_after_the_verb(tmp_path):
     r = run("series", "-C", str(tmp_path))
-    assert r.returncode == 1 and "no upstream.lock" in r.stderr
+    assert r.returncode == 2 and "no upstream.lock" in r.stderr
 
 
 def test_cli_starts_without_torch():
@@ -118,3 +118,66 @@ def test_broken_pipe_not_on_stdout_is_not_hidden(monkeypatch, capsys):
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     with pytest.raises(BrokenPipeError):
         cli.main([])
+
+
+# ------------------------------------------------------------ usage errors and Ctrl-C
+
+
+@pytest.mark.parametrize(
+    "args, help_cmd",
+    [
+        (("compare",), "dancegrpo-npu compare --help"),  # a required argument missing
+        (("frobnicate",), "dancegrpo-npu --help"),  # no such verb
+        (("--bogus", "status"), "dancegrpo-npu --help"),  # an unknown option
+        (("compare", "a", "b", "--steps"), "dancegrpo-npu compare --help"),  # an option without its value
+        (("runs", "--no-such-flag"), "dancegrpo-npu --help"),  # left over after the verb: the top parser's error
+    ],
+)
+def test_usage_error_is_one_line_with_a_hint(args, help_cmd):
+    r = run(*args)
+    assert r.returncode == 2, r
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("dancegrpo-npu: error: "), r.stderr
+    assert f"; see `{help_cmd}`" in r.stderr and "usage:" not in r.stderr
+    assert run(*help_cmd.split()[1:]).returncode == 0  # the hinted command works
+
+
+def _console_script() -> list[str]:
+    """The command pip's console script runs: pyproject's entry point, called as the script calls it."""
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dancegrpo-npu"]
+    module, func = entry.split(":")
+    return [sys.executable, "-c", f"import re, sys\nfrom {module} import {func}\nsys.exit({func}())"]
+
+
+# SIGINT after each delay: ~immediately (before or while the interpreter starts), while the verbs'
+# modules load (the first ~0.2 s), and while the verb runs: `series` on a patches/series that is
+# a FIFO nobody writes to blocks in open() until it is interrupted, whenever that comes.
+@pytest.mark.parametrize(
+    "entry, delays",
+    [("python -m", (0.0, 0.05, 0.15, 0.6)), ("console script", (0.0, 0.1, 0.6))],
+)
+def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, entry, delays):
+    import signal
+    import time
+
+    from dancegrpo_npu.engine.lock import Lock, save_lock
+    from dancegrpo_npu.errors import INTERRUPTED
+
+    save_lock(Lock("https://example.invalid/DanceGRPO", "0" * 40), tmp_path / "upstream.lock")
+    (tmp_path / "patches").mkdir()
+    os.mkfifo(tmp_path / "patches" / "series")
+    cmd = [sys.executable, "-m", "dancegrpo_npu"] if entry == "python -m" else _console_script()
+    for delay in delays:
+        proc = subprocess.Popen([*cmd, "-C", str(tmp_path), "series"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+        # 130, or death by SIGINT (a shell's 130 too): CPython re-raises SIGINT at exit after
+        # some interrupted imports
+        if err == f"dancegrpo-npu: {INTERRUPTED}\n" and proc.returncode in (130, -signal.SIGINT):
+            continue
+        # Before the tool's first line runs, a Ctrl-C is the interpreter's own: it dies silently,
+        # or with Python's start-up traceback (site, runpy); never with a frame of the tool's code.
+        assert delay < 0.5 and "dancegrpo_npu" not in err and (not err or "<frozen" in err), (delay, proc.returncode, err)

@@ -7,15 +7,12 @@ inside functions, so ``--help`` and the patch-set verbs start fast.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import os
-import select
 import sys
-import textwrap
 
-from dancegrpo_npu import __version__
-from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.errors import INTERRUPTED, DancegrpoError
+
+# Nothing else is imported at module level: the console script and ``python -m`` import only
+# this much before main() runs, and main() catches a Ctrl-C while the verbs' modules load.
 
 # Verb modules, in the order --help lists them.
 COMMAND_MODULES = (
@@ -36,20 +33,28 @@ COMMAND_MODULES = (
     "throughput.command",
 )
 
-DESCRIPTION = textwrap.dedent(
-    """\
-    Run upstream DanceGRPO (GRPO post-training for FLUX) on Ascend NPUs, CUDA or CPU,
-    from a pinned upstream commit (upstream.lock), an ordered patch series
-    (patches/series) and an overlay of added modules (overlay/).
+DESCRIPTION = """\
+Run upstream DanceGRPO (GRPO post-training for FLUX) on Ascend NPUs, CUDA or CPU,
+from a pinned upstream commit (upstream.lock), an ordered patch series
+(patches/series) and an overlay of added modules (overlay/).
 
-    The usual path:
-      dancegrpo-npu fetch      upstream at the locked commit into build/DanceGRPO
-      dancegrpo-npu apply      the series, then the overlay, atomically
-      dancegrpo-npu verify     exit 0 only if the tree is exactly lock + series + overlay
-      dancegrpo-npu smoke      a 2-step GRPO run with tiny models (CPU is enough)
-      dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
-    """
-)
+The usual path:
+  dancegrpo-npu fetch      upstream at the locked commit into build/DanceGRPO
+  dancegrpo-npu apply      the series, then the overlay, atomically
+  dancegrpo-npu verify     exit 0 only if the tree is exactly lock + series + overlay
+  dancegrpo-npu smoke      a 2-step GRPO run with tiny models (CPU is enough)
+  dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
+"""
+
+EXIT_STATUS = """\
+Exit status: 0 done, or the check passed; 1 checked and failed (verify, compare, doctor,
+lock --check, rebase --dry-run, smoke), or refused by the state of the project (a tree that
+is not exact, local edits, a patch that does not apply, a run that failed); 2 could not
+check: the command line is wrong (a usage error, a value out of range, a name that names
+nothing, options that do not go together, runs that cannot be compared); 130 interrupted
+(Ctrl-C); 141 stdout closed by its reader (`| head`).  Errors are one line: what is wrong,
+then what to run.
+"""
 
 
 def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
@@ -58,6 +63,8 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
     On sub-parsers the defaults are SUPPRESS so that a value given before the verb
     is not overwritten by the sub-parser's default.
     """
+    import argparse
+
     default = argparse.SUPPRESS if for_subcommand else None
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
@@ -84,26 +91,45 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    import argparse
+    import importlib
+
+    from dancegrpo_npu import __version__
+
+    class Parser(argparse.ArgumentParser):
+        """Usage errors as the tool's other errors: one line, with what to run (exit 2)."""
+
+        def error(self, message: str):
+            verb = self.prog.split()[1:]  # "dancegrpo-npu compare" -> ["compare"]
+            help_cmd = " ".join(["dancegrpo-npu", *verb[:1], "--help"])
+            raise DancegrpoError(message, f"see `{help_cmd}`", exit_code=2)
+
+    parser = Parser(
         prog="dancegrpo-npu",
         description=DESCRIPTION,
+        epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(for_subcommand=False)],
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # sub-parsers are Parsers too
     common = common_options(for_subcommand=True)
     for name in COMMAND_MODULES:  # every one exists and registers its verb(s)
         importlib.import_module(f"dancegrpo_npu.{name}").register(sub, common)
     return parser
 
 
-# What a shell reports for a process killed by SIGPIPE (128 + 13), as for `git log | head`.
+# What a shell reports for a process killed by SIGPIPE (128 + 13), as for `git log | head`,
+# and by SIGINT (128 + 2), as for any tool stopped by Ctrl-C.
 EXIT_BROKEN_PIPE = 128 + 13
+EXIT_INTERRUPTED = 128 + 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; errors the user can act on become one line of stderr.
+
+    Ctrl-C at any moment, the verbs' imports included, is one line and exit 130: a verb's
+    clean-up and roll-backs run as the KeyboardInterrupt unwinds through it.
 
     ``dancegrpo-npu status | head -3``: when the reader of stdout goes away, the verb stops
     at its next write (the BrokenPipeError unwinds through the verb, so its clean-up and
@@ -114,12 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             status = _main(argv)
-        except SystemExit:  # argparse's --help, --version and usage errors
+        except SystemExit:  # argparse's --help and --version
             sys.stdout.flush()
             raise
         sys.stdout.flush()  # block-buffered into a pipe: the write may happen only now
         return status
+    except KeyboardInterrupt:
+        print(f"dancegrpo-npu: {INTERRUPTED}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
+        import os
+
         if not _stdout_reader_gone():
             raise  # a pipe of the verb's own (a subprocess, a socket): a bug, not `| head`
         # Point stdout at devnull, so that the interpreter's final flush does not fail again.
@@ -131,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stdout_reader_gone() -> bool:
     """Whether stdout is a pipe (or socket) whose reader has closed it."""
+    import select
+
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
@@ -145,16 +178,13 @@ def _stdout_reader_gone() -> bool:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
     except DancegrpoError as e:
         print(f"dancegrpo-npu: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("dancegrpo-npu: interrupted; re-run the same command to finish or roll back", file=sys.stderr)
-        return 130

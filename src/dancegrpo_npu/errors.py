@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+# What an interrupted command says (Ctrl-C): every verb finishes or rolls back on its next run.
+INTERRUPTED = "interrupted; re-run the same command to finish or roll back"
+
+
 class DancegrpoError(Exception):
     """A failure the user can act on.
 

@@ -64,11 +64,12 @@ def find_project(
     """
     root = Path(directory or os.getcwd()).expanduser().resolve()
     if not root.is_dir():
-        raise DancegrpoError(f"{root} is not a directory", "pass -C with the dancegrpo-npu project directory")
+        raise DancegrpoError(f"{root} is not a directory", "pass -C with the dancegrpo-npu project directory", exit_code=2)
     if not (root / LOCK_NAME).is_file():
         raise DancegrpoError(
             f"{root} is not a dancegrpo-npu project (it has no {LOCK_NAME})",
             "run the command in the project directory, or pass -C DIR",
+            exit_code=2,
         )
     if workdir is None:
         tree = root / DEFAULT_WORKDIR

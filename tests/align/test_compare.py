@@ -4,6 +4,7 @@ tolerance overrides, compare.json and compare.png."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -213,6 +214,76 @@ def test_module_rule_is_msprobes(project, capsys):
     assert rc == 0, out
 
 
+def _rewards_off(step, rank, t):  # the effect a small fault has: rewards 0.3% off (tolerance 0.02%)
+    t["rewards"] *= np.float32(1.003)
+
+
+@pytest.mark.parametrize("fault", [0, 2, 3, 8], ids=lambda k: MODULES[k])  # RoPE, a norm, attention, the VAE
+def test_a_small_fault_is_named_where_its_error_stands_out(project, capsys, fault):
+    """A 2% error from the faulty module on (it carries through to every later one) passes
+    msprobe's rule everywhere (cosine 1); once the rewards show it, the module it starts in is
+    named, and the line says how it was chosen."""
+    make_run(project / "runs", "a", modules=True)
+
+    def two_percent(rank, m):
+        for name in MODULES[fault:]:
+            m[name] *= np.float32(1.02)
+
+    make_run(project / "runs", "b", modules=True, perturb_modules=two_percent, perturb=_rewards_off)
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 1
+    assert first_divergence(out) == (
+        f"first divergence: {MODULES[fault]} (module output, step 1, rank 0): rel L2 error 0.02 > 0.0002 (fp32), "
+        "and no module before it differs: the first module whose error stands out (judged so as the runs are not "
+        "aligned; msprobe's rule passes it: cos 1, abs " + first_divergence(out).rsplit(" abs ", 1)[1]
+    )
+    table = [line for line in out.splitlines() if "stands out" in line and "first divergence" not in line]
+    assert len(table) == 1 and table[0].startswith(MODULES[fault] + " "), out  # only where it starts
+
+
+def test_a_small_fault_under_float_noise_is_named_by_its_jump(project, capsys):
+    make_run(project / "runs", "a", modules=True)
+
+    def noise_then_fault(rank, m):
+        rng = np.random.default_rng(3)
+        for k, name in enumerate(MODULES):
+            m[name] *= (1 + 5e-5 * rng.standard_normal(m[name].shape) + (0.02 if k >= 3 else 0)).astype(np.float32)
+
+    make_run(project / "runs", "b", modules=True, perturb_modules=noise_then_fault, perturb=_rewards_off)
+    rc, out, _ = compare(project, capsys, "a", "b")
+    line = first_divergence(out)
+    assert rc == 1 and line.startswith(f"first divergence: {MODULES[3]} (module output, step 1, rank 0): rel L2 error ")
+    assert "x the largest error before it (" in line and "stands out" in line
+
+
+@pytest.mark.parametrize("rewards_off", [False, True], ids=["aligned", "rewards-off"])
+def test_float_noise_that_grows_stands_out_nowhere(project, capsys, rewards_off):
+    """Noise growing 1.5x from module to module, past the fp32 threshold, is noise: it does not
+    jump.  Aligned stages stay aligned; with the rewards off, the rewards are the divergence."""
+    make_run(project / "runs", "a", modules=True)
+
+    def growing_noise(rank, m):
+        rng = np.random.default_rng(4)
+        for k, name in enumerate(MODULES):
+            m[name] *= (1 + 1e-4 * 1.5**k * rng.standard_normal(m[name].shape)).astype(np.float32)
+
+    make_run(project / "runs", "b", modules=True, perturb_modules=growing_noise,
+             perturb=_rewards_off if rewards_off else None)  # fmt: skip
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == (1 if rewards_off else 0), out
+    assert "stands out" not in out
+    assert first_divergence(out).startswith("first divergence: rewards at step 1" if rewards_off else "first divergence: none")
+
+
+def test_the_dtype_of_a_module_output_is_read_off_its_values():
+    from dancegrpo_npu.align.modules import source_dtype
+
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    bf16 = (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
+    assert source_dtype(bf16) == "bf16" and source_dtype(x.astype(np.float16).astype(np.float32)) == "fp16"
+    assert source_dtype(x) == "fp32" and source_dtype(np.array([np.nan], np.float32)) == "fp32"
+
+
 def test_two_ranks_name_the_rank(project, capsys):
     make_run(project / "runs", "a", world_size=2)
 
@@ -236,8 +307,39 @@ def test_nan_in_run_b_fails_and_a_run_against_itself_is_aligned(project, capsys)
     rc, out, _ = compare(project, capsys, "a", "b")
     assert rc == 1 and first_divergence(out).startswith("first divergence: train.loss at step 1")
     assert "is NaN" in first_divergence(out)
-    rc, out, _ = compare(project, capsys, "b", "b")  # identical bits, NaN included
+    shutil.copytree(project / "runs" / "b", project / "runs" / "b-copy")
+    rc, out, _ = compare(project, capsys, "b", "b-copy")  # identical bits, NaN included
     assert rc == 0
+
+
+def test_a_run_compared_with_itself_says_so_and_checks_nothing(project, capsys):
+    a = make_run(project / "runs", "20260101-100000-cpu")
+    for ref_b in ("20260101-100000-cpu", "cpu", str(a)):  # the same run, however it is named
+        rc, out, err = compare(project, capsys, "20260101-100000-cpu", ref_b)
+        assert rc == 2 and out == "" and err.count("\n") == 1, err
+        assert "compare: RUN_A and RUN_B are the same run, 20260101-100000-cpu" in err
+        assert "no evidence of alignment; nothing was checked" in err and "--replay 20260101-100000-cpu" in err
+    assert not (a / "compare.json").exists()
+
+
+@pytest.mark.parametrize("damage, line", [
+    (lambda text: text[:-20], "line 2 is not a JSON record with a step (after step 1; a truncated write?)"),
+    (lambda text: "garbage\n" + text, "line 1 is not a JSON record with a step (before any step; a truncated write?)"),
+    (None, "cannot be read ("),
+])  # fmt: skip
+def test_a_truncated_or_unreadable_metrics_file_is_named(project, capsys, damage, line):
+    make_run(project / "runs", "a")
+    b = make_run(project / "runs", "b")
+    jsonl = b / "metrics.jsonl"
+    if damage:
+        jsonl.write_text(damage(jsonl.read_text()))
+    else:
+        jsonl.unlink()
+        jsonl.mkdir()  # unreadable as a file, for root too
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 0, out  # the records are the evidence, and they are aligned
+    notes = [n for n in out.splitlines() if n.startswith("note: ") and "metrics.jsonl" in n]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {jsonl}") and line in notes[0], out
 
 
 def test_noise_that_differs_is_reported_first_and_is_not_like_for_like(project, capsys):
@@ -297,12 +399,13 @@ def test_mismatched_runs_cannot_be_compared(project, capsys, b_index, message):
 
 def test_no_records_missing_run_and_steps_outside(project, capsys):
     make_run(project / "runs", "a")
+    make_run(project / "runs", "a2")
     (project / "runs" / "plain").mkdir()
     (project / "runs" / "plain" / "summary.json").write_text("{}")
     for argv, message in (
         (("a", "plain"), "compare: run plain has no records"),
         (("a", "nosuch"), "no run 'nosuch'"),
-        (("a", "a", "--steps", "5-6"), "no common recorded step (a: 1-2, a: 1-2; --steps 5-6)"),
+        (("a", "a2", "--steps", "5-6"), "no common recorded step (a: 1-2, a2: 1-2; --steps 5-6)"),
         (("a", "a", "--steps", "2-1"), "--steps '2-1'"),
         (("a", "a", "--tol", "reward=1"), "unknown tolerance 'reward'; the names: latents_rel_l2, log_probs_abs"),
         (("a", "a", "--tol", "rewards_rel_pct=much"), "'much' is not a finite non-negative number"),

@@ -4,7 +4,9 @@
 - a ``--replay`` of a recorded run reproduces it: compare exits 0;
 - numeric faults planted in a COPY of the patched tree (a phase-shifted RoPE table, a scaled
   attention output, a changed norm weight, a changed VAE weight) are caught with
-  ``--record-modules``: compare exits 1 and ``first divergence:`` names the planted module.
+  ``--record-modules``: compare exits 1 and ``first divergence:`` names the planted module;
+- faults of 2% in the same places pass msprobe's rule in every module: the module is named
+  because its error stands out (align/modules.py), not the rewards it moves.
 
 They need the trainer side of the alignment contract (patches adding --rng/--record/--replay to
 the Flux trainers); without those in the series they are skipped, saying so.  The planted trees
@@ -124,6 +126,21 @@ FAULTS = {
 }  # fmt: skip
 
 
+# The same places, faults of about 2%: msprobe's rule passes every module (cosine ~0.999, the
+# errors scale with the outputs); the runs are not aligned (the rewards move), and the module
+# where the error stands out (align/modules.py) must be the one named.
+SCALED_2PCT = SCALED_ATTENTION.replace("-1.5", "1.02")
+SMALL_FAULTS = {
+    "rope": ([(ROPE, "angles = pos[:, axes] * inv_freq ", "angles = pos[:, axes] * (inv_freq * 1.02) ")], FAULTS["rope"][1]),
+    "attention": ([(TRAINER, AFTER_ROPE, AFTER_ROPE + SCALED_2PCT)], FAULTS["attention"][1]),
+    "norm": (
+        [(TRAINER, AFTER_ROPE, AFTER_ROPE + "    transformer.transformer_blocks[0].attn.norm_q.weight.data.mul_(1.02)  # PLANTED\n")],
+        FAULTS["norm"][1],
+    ),
+    "vae": ([(TRAINER, AFTER_VAE, AFTER_VAE + "    vae.decoder.conv_in.weight.data.mul_(1.02)  # PLANTED FAULT\n")], FAULTS["vae"][1]),
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def clean_modules_run(patched_tree):
     # with msprobe's dumps beside our module records where the extra is installed (CI installs it)
@@ -158,6 +175,18 @@ def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monke
     named = line.split()[2]
     assert re.fullmatch(re.escape(module) + r"(\.\d+)*", named), line  # the module, or an item of its output
     assert "(module output, step 1, rank 0)" in line
+
+
+@needs_trainer_side
+@pytest.mark.parametrize("fault", list(SMALL_FAULTS))
+def test_a_2pct_fault_is_named_where_it_stands_out(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
+    edits, module = SMALL_FAULTS[fault]
+    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), rng="cpu", record_modules=True)
+    rc, out = compare(patched_tree.project, capsys, clean_modules_run, faulty)
+    assert rc == 1, out
+    line = first_divergence(out)
+    assert re.fullmatch(re.escape(module) + r"(\.\d+)*", line.split()[2]), out  # the module, or an item of its output
+    assert "the first module whose error stands out (judged so as the runs are not aligned; msprobe's rule passes it" in line, line
 
 
 def _msprobe_dump(run_dir: Path, call: str) -> Path:

@@ -15,6 +15,7 @@ from dancegrpo_npu.cli import main
 from dancegrpo_npu.doctor.command import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.doctor.versions import base_version, table_row
+from dancegrpo_npu.doctor.checks import torch_npu_suggestion
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -241,6 +242,17 @@ def test_device_npu_requested_without_npu_stack(project):
         pytest.skip("a torch_npu is loaded in this process")
     checks = by_name(run_checks(project, DoctorOptions(device="npu", skip=("matmul", "all_reduce"), min_free_gb=0)))
     assert checks["torch_npu"].status == FAIL and checks["devices"].status == FAIL
+    import torch
+
+    assert checks["torch_npu"].fix == torch_npu_suggestion(torch.__version__)  # for the torch installed here
+
+
+def test_torch_npu_suggestion_matches_the_installed_torch():
+    assert torch_npu_suggestion("2.8.0+cpu").startswith("pip install torch-npu==2.8.0.post2 (built for your torch 2.8.0, ")
+    assert torch_npu_suggestion("2.1.0").startswith("pip install torch-npu==2.1.0.post17 ")
+    none = torch_npu_suggestion("2.14.1+cu130")  # no torch_npu is built for it: no "matching" wheel is named
+    assert none.startswith("Ascend has no torch_npu for torch 2.14.1+cu130 (its table covers torch 2.1.0, 2.5.1, ")
+    assert "install the pair torch==2.7.1 and torch-npu==2.7.1" in none and "matching" not in none
 
 
 def test_numerics_warns_where_the_npu_side_differs_and_says_what_it_means(monkeypatch):

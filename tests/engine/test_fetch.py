@@ -163,8 +163,11 @@ def test_unreachable_source(tmp_path):
 def test_wrong_file_hash_nothing_written(tmp_path):
     up = make_upstream(tmp_path / "up")
     project = make_project(tmp_path / "project", up, lock_files={"README.md": "f" * 64})
-    with pytest.raises(DancegrpoError, match="upstream file README.md has sha256"):
+    with pytest.raises(DancegrpoError, match="upstream file README.md has sha256") as refusal:
         fetch(project, source=up.url())
+    # both hashes whole: cut short, two different ones can look the same
+    actual = sha256_file(up.path / "README.md")
+    assert f"has sha256 {actual}, upstream.lock records {'f' * 64}" in refusal.value.message
     _nothing_left(project)
     save_lock(Lock(up.url(), up.commit, {"nope.py": "f" * 64}), project.lock_path)
     with pytest.raises(DancegrpoError, match="records nope.py, which upstream"):
@@ -288,8 +291,9 @@ def test_tarball_with_bad_sha_or_none_recorded(tmp_path):
     up = make_upstream(tmp_path / "up")
     archive = make_archive(up, tmp_path / "up.tar.gz")
     project = make_project(tmp_path / "project", up, archive_sha256="0" * 64)
-    with pytest.raises(DancegrpoError, match="up.tar.gz has sha256"):
+    with pytest.raises(DancegrpoError, match="up.tar.gz has sha256") as refusal:
         fetch(project, source=os.fspath(archive))
+    assert f"has sha256 {sha256_file(archive)}, upstream.lock's archive_sha256 is {'0' * 64}" in refusal.value.message
     _nothing_left(project)
     project = make_project(tmp_path / "project2", up)
     refused(fetch, f'add archive_sha256 = "{sha256_file(archive)}"', project, source=os.fspath(archive))

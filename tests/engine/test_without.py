@@ -110,7 +110,7 @@ def test_unknown_patch_is_a_one_line_error_and_touches_nothing(s):
     before = snapshot(s.tree)
     applied_before = (s.tree / ".git/dancegrpo-npu/applied.json").read_bytes()
     r = cli(s.project, "apply", "--without", "0099-nope.patch")
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""  # a name that names nothing: could not start
     assert r.stderr.count("\n") == 1 and "--without 0099-nope.patch: no patch of patches/series" in r.stderr
     assert snapshot(s.tree) == before
     assert (s.tree / ".git/dancegrpo-npu/applied.json").read_bytes() == applied_before

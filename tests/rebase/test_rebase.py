@@ -444,7 +444,7 @@ def test_cli_stop_continue_and_errors(world):
     r = run_cli(project.root, "rebase", "--continue")
     assert r.returncode == 1 and "no rebase is in progress" in r.stderr and "Traceback" not in r.stderr
     r = run_cli(project.root, "rebase", "--continue", "--dry-run")
-    assert r.returncode == 1 and "--dry-run goes with --onto" in r.stderr
+    assert r.returncode == 2 and "--dry-run goes with --onto" in r.stderr
 
 
 def test_cli_without_work_tree(tmp_path):

@@ -202,6 +202,23 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / "build").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("state", ["missing", "edited"])
+def test_the_tree_is_checked_before_the_fixtures_are_built(tmp_path, capsys, state):
+    from synthetic_upstream import setup
+
+    from dancegrpo_npu.cli import main
+
+    # a project of its own: no tree, or a tree with the trainer that is not lock + series + overlay
+    s = setup(tmp_path, files={"fastvideo/train_grpo_flux.py": "print()\n"}, fetch=state == "edited")
+    if state == "edited":
+        (s.tree / "fastvideo" / "train_grpo_flux.py").write_text("print('edited')\n")
+    rc = main(["-C", str(s.project.root), "smoke"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert ("no patched upstream tree at" if state == "missing" else "is not lock + series + overlay") in err
+    assert not (s.project.build_dir / "fixtures").exists() and not s.project.runs_dir.exists()
+
+
 def test_the_cli_passes_the_options_and_the_tree(tmp_path, monkeypatch, capsys):
     from dancegrpo_npu.cli import main
 

@@ -6,9 +6,13 @@ images, the rewards, the advantages, the trained log-probs, ratios and losses, t
 with module records, the module outputs of step 1 where they happen (transformer before the
 latents, VAE before the images, reward model before the rewards), in execution order.  Each
 row is the worst over the ranks.  The first row out of tolerance is the first divergence.
+Module outputs are judged by msprobe's rule; once the runs are not aligned, a module whose
+relative error is above its dtype's threshold and jumps over every module before it "stands out"
+and is out of tolerance too, so that the first divergence names a small fault, not its effect
+(align/modules.py, docs/alignment.md).
 
 Exit 0: aligned.  1: not aligned (noise that differs included: that is no like-for-like
-comparison).  2: the runs cannot be compared (a one-line error).
+comparison).  2: the runs cannot be compared (a one-line error), a run with itself included.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
+from dancegrpo_npu.align.modules import flag_standing_out, module_checks
 from dancegrpo_npu.align.options import parse_step_spec
 from dancegrpo_npu.align.records import (
     MODULE_GROUPS,
@@ -161,30 +166,6 @@ def _stage_checks(fa, fb, step: int, rank: int, tol: dict, state: dict) -> list:
     return rows
 
 
-def _module_checks(a: RunRecords, b: RunRecords, tol: dict) -> list:
-    """One row per module of RUN_A's execution order (rank 0's order names the rows), worst over ranks."""
-    from dancegrpo_npu.align import metrics as m
-
-    merged: dict[str, m.Check] = {}
-    for rank in range(a.world_size):
-        order = a.module_order(rank)
-        with open_pair(a.module_file(rank), b.module_file(rank)) as (fa, fb):
-            for name in order:
-                ta, tb = fa.get(name), fb.get(name)
-                where = {"rank": rank}
-                if ta is None or tb is None:
-                    what = "missing in " + ("RUN_A" if ta is None else "RUN_B")
-                    row = m.Check("module", 1, what, float("nan"), None, "msprobe", False, where, name, {"problem": what})
-                else:
-                    figures = m.module_metrics(ta, tb)
-                    ok = m.msprobe_ok(figures, tol)
-                    row = m.Check("module", 1, "cosine", figures["cosine"], tol["module_cos"], "msprobe", ok, where,
-                                  name, figures)  # fmt: skip
-                if name not in merged or row.worse_than(merged[name]):
-                    merged[name] = row
-    return list(merged.values())
-
-
 def _group(row) -> str:
     return module_group(row.module or "")
 
@@ -193,7 +174,7 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
     from dancegrpo_npu.align import metrics as m
 
     state: dict = {}
-    modules = _module_checks(a, b, tol) if a.has_modules() and b.has_modules() else []
+    modules = module_checks(a, b, tol) if a.has_modules() and b.has_modules() else []
     module_step = 1 if 1 in steps else steps[0]
     rows: list[m.Check] = []
     for step in steps:
@@ -206,6 +187,7 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
         if "rewards" in merged:
             merged["rewards"] = _reward_row(merged["rewards"], state["rewards"][step], tol["rewards_rel_pct"])
         rows += _splice_modules(list(merged.values()), modules if step == module_step else [])
+    flag_standing_out(rows)  # not aligned: the module where the error jumps is named, not its effect
     rewards = {s: (v[0] / v[2], v[1] / v[2]) for s, v in state.get("rewards", {}).items() if v[2]}
     notes = ()
     if a.has_modules() != b.has_modules():
@@ -262,21 +244,42 @@ def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_
     wanted = parse_step_spec(steps_spec, what="--steps") if steps_spec is not None else None
     a = load_records(project.runs_dir, ref_a)
     b = load_records(project.runs_dir, ref_b)
+    if a.run_dir.resolve() == b.run_dir.resolve():
+        raise DancegrpoError(
+            f"compare: RUN_A and RUN_B are the same run, {a.name} ({ref_a!r}, {ref_b!r}): a run compared with itself "
+            "is bit-equal whatever it holds, which is no evidence of alignment; nothing was checked",
+            f"compare it with another run: a reference from another device, or a replay of it (--replay {a.name})",
+            exit_code=2,
+        )
     check_comparable(a, b)
     steps = common_steps(a, b, wanted)
     tol = tolerances_mod.resolve(overrides, a.index, b.index)
     result = run_compare(a, b, steps, tol)
+    result.notes += metrics_notes(a, b)
     with writing(result.b.run_dir / "compare.json", "free space or fix the permissions in the run under test"):
         written = report.write_reports(result)
     print(report.render(result, written))
     return 0 if result.aligned else 1
 
 
+def metrics_notes(*runs: RunRecords) -> tuple[str, ...]:
+    """What compare.png's curves lack: a metrics.jsonl that stops at a line that is no record, or
+    that cannot be read (the records, which the verdict is made of, are read separately)."""
+    from dancegrpo_npu.run.records import read_metrics
+
+    notes = []
+    for run in runs:
+        problem = read_metrics(run.run_dir).problem
+        if problem:
+            notes.append(f"{problem}; compare.png's curves of {run.name} miss what it does not hold")
+    return tuple(notes)
+
+
 EPILOG = textwrap.dedent(
     """\
     RUN_A is the reference (the GPU or CPU run), RUN_B the run under test (the NPU run); both must
     have been launched with --record (docs/alignment.md).  compare.json and compare.png are written
-    into RUN_B.  Exit 0: aligned; 1: not aligned; 2: cannot compare.
+    into RUN_B.  Exit 0: aligned; 1: not aligned; 2: cannot compare (a run with itself too).
 
     examples:
       dancegrpo-npu compare 20260101-100000-gpu 20260101-110000-npu

@@ -46,6 +46,8 @@ def value_text(row) -> str:
         if "shape" in e:
             return f"shape {e['shape'][0]} vs {e['shape'][1]}"
         text = f"cos {_num(e['cosine'])}, abs {_num(e['max_abs_err'])}, rel {_num(e['max_rel_err'])}"
+        if "rel_l2" in e:
+            text += f", rel L2 {_num(e['rel_l2'])} ({e['dtype']})"
         return text + ("" if e.get("finite", True) else ", NaN/Inf")
     text = _num(row.value)
     if "max_sample_rel_err_pct" in row.extra:
@@ -59,7 +61,7 @@ def tolerance_text(row) -> str:
     if row.bound == "equal":
         return "bit-equal"
     if row.bound == "msprobe":
-        return "msprobe"
+        return "stands out" if row.extra.get("judged_by") == "stands out" else "msprobe"
     return (">= " if row.bound == "min" else "<= ") + _num(row.tolerance)
 
 
@@ -86,7 +88,8 @@ def _table_rows(rows: list) -> list:
             members = [m for m in modules if module_group(m.module or "") == group]
             bad = [m for m in members if not m.ok]
             worst = min((m.extra.get("cosine", float("nan")) for m in members), key=lambda c: (c == c, c))
-            out.append((f"{group}/* ({len(members)} modules)", str(r.step), "worst cosine", _num(worst), "msprobe",
+            rule = "msprobe" + (", stands out" if any(m.extra.get("judged_by") == "stands out" for m in bad) else "")
+            out.append((f"{group}/* ({len(members)} modules)", str(r.step), "worst cosine", _num(worst), rule,
                         f"FAIL ({len(bad)})" if bad else "ok", ""))  # fmt: skip
         if not r.ok and failed_shown < MAX_FAILED_MODULE_ROWS:
             failed_shown += 1
@@ -101,6 +104,20 @@ def format_table(rows: list) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
 
+def standing_out_text(row, tolerances: dict) -> str:
+    """Why a module that passes msprobe's rule is named: its error is over its dtype's threshold
+    and jumps over every module before it (align/modules.py)."""
+    from dancegrpo_npu.align.modules import REL_TOLERANCE
+
+    e = row.extra
+    before = e["largest_before"]
+    jump = f"{_num(e['rel_l2'] / before)}x the largest error before it ({_num(before)})" if before else \
+        "and no module before it differs"  # fmt: skip
+    return (f"rel L2 error {_num(e['rel_l2'])} > {_num(tolerances[REL_TOLERANCE[e['dtype']]])} ({e['dtype']}), "
+            f"{jump}: the first module whose error stands out (judged so as the runs are not aligned; "
+            f"msprobe's rule passes it: cos {_num(e['cosine'])}, abs {_num(e['max_abs_err'])})")  # fmt: skip
+
+
 def first_divergence_text(result) -> str:
     row = result.first_divergence
     if row is None:
@@ -110,7 +127,9 @@ def first_divergence_text(result) -> str:
         head = f"{row.module} (module output, step {row.step}, {where})"
     else:
         head = f"{row.stage} at step {row.step} ({where})"
-    if row.extra.get("problem") or row.bound in ("equal", "msprobe"):
+    if row.extra.get("judged_by") == "stands out":
+        detail = standing_out_text(row, result.tolerances)
+    elif row.extra.get("problem") or row.bound in ("equal", "msprobe"):
         detail = value_text(row) + (" (msprobe: not reached)" if row.bound == "msprobe" else "")
     else:
         sign = "<" if row.bound == "min" else ">"

@@ -114,6 +114,30 @@ TOLERANCES: tuple[Tolerance, ...] = (
         "module output: max abs error above this is out of tolerance whatever the cosine",
         "msprobe compare: 'not reached' when max abs error > 1",
     ),
+    Tolerance(
+        "module_rel_bf16", 0.004, "max", "",
+        "module output recorded from bf16 values: relative L2 error ||B-A||/||A|| above this (and a jump, "
+        "module_jump) makes the module stand out once the runs are not aligned",
+        "msprobe's relative-error threshold for bf16 (2^-8, bf16's unit roundoff); the L2 norm of the "
+        "error, not its largest element, so that near-zero elements do not count as errors",
+    ),
+    Tolerance(
+        "module_rel_fp16", 0.001, "max", "",
+        "as module_rel_bf16, for values recorded from fp16",
+        "msprobe's relative-error threshold for fp16 (2^-10)",
+    ),
+    Tolerance(
+        "module_rel_fp32", 0.0002, "max", "",
+        "as module_rel_bf16, for values recorded from fp32",
+        "msprobe's relative-error threshold for fp32",
+    ),
+    Tolerance(
+        "module_jump", 4.0, "min", "x",
+        "a module stands out only if its relative L2 error is at least this many times the largest "
+        "error of the modules executed before it",
+        "float noise grows from module to module (each bf16 op adds about one roundoff); a factor 4 in "
+        "one module is an error that starts there, not one carried in",
+    ),
 )  # fmt: skip
 
 BY_NAME = {t.name: t for t in TOLERANCES}

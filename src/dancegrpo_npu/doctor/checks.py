@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import ascend
-from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, base_version, table_row
+from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, TORCH_NPU_TABLE, base_version, table_row
 
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"  # WARN: worth reading, training can start
 
@@ -105,6 +105,20 @@ def check_torch(facts: Facts) -> Check:
     return Check("torch", PASS, torch.__version__)
 
 
+def torch_npu_suggestion(torch_version: str | None) -> str:
+    """What to install for torch_npu: the table's wheels for the installed torch, else the
+    known-good pair (Ascend builds torch_npu for a few torch releases only)."""
+    pair = f"install the pair torch=={KNOWN_GOOD['torch']} and torch-npu=={KNOWN_GOOD['torch_npu']} (docs/ascend-910b.md, Versions)"
+    if torch_version is None:
+        return pair
+    wheels = [(wheel, cann) for wheel, torch, cann in TORCH_NPU_TABLE if torch == base_version(torch_version)]
+    if not wheels:
+        covered = ", ".join(dict.fromkeys(torch for _, torch, _ in TORCH_NPU_TABLE))
+        return f"Ascend has no torch_npu for torch {torch_version} (its table covers torch {covered}): {pair}"
+    wheel, cann = wheels[-1]  # the newest CANN's
+    return f"pip install torch-npu=={wheel} (built for your torch {base_version(torch_version)}, with CANN {cann}; docs/ascend-910b.md, Versions)"
+
+
 def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
     want_npu = opts.device == "npu"
     if importlib.util.find_spec("torch_npu") is None:
@@ -113,7 +127,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
                 "torch_npu",
                 FAIL,
                 "torch_npu is not installed",
-                f"pip install torch-npu=={KNOWN_GOOD['torch_npu']} (matching your torch; docs/ascend-910b.md, Versions)",
+                torch_npu_suggestion(getattr(facts.torch, "__version__", None)),
             )
         return Check("torch_npu", SKIP, "not installed: no NPU stack on this machine, the CUDA/CPU checks run instead")
     if facts.torch is None:

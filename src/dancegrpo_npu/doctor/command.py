@@ -69,7 +69,7 @@ def check_tree(project: Project) -> Check:
         None
         if status != FAIL
         else (
-            treecheck.FIX if state["state"] == "missing" else "see `dancegrpo-npu status`, then `dancegrpo-npu apply`"
+            treecheck.FIX if state["state"] == "missing" else treecheck.unverified_fix(state)
         )
     )
     return Check("tree", status, state["detail"], fix)

@@ -26,7 +26,7 @@ from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits, target_stat
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev_parse
 from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_bytes
-from dancegrpo_npu.engine.lockfile import check_series_against_lock
+from dancegrpo_npu.engine.lockfile import check_series_against_lock, verify_files
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import Patch, load_series, select_without, series_label, series_sha256
 from dancegrpo_npu.engine.stage import Built, FileState, Upstream, build, parent_dirs, read_overlay, read_state, touched_files, write_file
@@ -75,6 +75,18 @@ def upstream_from_git(root: Path, tree: dict[str, TreeEntry]) -> Upstream:
         return {p: FileState(blobs[tree[p].blob], tree[p].mode == "100755") for p in regular}
 
     return Upstream(frozenset(tree), symlinks, read)
+
+
+def check_series_fits(project: Project, lock: Lock, root: Path, tree: dict[str, TreeEntry], recorded: bool = True) -> None:
+    """The series and the overlay build exactly on ``tree`` (a commit in the work tree's
+    repository, whose files ``lock`` records: with ``recorded``, every file the series touches),
+    else the engine's error naming the patch."""
+    patches = load_series(project.patches_dir)
+    if recorded:
+        check_series_against_lock(lock, patches, tree, root)
+    else:
+        verify_files(root, tree, lock)
+    build(upstream_from_git(root, tree), patches, read_overlay(project.overlay_dir), None)
 
 
 def upstream_from_dir(root: Path, upstream_paths: set[str] | None = None) -> Upstream:

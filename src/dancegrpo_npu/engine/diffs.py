@@ -22,7 +22,24 @@ from dancegrpo_npu.engine.treepaths import check_patch_path
 from dancegrpo_npu.errors import DancegrpoError
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
-REBASE_HINT = "the patch does not fit the locked upstream exactly (no fuzz is allowed); run `dancegrpo-npu rebase`"
+
+
+def misfit_hint(patch: str) -> str:
+    """What to do about a patch that does not fit the locked commit.  Not ``rebase``: it moves a
+    series that fits the lock onto another commit (``fetch`` refuses a lock whose commit was
+    changed by hand to one the series does not fit, with that advice); here the patch itself
+    is off (edited, or written against another base or order)."""
+    return (
+        f"the patch does not fit upstream.lock's commit exactly (no fuzz is allowed): fix its hunk in patches/{patch}, "
+        f"or remake it: take it out of patches/series, run `dancegrpo-npu apply`, redo its change in the tree and "
+        f"save it with `dancegrpo-npu export NAME`"
+    )
+
+
+def _already_applied_hint(done: str) -> str:
+    return f"drop the patch from patches/series ({done}), then run `dancegrpo-npu apply`"
+
+
 _UNSUPPORTED = {
     b"GIT binary patch": "a git binary patch",
     b"Binary files ": "a binary change",
@@ -343,15 +360,15 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
         created = b"".join(change.hunks[0].new) if change.hunks else b""  # no hunk: an empty file
         if content is not None:
             if content == created:
-                raise _fail(patch, f"is already applied: {path} already exists with the content it creates", "drop the patch from patches/series (upstream or an earlier patch has it), or run `dancegrpo-npu rebase`")
-            raise _fail(patch, f"creates {path}, which already exists", REBASE_HINT)
+                raise _fail(patch, f"is already applied: {path} already exists with the content it creates", _already_applied_hint("upstream or an earlier patch has it"))
+            raise _fail(patch, f"creates {path}, which already exists", misfit_hint(patch))
         if change.hunks and (len(change.hunks) != 1 or change.hunks[0].src_len != 0):
             raise _fail(patch, f"creates {path} but its hunks are not a single '@@ -0,0 ...' hunk")
         return created
     if content is None:
         if change.kind == "delete":
-            raise _fail(patch, f"is already applied: it deletes {path}, which does not exist", "drop the patch from patches/series (upstream or an earlier patch did it), or run `dancegrpo-npu rebase`")
-        raise _fail(patch, f"changes {path}, which does not exist", REBASE_HINT)
+            raise _fail(patch, f"is already applied: it deletes {path}, which does not exist", _already_applied_hint("upstream or an earlier patch did it"))
+        raise _fail(patch, f"changes {path}, which does not exist", misfit_hint(patch))
     lines = split_lines(content)
     out: list[bytes] = []
     pos = 0
@@ -371,8 +388,8 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
         pos = start + len(h.old)
     if problems:
         if _already_applied(lines, change):
-            raise _fail(patch, f"is already applied to {path} (the file already has its changes)", "drop the patch from patches/series (upstream or an earlier patch has it), or run `dancegrpo-npu rebase`")
-        hint = REBASE_HINT
+            raise _fail(patch, f"is already applied to {path} (the file already has its changes)", _already_applied_hint("upstream or an earlier patch has it"))
+        hint = misfit_hint(patch)
         if "line endings differ" in problems[0]:
             hint = "regenerate the patch with `git diff` against the locked tree, which keeps the file's line endings"
         more = f" (and {len(problems) - 1} more hunk(s))" if len(problems) > 1 else ""
@@ -381,7 +398,7 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
     result = b"".join(out)
     if change.kind == "delete":
         if result:
-            raise _fail(patch, f"deletes {path} but its hunks do not cover the whole file", REBASE_HINT)
+            raise _fail(patch, f"deletes {path} but its hunks do not cover the whole file", misfit_hint(patch))
         return None
     return result
 

@@ -84,11 +84,11 @@ def resolve_source(lock: Lock, given: str | None) -> Source:
     path = Path(location).expanduser()
     if location.endswith((".tar.gz", ".tgz")) and "://" not in location:
         if not path.is_file():
-            raise DancegrpoError(f"source archive {location} does not exist", SOURCE_HINT)
+            raise DancegrpoError(f"source archive {location} does not exist", SOURCE_HINT, exit_code=2)
         return Source("archive", str(path.resolve()))
     if "://" not in location and not re.match(r"^[\w.-]+@[\w.-]+:", location) and path.exists():
         if not (path / ".git").exists() and not (path / "HEAD").is_file():
-            raise DancegrpoError(f"source {location} is neither a git repository nor a .tar.gz", SOURCE_HINT)
+            raise DancegrpoError(f"source {location} is neither a git repository nor a .tar.gz", SOURCE_HINT, exit_code=2)
         return Source("git", str(path.resolve()))
     return Source("git", location)
 
@@ -225,7 +225,7 @@ def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) ->
     digest = sha256_file(archive)
     if digest != lock.archive_sha256:
         raise DancegrpoError(
-            f"{archive.name} has sha256 {digest[:16]}…, upstream.lock's archive_sha256 is {lock.archive_sha256[:16]}…",
+            f"{archive.name} has sha256 {digest}, upstream.lock's archive_sha256 is {lock.archive_sha256}",
             "use the archive of the locked commit, or fetch from git",
         )
     with tempfile.TemporaryDirectory(prefix="extract-", dir=repo / ".git") as tmp:
@@ -313,6 +313,8 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         else:
             new_head = _find_commit(wt.root, src, lock.commit)
         new_tree = ls_tree(wt.root, new_head)
+        if not for_rebase:
+            refuse_misfit_move(project, lock, fetched.commit, wt.root, new_tree)
         verify_files(wt.root, new_tree, lock)
         applied = load_applied(wt)
         tree = ls_tree(wt.root, head)
@@ -337,6 +339,24 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         moved = Fetched(lock.commit, new_head, src.location, src.kind, fetched.with_assets, _archive_sha(src, lock))
         commit_journal(wt, None, ops, None, dirs, checkpoint, checkout=moved)
         return FetchOutcome("moved", moved, tuple(left_out), saved)
+
+
+def refuse_misfit_move(project: Project, lock: Lock, old: str, root: Path, new_tree: dict) -> None:
+    """Refuse to move the tree to a lock whose commit the series does not fit (its commit
+    changed by hand, the patches not moved with it), before anything moves: `apply` would
+    then fail at every patch, and `rebase`, which moves a series from the commit it fits,
+    would find nothing to do.  A lock that moved together with its series passes."""
+    from dancegrpo_npu.engine.apply import check_series_fits
+
+    try:
+        check_series_fits(project, lock, root, new_tree, recorded=False)  # a lock moved before `lock` refreshes [files]
+    except DancegrpoError as e:
+        raise DancegrpoError(
+            f"upstream.lock's commit moved from {old[:12]} to {lock.commit[:12]}, but the series is not moved with it "
+            f"({e.message}); the work tree was not changed",
+            f"to move the series, set upstream.lock's commit back to {old} and run "
+            f"`dancegrpo-npu rebase --onto {lock.commit}` (it moves every patch and rewrites the lock)",
+        ) from None
 
 
 def move_for_rebase(project: Project, checkpoint=_no_checkpoint) -> FetchOutcome:

@@ -66,7 +66,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _bad(path: Path, what: str, hint: str = "fix upstream.lock, or restore it from version control") -> DancegrpoError:
+_RESTORE = "fix upstream.lock by hand, or restore the committed one with `git checkout -- upstream.lock`"
+
+
+def _bad(path: Path, what: str, hint: str = _RESTORE) -> DancegrpoError:
     return DancegrpoError(f"{path}: {what}", hint)
 
 

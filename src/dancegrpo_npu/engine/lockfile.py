@@ -33,7 +33,7 @@ def verify_files(repo, tree: dict[str, TreeEntry], lock: Lock) -> None:
         actual = sha256_bytes(blobs[tree[rel].blob])
         if actual != digest:
             raise DancegrpoError(
-                f"upstream file {rel} has sha256 {actual[:16]}…, upstream.lock records {digest[:16]}…",
+                f"upstream file {rel} has sha256 {actual}, upstream.lock records {digest}",
                 "the upstream fetched is not the one the series was written for: check the source"
                 " (or run `dancegrpo-npu lock` if the lock is stale)",
             )

@@ -179,6 +179,7 @@ def select_without(patches: list[Patch], names) -> tuple[list[Patch], tuple[str,
             raise DancegrpoError(
                 f"--without {given}: {what}",
                 "name a patch as `dancegrpo-npu series` lists it (with or without .patch), or by its number",
+                exit_code=2,
             )
         chosen.add(found[0])
     return [p for p in patches if p.name not in chosen], tuple(p.name for p in patches if p.name in chosen)

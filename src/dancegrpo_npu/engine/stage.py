@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dancegrpo_npu.engine.diffs import (
-    EXECUTABLE, REGULAR, SYMLINK, FileChange, apply_exact, mode_name, parse_diff, place_hunks,
+    EXECUTABLE, REGULAR, SYMLINK, FileChange, apply_exact, misfit_hint, mode_name, parse_diff, place_hunks,
 )
 from dancegrpo_npu.engine.treepaths import check_symlinks, resolve_link
 from dancegrpo_npu.errors import DancegrpoError
@@ -230,7 +230,7 @@ def _result(before: FileState | None, change: FileChange, patch: str, links: dic
         already = " (already applied?)" if change.new_mode == before.git_mode else ""
         raise DancegrpoError(
             f"patch {patch}: {path} is mode {mode_name(before.git_mode)}, the patch expects {mode_name(change.old_mode)}{already}",
-            "regenerate the patch with `git diff` against the locked tree, or run `dancegrpo-npu rebase`",
+            misfit_hint(patch),
         )
     data = apply_exact(before.data if before else None, change, patch)
     if data is None:

@@ -251,6 +251,9 @@ def _cmd_status(args) -> int:
     return 0
 
 
+DIFFERS_HINT = "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact"
+
+
 def verify_tree(project: Project) -> Report:
     """The tree's report when it is exactly lock + series + overlay; DancegrpoError otherwise.
 
@@ -261,10 +264,7 @@ def verify_tree(project: Project) -> Report:
     if r.problem:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:
-        raise DancegrpoError(
-            f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}",
-            "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact",
-        )
+        raise DancegrpoError(f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}", DIFFERS_HINT)
     return r
 
 

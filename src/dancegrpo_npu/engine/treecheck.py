@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.engine.status import verify_tree
+from dancegrpo_npu.engine.status import DIFFERS_HINT, verify_tree
 
 FIX = "run `dancegrpo-npu fetch && dancegrpo-npu apply`"
 
@@ -24,9 +24,17 @@ def tree_state(project: Project, script_relpath: str | None = None) -> dict:
     try:
         report = verify_tree(project)
     except DancegrpoError as e:
-        return {"state": "unverified", "detail": e.one_line()}
+        # "differs": files differ from what the series makes, which `apply` puts right; any other
+        # problem (a broken lock, a patch that does not fit) says in its own hint what does
+        return {"state": "unverified", "detail": e.one_line(), "differs": e.hint == DIFFERS_HINT}
     # an ablation tree (apply --without) runs, and says so: the run's record keeps it
     return {"state": "verified", "detail": f"{tree} is {report.what}", "without": list(report.without)}
+
+
+def unverified_fix(state: dict) -> str | None:
+    """The hint for an unverified tree: status and apply when its files differ; else None, as the
+    detail carries the problem's own hint (`apply` would fail the same way)."""
+    return "run `dancegrpo-npu status` to see what differs, then `dancegrpo-npu apply`" if state.get("differs") else None
 
 
 def require_tree(project: Project, script_relpath: str) -> dict:
@@ -37,6 +45,6 @@ def require_tree(project: Project, script_relpath: str) -> dict:
     if state["state"] == "unverified":
         raise DancegrpoError(
             f"the patched tree {project.workdir} is not lock + series + overlay ({state['detail']})",
-            "run `dancegrpo-npu status` to see what differs, then `dancegrpo-npu apply`",
+            unverified_fix(state),
         )
     return state

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitcmd import Git, choose_source, fetch_commit, leave_out_missing, remove_tree, scratch_clone
-from dancegrpo_npu.engine.apply import check_head
+from dancegrpo_npu.engine.apply import check_head, check_series_fits
+from dancegrpo_npu.vcs.gitutil import ls_tree
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.rebase.queue import (
     JUNK_PATHSPECS, build_queue,
@@ -115,8 +116,11 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
                     f"{project.workdir} was made from an archive, which has no upstream history",
                     "fetch upstream from git to rebase (`dancegrpo-npu fetch --source URL|DIR`)",
                 )
-            check_head(wt, fetched, lock)  # the work tree stands for the locked commit
+            head = check_head(wt, fetched, lock)  # the work tree stands for the locked commit
             require_full_series(wt, "rebase")
+            # a series that does not fit the locked commit cannot be moved from it: the engine's
+            # error names the patch and hunk, and what fixes it
+            check_series_fits(project, lock, wt.root, ls_tree(wt.root, head))
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
         fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)
@@ -293,7 +297,7 @@ def register(sub, common) -> None:
 def _cmd_rebase(args) -> int:
     project = project_from_args(args)
     if args.dry_run and not args.onto:
-        raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`")
+        raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`", exit_code=2)
     if args.onto and args.dry_run:
         result = dry_run(project, args.onto, args.source)
     elif args.onto:

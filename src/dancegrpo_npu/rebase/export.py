@@ -61,12 +61,13 @@ def patch_file_name(name: str, existing: list[str]) -> str:
     else:
         slug = re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip("-.").lower()
         if not slug:
-            raise DancegrpoError(f"{name!r} gives no usable patch name", "use letters, digits and dashes, e.g. fix-hccl-timeout")
+            raise DancegrpoError(f"{name!r} gives no usable patch name", "use letters, digits and dashes, e.g. fix-hccl-timeout",
+                                 exit_code=2)
         numbers = [int(m.group(1)) for n in existing if (m := _NUMBERED.match(n))]
         numbered = not existing or len(numbers) == len(existing)
         base = f"{max(numbers, default=0) + 1:04d}-{slug}.patch" if numbered else f"{slug}.patch"
     if not _SAFE.match(base) or base == "series":
-        raise DancegrpoError(f"{base!r} is not a plain patch file name", "use letters, digits, dots and dashes")
+        raise DancegrpoError(f"{base!r} is not a plain patch file name", "use letters, digits, dots and dashes", exit_code=2)
     return base
 
 
@@ -163,7 +164,7 @@ def write_patch(
     """The patch from ``tip`` (series applied) to ``now`` (the tree), checked with the engine,
     then written with the lock and, last, its line in the series."""
     if target.exists():
-        raise DancegrpoError(f"{target} already exists", "choose another NAME")
+        raise DancegrpoError(f"{target} already exists", "choose another NAME", exit_code=2)
     files = [c.path for c in changes]
     abbrev = collections.Counter(index_abbrev(p.diff) for p in patches).most_common(1)[0][0] if patches else 0
     diff = diff_between(git, tip, now, context if context is not None else series_context(patches), target.name, abbrev)
@@ -251,7 +252,8 @@ def register(sub, common) -> None:
 def _cmd_export(args) -> int:
     project = project_from_args(args)
     if args.context is not None and not 0 <= args.context <= 20:
-        raise DancegrpoError(f"--context {args.context} is out of range", "use 0 to 20 lines (Debian style: 3 or fewer)")
+        raise DancegrpoError(f"--context {args.context} is out of range", "use 0 to 20 lines (Debian style: 3 or fewer)",
+                             exit_code=2)
     result = export_edits(project, args.name, args.description, args.context, tuple(args.include))
     if result.patch is not None:
         rel = result.patch.relative_to(project.root)

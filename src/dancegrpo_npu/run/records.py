@@ -101,6 +101,8 @@ class Metrics:
     phase_time: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     phase_peak: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     peak_memory_kind: str | None = None  # "device allocator" | "host peak RSS (includes weights)"
+    # metrics.jsonl's first line that is no record, or why the file cannot be read (None: all read)
+    problem: str | None = None
 
     def last(self, key: str) -> float | None:
         """The last non-null value of a health key (or reward_mean / loss), None without one."""
@@ -138,15 +140,21 @@ def _present(columns: dict[str, list]) -> dict[str, tuple]:
 
 
 def read_metrics(run_dir: Path) -> Metrics:
-    """The run's per-step metrics.  A truncated last line (a crash mid-write) is skipped."""
+    """The run's per-step metrics.  A line that is no record (a truncated last line: a crash
+    mid-write) is skipped, and the first such line is named in ``problem``."""
     jsonl = run_dir / "metrics.jsonl"
-    if jsonl.is_file():
+    problem = None
+    try:
+        text = jsonl.read_text(errors="replace") if jsonl.exists() else None
+    except OSError as e:
+        text, problem = None, f"{jsonl} cannot be read ({e.strerror or e})"
+    if text is not None:
         steps, reward, loss, step_time, skipped = [], [], [], [], 0
         health: dict[str, list[float | None]] = {k: [] for k in HEALTH_COLUMNS}
         phase_time: dict[str, list[float | None]] = {p: [] for p in PHASES}
         phase_peak: dict[str, list[float | None]] = {p: [] for p in PHASES}
         peak_kind = None
-        for line in jsonl.read_text(errors="replace").splitlines():
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -154,6 +162,9 @@ def read_metrics(run_dir: Path) -> Metrics:
                 step = int(rec["step"])
             except (ValueError, KeyError, TypeError):
                 skipped += 1
+                if problem is None:
+                    after = f"after step {steps[-1]}" if steps else "before any step"
+                    problem = f"{jsonl}: line {lineno} is not a JSON record with a step ({after}; a truncated write?)"
                 continue
             steps.append(step)
             reward.append(_num(rec.get("reward_mean")))
@@ -180,6 +191,7 @@ def read_metrics(run_dir: Path) -> Metrics:
                 _present(phase_time),
                 _present(phase_peak),
                 peak_kind,
+                problem,
             )
     rewards_file = run_dir / "reward.txt"
     if rewards_file.is_file():
@@ -193,8 +205,9 @@ def read_metrics(run_dir: Path) -> Metrics:
             else:
                 rewards.append(v)
         if rewards:
-            return Metrics(tuple(range(1, len(rewards) + 1)), tuple(rewards), (), (), "reward.txt", skipped)
-    return Metrics((), (), (), (), None)
+            return Metrics(tuple(range(1, len(rewards) + 1)), tuple(rewards), (), (), "reward.txt", skipped,
+                           problem=problem)
+    return Metrics((), (), (), (), None, problem=problem)
 
 
 def _figures(values: tuple[float, ...]) -> dict | None:

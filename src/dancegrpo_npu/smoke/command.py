@@ -221,10 +221,14 @@ def check_options(options: SmokeOptions) -> None:
 
 
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
+    from dancegrpo_npu.engine import treecheck
+    from dancegrpo_npu.run.upstream_args import script_info
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     check_options(options)
     start = time.monotonic()
+    # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
+    treecheck.require_tree(project, script_info("flux-lora" if options.lora else "flux").relpath)
     # with the tree: the dataset is also read back through the patched LatentDataset
     fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
     record = _launch(project, options, fixtures)

@@ -186,7 +186,8 @@ def fetch_commit(git: Git, source: str, ref: str, keep_as: str) -> Fetched:
             git.run("update-ref", keep_as, commit)
             return Fetched(commit, ref, "already present")
     if ref.startswith("-") or not ref.strip():
-        raise DancegrpoError(f"{ref!r} is not a branch, tag or commit name", "name an upstream branch, tag or commit id")
+        raise DancegrpoError(f"{ref!r} is not a branch, tag or commit name", "name an upstream branch, tag or commit id",
+                             exit_code=2)
     if any(c in ref for c in " \t\n:~^?*[\\@"):
         # A revision expression (main~3, HEAD^) names something local, not a remote ref.
         commit = git.commit_of(ref)

@@ -1,14 +1,16 @@
 """``dancegrpo-npu bench``: GRPO steps of FLUX.1-dev's architecture, timed phase by phase.
 
 It builds the FLUX.1-dev transformer, its VAE and a ViT-H-14 HPSv2 reward from shipped
-configs with random weights (nothing is downloaded), on the chosen device, and runs GRPO
-steps made of the patched trainer's own functions (``phases``): rollout, decode, reward,
-train.  Each ``--sample-batch-sizes`` value N is measured in the same process, one after
-the other: the G generations of a prompt go through the transformer N at a time.
+configs with random weights (nothing is downloaded), on the chosen device, and runs the
+patched trainer's own ``train_one_step`` for one prompt's G generations (``phases``):
+rollout, decode, reward, train, timed by the trainer's PhaseTimer through its seam.  Each
+``--sample-batch-sizes`` value N is measured in the same process, one after the other: the G
+generations go through the transformer N at a time (the trainer's --sample_batch_size).
 
 Before building anything it estimates the memory the preset needs and refuses, with what
 to do instead, when the device (or, on the CPU, the host) has less free; running out of
-memory anyway ends the same way, never with a traceback.
+memory anyway ends the same way, never with a traceback.  Then it writes a run directory
+under runs/ like a launch (``record``): ``runs``, ``plot`` and ``compare`` read it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ examples:
   dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
   dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
   dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
+
+The run directory (runs/<time>-bench-<preset>/) holds metrics.jsonl (one line per timed step,
+the trainer's phase times), summary.json, the fingerprint, bench.json and the trainer's log.
 
 rollout samples/s = G / (rollout + decode + reward seconds); step samples/s = G / all four.
 Peak memory: the device allocator's max_memory_allocated in the phase; on the CPU the

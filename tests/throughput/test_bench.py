@@ -84,6 +84,7 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
         assert line["peak_memory_bytes"] == result["peak_memory_bytes"]
         assert line["peak_memory_kind"] == "host peak RSS (includes weights)"  # the trainer's PhaseTimer says it
         assert math.isfinite(line["loss"]) and math.isfinite(line["grad_norm"]) and line["lr"] == 1e-5
+        assert line["ratio_min"] <= 1.0 <= line["ratio_max"] and line["clip_frac_first"] == 0.0  # the seam's health
     assert len((run.path / "reward.txt").read_text().split()) == 4  # the trainer's, warm-up steps included
     assert "final loss" in (run.path / "logs" / "console.log").read_text()  # the trainer's prints, not the terminal's
     document = json.loads((run.path / "bench.json").read_text())
@@ -91,6 +92,7 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
     listed = row(load_run(run.path))
     assert (listed["status"], listed["device"], listed["world_size"], listed["steps"]) == ("succeeded", "cpu", 1, 2)
     assert set(listed["phases_s"]) == PHASES and set(listed["peak_memory_bytes"]) == PHASES
+    assert listed["health"]["clip_frac"] is not None and listed["health"]["grad_norm"] == lines[-1]["grad_norm"]
     r = subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "runs",
                         "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr

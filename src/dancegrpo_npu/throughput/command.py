@@ -10,7 +10,7 @@ generations go through the transformer N at a time (the trainer's --sample_batch
 Before building anything it estimates the memory the preset needs and refuses, with what
 to do instead, when the device (or, on the CPU, the host) has less free; running out of
 memory anyway ends the same way, never with a traceback.  Then it writes a run directory
-under runs/ like a launch (``record``): ``runs``, ``plot`` and ``compare`` read it.
+under runs/ like a launch (``record``): ``runs`` and ``plot`` read it.
 """
 
 from __future__ import annotations

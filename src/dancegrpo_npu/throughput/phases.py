@@ -17,8 +17,9 @@ So rollout (``run_sample_step``/``flux_step``, N samples a transformer call), de
 (``dancegrpo_port.rollout.decode``, its contiguous attention for chunks of more than one),
 reward (``rollout.hps_inputs``, HPSv2 as the trainer scores it) and train (``grpo_one_step``,
 the clipped loss, backward, AdamW) are the code a training run runs.  The seam's features
-installed for a bench step are the batching check, ``PhaseTimes(PhaseTimer())`` and, for the
-timed steps, ``MetricsLog`` into the run directory's metrics.jsonl.
+installed for a bench step are alignment (upstream's noise, the GRPO health figures; nothing
+recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
+``MetricsLog`` into the run directory's metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def trainer_args(sizes, n: int, decode_chunk: int) -> SimpleNamespace:
     return SimpleNamespace(
         h=sizes.height, w=sizes.width, t=1, sampling_steps=sizes.sampling_steps, eta=sizes.eta, shift=sizes.shift,
         num_generations=sizes.generations, use_group=True, train_batch_size=1, init_same_noise=True,
-        use_hpsv2=True, use_pickscore=False, timestep_fraction=sizes.timestep_fraction,
+        use_hpsv2=True, use_pickscore=False, timestep_fraction=sizes.timestep_fraction, seed=None,
         clip_range=CLIP_RANGE, adv_clip_max=ADV_CLIP_MAX, gradient_accumulation_steps=sizes.gradient_accumulation_steps,
         sample_batch_size=n, vae_decode_chunk=decode_chunk,
     )  # fmt: skip
@@ -147,16 +148,19 @@ class Bench:
         self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
         self.lr_scheduler = trainer.get_scheduler("constant", optimizer=self.optimizer)
         self.timer = FailedPhase(port_phases.PhaseTimer(kind))
+        from dancegrpo_port import alignment  # main's run_start: upstream's noise, GRPO health, nothing recorded
+
+        self.alignment = alignment.Alignment(alignment.start(trainer_args(sizes, 1, 1), 0, 1, device))
         self.logged_steps = 0
 
     def features(self, n: int, logged: bool) -> list:
-        """The seam's features for a step at N: the batching check, the phase times and, for a
-        timed step, metrics.jsonl."""
+        """The seam's features for a step at N, in run_start's order: the GRPO health figures,
+        the batching check, the phase times and, for a timed step, metrics.jsonl."""
         from dancegrpo_port import phases as port_phases
         from dancegrpo_port import rollout
         from dancegrpo_port.metrics import MetricsLog
 
-        features = [rollout.Batching(n), port_phases.PhaseTimes(self.timer)]
+        features = [self.alignment, rollout.Batching(n), port_phases.PhaseTimes(self.timer)]
         return features + [MetricsLog(0, str(self.run_dir / "metrics.jsonl"))] if logged else features
 
     def step(self, n: int, decode_chunk: int, logged: bool) -> dict:

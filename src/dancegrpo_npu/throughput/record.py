@@ -1,5 +1,6 @@
 """The bench's run directory: a run record as a launch writes one (``run/records.py``), so
-``runs``, ``plot`` and ``compare`` read a bench like a training run.
+``runs`` and ``plot`` read a bench like a training run (``compare`` reads records, which a bench
+does not write).
 
 Layout of ``runs/<YYYYmmdd-HHMMSS>-bench-<preset>/``::
 

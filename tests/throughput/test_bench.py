@@ -93,6 +93,10 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
     assert (listed["status"], listed["device"], listed["world_size"], listed["steps"]) == ("succeeded", "cpu", 1, 2)
     assert set(listed["phases_s"]) == PHASES and set(listed["peak_memory_bytes"]) == PHASES
     assert listed["health"]["clip_frac"] is not None and listed["health"]["grad_norm"] == lines[-1]["grad_norm"]
+    from dancegrpo_npu.run.plot import make_figure  # plot draws its phase panel from the same lines
+
+    phase_panel = next(ax for ax in make_figure([run]).axes if ax.get_title() == "time per phase (s per step)")
+    assert {line.get_label().rsplit(": ", 1)[1] for line in phase_panel.get_lines()} == PHASES
     r = subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "runs",
                         "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr

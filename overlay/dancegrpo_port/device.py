@@ -8,8 +8,14 @@ this one module, so the same tree runs on an Ascend NPU, on CUDA and on CPU.
 Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
 
 ``DANCEGRPO_DEVICE``      ``auto`` (default) | ``npu`` | ``cuda`` | ``cpu``.  ``auto`` picks the
-                          NPU when torch_npu imports and sees one, else CUDA when available,
-                          else the CPU.
+                          NPU when torch_npu imports and sees one, CUDA or else the CPU when
+                          torch_npu is not installed; torch_npu installed but seeing no NPU
+                          (``ASCEND_RT_VISIBLE_DEVICES`` not ascending gives none) is refused,
+                          never trained around on the CPU.
+``DANCEGRPO_NPU_GELU``    ``exact`` (default) | ``upstream``: on an NPU run, ``torch.nn.GELU``
+                          modules (the HPS reward's ViT) compute through ``torch_npu.npu_gelu``
+                          with their own ``approximate``; ``upstream`` leaves torch's op (see
+                          :func:`choose_gelu`).
 ``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``dancegrpo_port.strict_mode``) - from
                           :func:`activate` to the end of the process, fail at the first op
                           that makes a complex or float64 tensor on the chosen device (the
@@ -27,7 +33,12 @@ The scripts call :func:`activate` before anything touches CUDA: on Ascend,
 ``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
 so that it can redirect them to ``torch.npu``.  This module needs only torch; it
 imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), and
-diffusers only in :func:`choose_attention_processors`.
+diffusers only in :func:`choose_attention_processors`.  On an Ascend host torch (>= 2.5)
+has already imported torch_npu inside ``import torch`` (its ``torch.backends`` entry point),
+whatever ``DANCEGRPO_DEVICE`` says; without CANN's ``set_env.sh`` that import fails, and
+this module says so in one line.  ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading
+it, but diffusers imports an installed torch_npu itself (``diffusers.models.activations``), so
+a CPU run on an Ascend host needs CANN's environment too, or a virtualenv without torch_npu.
 
 Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
 (TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
@@ -41,15 +52,31 @@ import json
 import os
 from dataclasses import dataclass
 
-import torch
-
 from dancegrpo_port.contract import DEVICE_CHOICES, DEVICE_ENV, STRICT_ENV
-DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
-_TRUE = ("1", "true", "yes", "on")
+
+GELU_ENV = "DANCEGRPO_NPU_GELU"
+SET_ENV_HINT = "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh)"
+# diffusers imports an installed torch_npu whatever torch does: autoload off is not enough for the trainers
+CPU_ONLY_HINT = ("for CPU-only work on an Ascend host use a virtualenv without torch_npu "
+                 "(TORCH_DEVICE_BACKEND_AUTOLOAD=0 lets torch start, but diffusers imports torch_npu itself)")
 
 
 class DeviceSelectionError(RuntimeError):
     """The device asked for in DANCEGRPO_DEVICE cannot be used here."""
+
+
+try:
+    import torch
+except RuntimeError as _error:  # torch >= 2.5 imports torch_npu inside `import torch` (its entry point)
+    if "backend extension: torch_npu" not in str(_error):
+        raise
+    _cause = _error.__cause__
+    raise DeviceSelectionError(
+        f"import torch failed loading torch_npu ({type(_cause).__name__}: {str(_cause).splitlines()[0] if _cause else ''}): "
+        f"{SET_ENV_HINT}, or {CPU_ONLY_HINT}") from _error
+
+DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+_TRUE = ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,7 @@ class Accelerator:
 
     kind: str  # "npu" | "cuda" | "cpu"
     strict: bool
+    gelu: str = "torch"  # what torch.nn.GELU runs: "torch" | "torch_npu.npu_gelu"
 
     @property
     def dist_backend(self) -> str:
@@ -77,6 +105,17 @@ def requested_kind(environ=None) -> str:
     return value
 
 
+GELU_CHOICES = ("exact", "upstream")
+
+
+def gelu_requested(environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    value = environ.get(GELU_ENV, "exact").strip().lower() or "exact"
+    if value not in GELU_CHOICES:
+        raise DeviceSelectionError(f"{GELU_ENV}={value!r} is not one of {', '.join(GELU_CHOICES)}")
+    return value
+
+
 def strict_requested(environ=None) -> bool:
     environ = os.environ if environ is None else environ
     return environ.get(STRICT_ENV, "").strip().lower() in _TRUE
@@ -90,11 +129,12 @@ def _import_torch_npu():
         if exc.name == "torch_npu":
             return None
         error = exc
-    except (ImportError, OSError) as exc:  # e.g. CANN's libraries not on the loader path
+    except Exception as exc:  # noqa: BLE001 - libhccl.so not found (ImportError); CANN's package check raises a bare Exception
         error = exc
+    first_line = str(error).splitlines()[0] if str(error) else ""
     raise DeviceSelectionError(
-        f"torch_npu is installed but does not import ({type(error).__name__}: {error}); source CANN's "
-        f"set_env.sh first, or set {DEVICE_ENV}=cpu|cuda to run without it") from error
+        f"torch_npu is installed but does not import ({type(error).__name__}: {first_line}); "
+        f"{SET_ENV_HINT}, or {CPU_ONLY_HINT}") from error
 
 
 def _npu_visible(torch_npu) -> bool:
@@ -119,9 +159,19 @@ def resolve_kind(requested: str) -> str:
                 f"{DEVICE_ENV}=npu but torch_npu is not installed (install the torch_npu "
                 "build that matches this torch)")
         if not _npu_visible(torch_npu):
-            raise DeviceSelectionError(f"{DEVICE_ENV}=npu but torch_npu sees no NPU")
+            raise DeviceSelectionError(
+                f"{DEVICE_ENV}=npu but torch_npu sees no NPU: check ASCEND_RT_VISIBLE_DEVICES (ascending ids, "
+                "each once) and `npu-smi info`")
         return "npu"
-    if torch_npu is not None and _npu_visible(torch_npu):
+    if torch_npu is not None:
+        if not _npu_visible(torch_npu):
+            # never the CPU silently on an Ascend host: hours of gloo training nobody asked for
+            visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+            shown = "unset" if visible is None else repr(visible)
+            raise DeviceSelectionError(
+                f"{DEVICE_ENV}=auto: torch_npu is installed but sees no NPU (ASCEND_RT_VISIBLE_DEVICES {shown}); "
+                "check ASCEND_RT_VISIBLE_DEVICES (ascending ids, each once, e.g. 0,1,2,3) and `npu-smi info`, "
+                f"or set {DEVICE_ENV}=cpu|cuda to run elsewhere on purpose")
         return "npu"
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -140,11 +190,12 @@ def activate(environ=None) -> Accelerator:
     if _active is not None:
         return _active
     kind = resolve_kind(requested_kind(environ))
+    gelu = gelu_requested(environ)
     if kind == "npu":
         # Redirects torch.cuda.* / "cuda" device strings to the NPU; must come
         # before anything initialises CUDA (torch >= 2.5: the import suffices).
         importlib.import_module("torch_npu.contrib.transfer_to_npu")
-    _active = Accelerator(kind=kind, strict=strict_requested(environ))
+    _active = Accelerator(kind=kind, strict=strict_requested(environ), gelu=choose_gelu(kind, gelu))
     if _active.strict:
         from dancegrpo_port.strict_mode import enable_strict_mode
 
@@ -250,6 +301,7 @@ def allow_tf32(flag: bool = True, record: str | None = MATMUL_RECORD) -> dict:
         "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "torch.npu.matmul.allow_hf32": None,  # None: not an NPU run, left alone
         "torch.npu.conv.allow_hf32": None,
+        "torch.nn.GELU": accelerator().gelu,  # the op the reward's GELU ran (DANCEGRPO_NPU_GELU)
     }
     if kind == "npu":
         torch.npu.matmul.allow_hf32 = flag
@@ -277,6 +329,7 @@ def choose_attention_processors(transformer: torch.nn.Module) -> int:
     Returns how many processors were replaced.  A diffusers without the NPU class has nothing
     to replace.
     """
+    choose_diffusers_kernels()  # the same trap in GEGLU and RMSNorm; called from the same trainer lines
     if accelerator().kind == "npu":
         return 0
     from diffusers.models import attention_processor
@@ -290,3 +343,59 @@ def choose_attention_processors(transformer: torch.nn.Module) -> int:
             module.set_processor(attention_processor.FluxAttnProcessor2_0())
             replaced += 1
     return replaced
+
+
+# --------------------------------------------------------------------------- kernels chosen by import
+
+DIFFUSERS_KERNEL_MODULES = (
+    "diffusers.models.activations",  # GEGLU: torch_npu.npu_geglu (diffusers 0.32 and later)
+    "diffusers.models.normalization",  # RMSNorm: torch_npu.npu_rms_norm (diffusers >= 0.35)
+)
+
+
+def _no_npu() -> bool:
+    return False
+
+
+def choose_diffusers_kernels() -> list[str]:
+    """diffusers' torch_npu kernels only on an NPU run, as for attention.
+
+    diffusers' ``GEGLU.forward`` (0.32) and ``RMSNorm.forward`` (>= 0.35) call
+    ``torch_npu.npu_geglu`` / ``npu_rms_norm`` whenever ``is_torch_npu_available()`` (torch_npu
+    installed), whatever the tensors' device.  Off the NPU the ``is_torch_npu_available`` those
+    forwards read from their module's globals answers False; on the NPU diffusers' choice
+    stands.  Returns the modules changed (none without torch_npu, or with a diffusers whose
+    module does not read it).
+    """
+    if accelerator().kind == "npu":
+        return []
+    changed = []
+    for name in DIFFUSERS_KERNEL_MODULES:
+        module = importlib.import_module(name)
+        check = getattr(module, "is_torch_npu_available", None)
+        if check is not None and check is not _no_npu and check():
+            module.is_torch_npu_available = _no_npu
+            changed.append(name)
+    return changed
+
+
+def _npu_gelu_forward(self, input):
+    import torch_npu
+
+    return torch_npu.npu_gelu(input, approximate=self.approximate)
+
+
+def choose_gelu(kind: str, requested: str) -> str:
+    """The op every ``torch.nn.GELU`` runs (the HPS reward's ViT-H is built of them).
+
+    Ascend documents the NPU's native GELU as the tanh form whatever ``approximate`` asks; the
+    reward's ViT was trained with the exact (erf) form.  On an NPU run with ``exact``
+    (the default) ``torch.nn.GELU.forward`` calls ``torch_npu.npu_gelu(x, approximate=...)``
+    with the module's own ``approximate`` ('none': erf); ``upstream`` leaves torch's op, so
+    ``compare`` between two NPU runs, one of each, measures what the choice moves.  Off the
+    NPU nothing changes.
+    """
+    if kind != "npu" or requested == "upstream":
+        return "torch"
+    torch.nn.GELU.forward = _npu_gelu_forward
+    return "torch_npu.npu_gelu"

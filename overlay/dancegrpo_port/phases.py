@@ -149,7 +149,7 @@ class StepProfiler:
         directory.mkdir(parents=True, exist_ok=True)
         profiler = self._make(directory)
         profiler.start()
-        self._open = (step, profiler)
+        self._open = (step, profiler, directory)
 
     def step_end(self, step: int) -> None:
         if self._open is not None and self._open[0] == step:
@@ -160,15 +160,33 @@ class StepProfiler:
         the device is not synchronised: a failed step's kernels may never finish."""
         if self._open is None:
             return
-        _, profiler = self._open
+        step, profiler, directory = self._open
         self._open = None
         if synchronize and self._kind != "cpu":
             getattr(torch, self._kind).synchronize()  # the step's kernels belong in its trace
         profiler.stop()
+        if not self._trace_written(directory):
+            print(self._no_trace_message(step, directory), file=sys.stderr, flush=True)
+
+    def _worker(self) -> str:
+        return f"rank_{int(os.environ.get('RANK', '0'))}"
+
+    def _trace_written(self, directory: Path) -> bool:
+        # torch_npu: <worker>_<pid>_<time>_ascend_pt/; torch.profiler: <worker>.<time>.pt.trace.json
+        pattern = f"{self._worker()}_*_ascend_pt" if self._kind == "npu" else f"{self._worker()}.*.pt.trace.json"
+        return any(directory.glob(pattern))
+
+    def _no_trace_message(self, step: int, directory: Path) -> str:
+        text = f"profile: step {step} left no trace in {os.path.realpath(directory)}"
+        if self._kind == "npu":
+            # it logs its own exceptions ("[ERROR] ... profiler.py: Call ... failed") and carries on
+            text += ("; torch_npu's profiler refused it without raising (see its [ERROR] line above): its path rule "
+                     "allows only letters, digits, '.', '/', '_', '-', '~' and spaces in the real absolute path")
+        return text
 
     def _make(self, directory: Path):
         # torch_npu accepts letters, digits and underscores in a worker name
-        worker = f"rank_{int(os.environ.get('RANK', '0'))}"
+        worker = self._worker()
         if self._kind == "npu":
             from torch_npu import profiler as p
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,11 +12,12 @@ import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.doctor.command import FAIL, FLUX_LAYOUT, PASS, SKIP, DoctorOptions, format_report, run_checks
+from dancegrpo_npu.doctor.command import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.doctor.versions import base_version, table_row
 
-FAKE_NPU = Path(__file__).parents[1] / "fake_npu"
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def flux_weights(tree: Path) -> None:
@@ -104,20 +107,26 @@ def test_version_helpers():
 
 
 # ---------------------------------------------------------------- NPU branch, fake torch_npu
+# doctor runs in a child process: the fake registers the "npu" device with torch, which cannot
+# be undone, and torch imports it inside `import torch` (its entry point), as the real one.
+
+DOCTOR_IN_CHILD = r"""
+import json, sys
+from pathlib import Path
+from dancegrpo_npu.doctor.command import DoctorOptions, run_checks
+kw = json.loads(sys.argv[1])
+opts = DoctorOptions(environ=kw["environ"], dev_dir=Path(kw["dev"]), driver_file=Path(kw["driver"]), min_free_gb=0,
+                     device=kw["device"], skip=tuple(kw["skip"]) + ("disk", "tree", "weights"), timeout=120)
+print(json.dumps([c.__dict__ for c in run_checks(None, opts)]))
+"""
 
 
 @pytest.fixture
-def fake_npu(tmp_path, monkeypatch):
-    """The fake torch_npu on sys.path (and in PYTHONPATH for child processes), fake CANN dirs."""
-    monkeypatch.syspath_prepend(str(FAKE_NPU))
-    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    import torch
-
-    monkeypatch.setattr(torch, "npu", None, raising=False)  # restored after the test
+def fake_npu(tmp_path):
+    """Fake CANN dirs, driver file and /dev/davinci0-7 for the FAKE torch_npu (tests/fakes)."""
     cann = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
-    (cann / "x86_64-linux").mkdir(parents=True)
-    (cann / "aarch64-linux").mkdir(parents=True)
     for arch in ("x86_64-linux", "aarch64-linux"):
+        (cann / arch).mkdir(parents=True)
         (cann / arch / "ascend_toolkit_install.info").write_text(
             "package_name=Ascend-cann-toolkit\nversion=8.2.RC1\ninnerversion=V100R001C22\n"
         )
@@ -127,28 +136,25 @@ def fake_npu(tmp_path, monkeypatch):
     dev.mkdir()
     for i in range(8):
         (dev / f"davinci{i}").write_text("")
-    yield {"cann": cann, "driver": driver, "dev": dev}
-    sys.modules.pop("torch_npu", None)
+    return {"cann": cann, "driver": driver, "dev": dev, "tmp": tmp_path}
 
 
-def npu_options(fake, **kw):
-    environ = {"ASCEND_TOOLKIT_HOME": str(fake["cann"]), "PATH": "/usr/bin:/bin"}
-    environ.update(kw.pop("environ", {}))
-    return DoctorOptions(environ=environ, dev_dir=fake["dev"], driver_file=fake["driver"], min_free_gb=0, **kw)
+def doctor_with_fake(fake, environ=None, skip=("matmul", "all_reduce", "numerics"), device="auto", cann=True):
+    """doctor's stack checks in a child process that has the FAKE torch_npu installed."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_TORCH_NPU_DEVICES": "8",
+           "PYTHONPATH": os.pathsep.join([str(FAKES), str(SRC)]), **(environ or {})}
+    if cann:
+        env["ASCEND_TOOLKIT_HOME"] = str(fake["cann"])
+    kw = {"environ": env, "dev": str(fake["dev"]), "driver": str(fake["driver"]), "skip": list(skip), "device": device}
+    proc = subprocess.run([sys.executable, "-c", DOCTOR_IN_CHILD, json.dumps(kw)], env=env, cwd=fake["tmp"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return {c["name"]: Check(**{**c, "notes": tuple(c["notes"])}) for c in json.loads(proc.stdout.splitlines()[-1])}
 
 
 @pytest.mark.fake_npu
-def test_fake_is_a_fake(fake_npu):
-    import torch_npu
-
-    assert torch_npu.__fake__ is True and "NOT Huawei's torch_npu" in torch_npu.__doc__
-
-
-@pytest.mark.fake_npu
-def test_npu_branch_finds_torch_npu_cann_and_devices(project, fake_npu, monkeypatch):
-    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3")
-    opts = npu_options(fake_npu, environ={"ASCEND_RT_VISIBLE_DEVICES": "2,3"}, skip=("all_reduce",))
-    checks = by_name(run_checks(project, opts))
+def test_npu_branch_finds_torch_npu_cann_and_devices(fake_npu):
+    checks = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}, skip=("all_reduce", "numerics"))
     assert checks["torch_npu"].status == PASS and "matches torch" in checks["torch_npu"].detail
     assert (
         checks["cann"].status == PASS
@@ -157,51 +163,77 @@ def test_npu_branch_finds_torch_npu_cann_and_devices(project, fake_npu, monkeypa
     )
     assert checks["devices"].status == PASS
     assert checks["devices"].detail.startswith("2 NPU(s) (ASCEND_RT_VISIBLE_DEVICES=2,3): 0: Ascend910B3 64 GiB")
-    assert checks["accelerate"].status == PASS and "hccl" in checks["accelerate"].detail
+    # under transfer_to_npu init_process_group rewrites nccl to hccl: no accelerate version is refused
+    assert checks["accelerate"].status == PASS and "nccl to hccl" in checks["accelerate"].detail
     # The fake has no kernels: the compute check must report that, with its fix, not crash.
     assert checks["matmul"].status == FAIL and "npu:0" in checks["matmul"].detail and "npu-smi" in checks["matmul"].fix
     assert "training can start" not in format_report(list(checks.values()))
 
 
 @pytest.mark.fake_npu
-def test_npu_branch_all_reduce_runs_hccl_workers_and_reports_their_failure(project, fake_npu, monkeypatch):
+def test_npu_branch_all_reduce_runs_hccl_workers_and_reports_their_failure(fake_npu):
     """The workers are real child processes that import the fake; HCCL cannot work with it."""
-    monkeypatch.setenv("FAKE_NPU_COUNT", "2")
-    opts = npu_options(fake_npu, environ={"FAKE_NPU_COUNT": "2"}, skip=("matmul",), timeout=120)
-    checks = by_name(run_checks(project, opts))
+    checks = doctor_with_fake(fake_npu, {"FAKE_TORCH_NPU_DEVICES": "2"}, skip=("matmul", "numerics"))
     assert checks["devices"].detail.startswith("2 NPU(s)")
     ar = checks["all_reduce"]
-    assert ar.status == FAIL and ar.detail.startswith("hccl all_reduce, rank 0:") and "fake torch_npu" in ar.detail
+    assert ar.status == FAIL and ar.detail.startswith("hccl all_reduce, rank 0:") and "hccl" in ar.detail[24:]
     assert "HCCL_CONNECT_TIMEOUT" in ar.fix
 
 
 @pytest.mark.fake_npu
-def test_npu_branch_version_mismatch(project, fake_npu, monkeypatch):
-    monkeypatch.setenv("FAKE_TORCH_NPU_VERSION", "2.1.0.post13")
-    checks = by_name(run_checks(project, npu_options(fake_npu, skip=("matmul", "all_reduce"))))
-    c = checks["torch_npu"]
+def test_npu_branch_version_mismatch(fake_npu):
+    c = doctor_with_fake(fake_npu, {"FAKE_TORCH_NPU_VERSION": "2.1.0.post13"})["torch_npu"]
     assert c.status == FAIL and "built for torch 2.1.0" in c.detail and "install the pair" in c.fix
 
 
 @pytest.mark.fake_npu
-def test_npu_branch_without_set_env(project, fake_npu):
-    opts = DoctorOptions(
-        environ={"PATH": "/usr/bin"},
-        dev_dir=fake_npu["dev"],
-        driver_file=fake_npu["driver"],
-        min_free_gb=0,
-        skip=("matmul", "all_reduce"),
-    )
-    c = by_name(run_checks(project, opts))["cann"]
+def test_npu_branch_without_set_env(fake_npu):
+    c = doctor_with_fake(fake_npu, cann=False)["cann"]
     assert c.status == FAIL and "set_env.sh" in c.fix
 
 
 @pytest.mark.fake_npu
-def test_npu_branch_visible_device_that_does_not_exist(project, fake_npu, monkeypatch):
-    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,9")
-    opts = npu_options(fake_npu, environ={"ASCEND_RT_VISIBLE_DEVICES": "0,9"}, skip=("matmul", "all_reduce"))
-    c = by_name(run_checks(project, opts))["devices"]
+def test_missing_cann_libraries_are_not_a_broken_torch(fake_npu):
+    """Without set_env.sh `import torch` itself fails (autoload); doctor says what to source, and how
+    to work on the CPU on this host."""
+    checks = doctor_with_fake(fake_npu, {"FAKE_TORCH_NPU_BROKEN": "1"}, cann=False)
+    c = checks["torch"]
+    assert c.status == FAIL and c.detail.startswith("CANN's environment is missing: torch_npu does not load "
+                                                    "(ImportError: libhccl.so: cannot open shared object file")
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in c.fix and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in c.fix
+    assert "virtualenv without torch_npu" in c.fix
+    # CANN's own package check raises a bare Exception: the same verdict, through torch_npu's import
+    checks = doctor_with_fake(fake_npu, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+                                         "ASCEND_HOME_PATH": str(fake_npu["tmp"] / "gone")})
+    assert checks["torch"].status == PASS
+    c = checks["torch_npu"]
+    assert c.status == FAIL and c.detail.startswith("CANN's environment is missing: torch_npu does not load "
+                                                    f"(Exception: ASCEND_HOME_PATH : {fake_npu['tmp'] / 'gone'}")
+
+
+@pytest.mark.fake_npu
+def test_npu_branch_visible_device_that_does_not_exist(fake_npu):
+    c = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "0,9"})["devices"]
     assert c.status == FAIL and "names device 9; this host shows 8 NPU(s)" in c.detail
+
+
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("visible, works", [("3,2", "2,3"), ("1,1", "1")])
+def test_npu_branch_refuses_a_device_list_torch_npu_counts_as_none(fake_npu, visible, works):
+    c = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": visible})["devices"]
+    assert c.status == FAIL and "torch_npu then sees no NPU at all (device_count() is 0)" in c.detail
+    assert c.fix == f"list each NPU once, in ascending order: ASCEND_RT_VISIBLE_DEVICES={works}"
+
+
+@pytest.mark.fake_npu
+def test_numerics_self_check_runs_under_the_fake_and_says_it_proves_nothing(fake_npu):
+    c = doctor_with_fake(fake_npu, {"DANCEGRPO_DEVICE": "npu"}, skip=("matmul", "all_reduce"), device="npu")["numerics"]
+    assert c.status == SKIP and "FAKE torch_npu" in c.detail and "proves nothing" in c.detail
+    names = [n.split(" (")[0].split(None, 1)[1] for n in c.notes]
+    assert {"matmul, HF32 off", "matmul, HF32 on", "conv2d", "softmax", "layer_norm", "npu_rms_norm",
+            "gelu, erf", "gelu, tanh", "scaled_dot_product_attention", "npu_fusion_attention", "RoPE, float32",
+            "Flux double block", "HPS ViT block"} <= set(names)
+    assert all(n.startswith("PASS ") and "msprobe" in n for n in c.notes), c.notes  # CPU against CPU
 
 
 def test_device_npu_requested_without_npu_stack(project):
@@ -209,3 +241,30 @@ def test_device_npu_requested_without_npu_stack(project):
         pytest.skip("a torch_npu is loaded in this process")
     checks = by_name(run_checks(project, DoctorOptions(device="npu", skip=("matmul", "all_reduce"), min_free_gb=0)))
     assert checks["torch_npu"].status == FAIL and checks["devices"].status == FAIL
+
+
+def test_numerics_warns_where_the_npu_side_differs_and_says_what_it_means(monkeypatch):
+    """The comparison itself, on the CPU: an "NPU" npu_gelu that computes the tanh form for
+    approximate='none' (the documented native-GELU trap) is a WARN with its meaning; the ops
+    computed alike PASS."""
+    import types
+
+    import torch
+
+    from dancegrpo_npu.doctor.numerics import run_numerics
+
+    F = torch.nn.functional
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(matmul=types.SimpleNamespace(allow_hf32=False)),
+                        raising=False)
+    npu_ops = types.SimpleNamespace(
+        npu_gelu=lambda x, approximate="none": F.gelu(x, approximate="tanh"),
+        npu_rms_norm=lambda x, w, epsilon=1e-6: ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True)
+                                                                          + epsilon)).to(x.dtype) * w, None),
+        npu_fusion_attention=lambda q, k, v, n, layout, scale=1.0: (F.scaled_dot_product_attention(q, k, v, scale=scale),),
+    )
+    results = {(r.name, r.dtype): r for r in run_numerics(torch, npu_ops, "cpu")}
+    trap = results[("gelu, erf (npu_gelu 'none')", "float32")]
+    assert trap.status == "WARN" and trap.max_rel > 1e-2 and "DANCEGRPO_NPU_GELU" in trap.line()
+    assert "2 x msprobe api_accuracy_checker StandardConfig._rtol[float32]" in trap.line()
+    others = [r for key, r in results.items() if key != ("gelu, erf (npu_gelu 'none')", "float32")]
+    assert others and all(r.status == "PASS" for r in others), [r.line() for r in others if r.status != "PASS"]

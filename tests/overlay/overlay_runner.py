@@ -29,6 +29,9 @@ def run_python(tmp_path):
 
     def run(code: str, env: dict | None = None, fake_npu: bool = False, check: bool = True, cwd: Path | None = None):
         paths = [str(OVERLAY)] + ([str(FAKES)] if fake_npu else [])
-        return run_snippet(code, tmp_path, paths, env or {}, cwd=cwd, check=check)
+        if fake_npu:  # the fake as torch loads it, whatever this shell says (an Ascend host may set these)
+            env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **(env or {})}
+        drop = ("DANCEGRPO_",) + (("ASCEND_RT_VISIBLE_DEVICES", "FAKE_TORCH_NPU") if fake_npu else ())
+        return run_snippet(code, tmp_path, paths, env or {}, cwd=cwd, check=check, drop=drop)
 
     return run

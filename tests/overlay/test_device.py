@@ -175,25 +175,121 @@ def test_npu_requested_but_none_visible(run_python):
 
 
 @pytest.mark.fake_npu
-def test_cpu_requested_on_an_npu_host_leaves_torch_npu_alone(run_python):
-    out = run_python(
-        """
-        import sys
-        from dancegrpo_port import device
-        print(device.activate().kind, "torch_npu" in sys.modules)
-        """,
-        fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"},
-    )
-    assert out.stdout.split() == ["cpu", "False"]
+def test_auto_with_torch_npu_but_no_npu_visible_refuses_instead_of_training_on_the_cpu(run_python):
+    # "3,2": torch_npu's device_count() is 0 for a list that does not ascend
+    proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
+                      env={"ASCEND_RT_VISIBLE_DEVICES": "3,2"})
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
+                           "installed but sees no NPU (ASCEND_RT_VISIBLE_DEVICES '3,2'); check ASCEND_RT_VISIBLE_DEVICES")
+    assert "`npu-smi info`" in last
 
 
 @pytest.mark.fake_npu
-def test_a_broken_torch_npu_is_reported_not_ignored(run_python):
+def test_cpu_requested_on_an_npu_host_skips_transfer_to_npu(run_python):
+    """torch imports torch_npu inside `import torch` on an Ascend host (its entry point), whatever
+    DANCEGRPO_DEVICE says; a CPU run leaves transfer_to_npu out, and TORCH_DEVICE_BACKEND_AUTOLOAD=0
+    keeps torch_npu out too."""
+    code = """
+        import sys
+        from dancegrpo_port import device
+        print(device.activate().kind, "torch_npu" in sys.modules, "torch_npu.contrib.transfer_to_npu" in sys.modules)
+    """
+    out = run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"})
+    assert out.stdout.split() == ["cpu", "True", "False"]
+    out = run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out.stdout.split() == ["cpu", "False", "False"]
+
+
+@pytest.mark.fake_npu
+def test_without_cann_the_device_module_says_what_to_source_in_one_line(run_python):
+    for env in ({}, {"DANCEGRPO_DEVICE": "cpu"}):  # autoload: even a CPU run cannot import torch
+        proc = run_python("from dancegrpo_port import device", fake_npu=True, check=False,
+                          env={"FAKE_TORCH_NPU_BROKEN": "1", **env})
+        assert proc.returncode != 0
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("dancegrpo_port.device.DeviceSelectionError: import torch failed loading torch_npu "
+                               "(ImportError: libhccl.so: cannot open shared object file")
+        assert "source CANN's set_env.sh" in last and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
+    code = """
+        from dancegrpo_port import device
+        print(device.activate().kind, flush=True)
+        import diffusers.models.activations  # imports torch_npu where it is installed, whatever torch did
+    """
+    proc = run_python(code, fake_npu=True, check=False,
+                      env={"FAKE_TORCH_NPU_BROKEN": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "DANCEGRPO_DEVICE": "cpu"})
+    assert proc.stdout.strip() == "cpu"  # autoload off: torch and the device module start ...
+    assert proc.returncode != 0 and "ImportError: libhccl.so" in proc.stderr  # ... diffusers does not
+
+
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("env, error", [
+    ({"FAKE_TORCH_NPU_BROKEN": "1"}, "(ImportError: libhccl.so: cannot open shared object file"),
+    ({"ASCEND_HOME_PATH": "/nonexistent/Ascend"}, "(Exception: ASCEND_HOME_PATH : /nonexistent/Ascend does not exist."),
+])
+def test_a_broken_torch_npu_is_reported_not_ignored(run_python, env, error):
+    """With autoload off the device module imports torch_npu itself; an ImportError and the bare
+    Exception of CANN's package check are both one DeviceSelectionError."""
     proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
-                      env={"FAKE_TORCH_NPU_BROKEN": "1"})
+                      env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **env})
     assert proc.returncode != 0
-    assert "torch_npu is installed but does not import (ImportError: libascendcl.so" in proc.stderr
-    assert "set DANCEGRPO_DEVICE=cpu|cuda" in proc.stderr
-    out = run_python("from dancegrpo_port import device; print(device.activate().kind)", fake_npu=True,
-                     env={"FAKE_TORCH_NPU_BROKEN": "1", "DANCEGRPO_DEVICE": "cpu"})
-    assert out.stdout.strip() == "cpu"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dancegrpo_port.device.DeviceSelectionError: torch_npu is installed but does not import {error}")
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
+
+
+@pytest.mark.fake_npu
+def test_the_reward_gelu_is_exact_on_the_npu_unless_switched_back(run_python):
+    code = """
+        import json, torch, torch_npu
+        from dancegrpo_port import device
+        acc = device.activate()
+        x = torch.linspace(-4, 4, 9)
+        exact = torch.nn.GELU()(x)
+        tanh = torch.nn.GELU(approximate="tanh")(x)
+        print(json.dumps({"gelu": acc.gelu, "calls": [c[1] for c in torch_npu.calls if c[0] == "npu_gelu"],
+                          "exact": torch.allclose(exact, torch.nn.functional.gelu(x))}))
+    """
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "npu"}).stdout.splitlines()[-1])
+    assert got == {"gelu": "torch_npu.npu_gelu", "calls": [{"approximate": "none"}, {"approximate": "tanh"}],
+                   "exact": True}
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "npu", "DANCEGRPO_NPU_GELU": "upstream"})
+                     .stdout.splitlines()[-1])
+    assert got == {"gelu": "torch", "calls": [], "exact": True}
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"}).stdout.splitlines()[-1])
+    assert got["gelu"] == "torch" and got["calls"] == []
+    proc = run_python(code, fake_npu=True, check=False, env={"DANCEGRPO_DEVICE": "npu", "DANCEGRPO_NPU_GELU": "tanh"})
+    assert "DANCEGRPO_NPU_GELU='tanh' is not one of exact, upstream" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.fake_npu
+def test_diffusers_kernels_chosen_by_import_follow_the_run_device(run_python):
+    """diffusers' GEGLU calls torch_npu.npu_geglu whenever torch_npu is installed (the fake refuses
+    a kernel call off the NPU, as the real kernel cannot take CPU tensors); off the NPU the device
+    module makes it take its plain path, on the NPU diffusers' choice stands."""
+    code = """
+        import json, sys, torch, torch_npu
+        from dancegrpo_port import device
+        device.activate()
+        from diffusers.models.activations import GEGLU
+        geglu = GEGLU(8, 4)
+        x = torch.randn(2, 8)
+        try:
+            geglu(x)
+            before = "ran"
+        except RuntimeError as e:
+            before = str(e).split(":")[1].strip().split()[0]
+        import diffusers.models.normalization as normalization
+        from diffusers.utils import is_torch_npu_available
+        normalization.is_torch_npu_available = is_torch_npu_available  # as diffusers >= 0.35 imports it (RMSNorm)
+        changed = device.choose_diffusers_kernels()
+        out = geglu(x)
+        print(json.dumps({"before": before, "changed": changed, "finite": bool(torch.isfinite(out).all()),
+                          "npu_geglu": sum(c[0] == "npu_geglu" for c in torch_npu.calls)}))
+    """
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "cpu"}).stdout.splitlines()[-1])
+    assert got == {"before": "npu_geglu", "changed": ["diffusers.models.activations", "diffusers.models.normalization"],
+                   "finite": True, "npu_geglu": 0}
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "npu"}).stdout.splitlines()[-1])
+    assert got == {"before": "ran", "changed": [], "finite": True, "npu_geglu": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -194,8 +195,35 @@ def test_npu_uses_torch_npu_profiler_and_the_npu_allocator(run_python, tmp_path)
     # per phase entry: synchronise, reset the peak, ..., synchronise, read the peak
     assert names.count("reset_peak_memory_stats") == names.count("max_memory_allocated") == 3
     assert names.count("synchronize") >= 6
-    assert (tmp_path / "profile" / "step_2" / "rank_0_fake_ascend_pt" / "FAKE_NOT_A_TRACE").is_file()
+    folders = [p.name for p in (tmp_path / "profile" / "step_2").iterdir()]
+    assert len(folders) == 1 and re.fullmatch(r"rank_0_\d+_\d{17}_ascend_pt", folders[0])  # torch_npu's naming
+    assert (tmp_path / "profile" / "step_2" / folders[0] / "FAKE_NOT_A_TRACE").is_file()
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2"]
+    assert "left no trace" not in out.stderr
+
+
+@pytest.mark.fake_npu
+def test_a_trace_torch_npu_refused_silently_is_reported_in_one_line(run_python, tmp_path):
+    """torch_npu's profiler checks the real absolute path and swallows its error: under a '+' the
+    step runs, no trace is written and nothing is raised - the step profiler says so."""
+    run_dir = tmp_path / "runs+1"
+    run_dir.mkdir()
+    out = run_python(
+        """
+        from dancegrpo_port.phases import StepProfiler
+        profiler = StepProfiler("1", "profile")
+        profiler.step_begin(1)
+        profiler.step_end(1)
+        print("trained on")
+        """,
+        env={"DANCEGRPO_DEVICE": "npu"}, fake_npu=True, cwd=run_dir,
+    )
+    assert "trained on" in out.stdout and "[ERROR]" in out.stdout  # torch_npu's own log line, and no exception
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("profile:")]
+    assert lines == [f"profile: step 1 left no trace in {run_dir}/profile/step_1; torch_npu's profiler refused it "
+                     "without raising (see its [ERROR] line above): its path rule allows only letters, digits, '.', "
+                     "'/', '_', '-', '~' and spaces in the real absolute path"]
+    assert not list((run_dir / "profile" / "step_1").iterdir())
 
 
 # ---------------------------------------------------------------- on the seam

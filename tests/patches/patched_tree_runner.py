@@ -2,9 +2,9 @@
 
 Per-patch tests run the PATCHED upstream tree (``patched_tree`` from tests/conftest.py) in
 fresh interpreters: ``run_in_tree`` puts the tree (and, for fake_npu tests, the FAKE
-torch_npu) on PYTHONPATH.  ``fake_npu="installed"`` also writes a ``torch_npu`` dist-info
-for the fake, so that ``importlib.metadata`` - and diffusers' ``is_torch_npu_available()`` -
-see it as pip would leave a real torch_npu: installed."""
+torch_npu with its dist-info, tests/fakes) on PYTHONPATH.  As pip leaves a real torch_npu,
+the fake is then installed: ``importlib.metadata`` and diffusers' ``is_torch_npu_available()``
+see it, and ``import torch`` loads it through its ``torch.backends`` entry point."""
 
 from __future__ import annotations
 
@@ -18,23 +18,16 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 @pytest.fixture
 def run_in_tree(patched_tree, tmp_path):
-    def run(code: str, *, args=(), env=None, fake_npu=False, check=True, timeout=300):
+    def run(code: str, *, args=(), env=None, fake_npu: bool = False, check=True, timeout=300):
         paths = [str(patched_tree.tree)] + ([str(FAKES)] if fake_npu else [])
-        if fake_npu == "installed":
-            paths.append(str(fake_torch_npu_metadata(tmp_path / "fake-npu-metadata")))
-        return run_snippet(code, tmp_path, paths, {"WANDB_MODE": "disabled", "DANCEGRPO_DEVICE": "cpu", **(env or {})},
-                           args=args, drop=("DANCEGRPO_", "WANDB_"), check=check, timeout=timeout)
+        base = {"WANDB_MODE": "disabled", "DANCEGRPO_DEVICE": "cpu"}
+        if fake_npu:  # the fake as torch loads it, whatever this shell says (an Ascend host may set these)
+            base["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
+        drop = ("DANCEGRPO_", "WANDB_") + (("ASCEND_RT_VISIBLE_DEVICES", "FAKE_TORCH_NPU") if fake_npu else ())
+        return run_snippet(code, tmp_path, paths, {**base, **(env or {})},
+                           args=args, drop=drop, check=check, timeout=timeout)
 
     return run
-
-
-def fake_torch_npu_metadata(site: Path) -> Path:
-    """``site`` holding only a dist-info that names the FAKE torch_npu as an installed distribution."""
-    info = site / "torch_npu-0.0.0+fake.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_npu\nVersion: 0.0.0+fake\n"
-                                   "Summary: FAKE torch_npu of dancegrpo-npu's tests (tests/fakes), not Huawei's\n")
-    return site
 
 
 def launch_preprocessing(project, out_dir: Path, name: str, env=()):

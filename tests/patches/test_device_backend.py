@@ -32,5 +32,5 @@ def test_transfer_to_npu_comes_first(run_in_tree, patched_tree, script):
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["state"] == {"cuda_initialized": False,
-                            "already_imported": ["fastvideo", "fastvideo.utils", "dancegrpo_port.device"]}
+                            "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device"]}
     assert (got["kind"], got["backend"], got["diffusers"]) == ("npu", "hccl", True)

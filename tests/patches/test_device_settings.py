@@ -2,7 +2,7 @@
 
 0016: main() starts with TF32 on CUDA and, on an NPU run, HF32 (torch_npu's documented
 switches; the fake only stores them), and rank 0 writes what it set to ./matmul_precision.json.
-0017: with torch_npu installed (the fake, plus a dist-info so diffusers sees it) and
+0017: with torch_npu installed (the fake and its dist-info, so diffusers sees it) and
 DANCEGRPO_DEVICE=cpu, the trainers' transformer gets diffusers' FluxAttnProcessor2_0, not its
 NPU processor, and a forward with bf16 weights never calls npu_fusion_attention (the fake
 refuses to run off the NPU).  No NPU result: every number here is computed on the CPU.
@@ -100,7 +100,7 @@ def run_trainer_until(run_in_tree, tree, tmp_path, script, stop_at, device, mode
     out = tmp_path / "result.json"
     env = {"DANCEGRPO_DEVICE": device, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
-    run_in_tree(RUN_TRAINER_UNTIL, fake_npu="installed", env=env, args=(
+    run_in_tree(RUN_TRAINER_UNTIL, fake_npu=True, env=env, args=(
         str(tree / script), stop_at, str(out), "--data_json_path", "unused.json",
         "--pretrained_model_name_or_path", str(model), "--output_dir", str(tmp_path / "outputs")))
     return json.loads(out.read_text())
@@ -117,6 +117,7 @@ def test_npu_run_sets_hf32_and_records_it(run_in_tree, patched_tree, tmp_path, s
         "device": "npu", "allow_tf32": True,
         "torch.backends.cuda.matmul.allow_tf32": True, "torch.backends.cudnn.allow_tf32": True,
         "torch.npu.matmul.allow_hf32": True, "torch.npu.conv.allow_hf32": True,
+        "torch.nn.GELU": "torch_npu.npu_gelu",
     }
 
 
@@ -158,7 +159,7 @@ def test_npu_run_keeps_diffusers_npu_processor(run_in_tree):
         replaced = device.choose_attention_processors(t)
         print(json.dumps([replaced, [type(b.attn.processor).__name__ for b in t.single_transformer_blocks]]))
         """,
-        fake_npu="installed", env={"DANCEGRPO_DEVICE": "npu"},
+        fake_npu=True, env={"DANCEGRPO_DEVICE": "npu"},
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, ["FluxAttnProcessor2_0_NPU"]]
 

@@ -240,7 +240,14 @@ def test_preprocess_keeps_its_output_in_the_tree(project, tmp_path):
         (
             LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "1,1"),)),
             8,
-            "names device 1 twice",
+            "names device 1 twice: torch_npu then sees no NPU at all (device_count() is 0); list each NPU once, "
+            "in ascending order: ASCEND_RT_VISIBLE_DEVICES=1",
+        ),
+        (
+            LaunchSpec("flux", device="npu", nproc_per_node=2, env=(("ASCEND_RT_VISIBLE_DEVICES", "3,2"),)),
+            0,  # torch_npu's rule, checked on a login node too
+            "ASCEND_RT_VISIBLE_DEVICES='3,2' is not in ascending order: torch_npu then sees no NPU at all "
+            "(device_count() is 0); list each NPU once, in ascending order: ASCEND_RT_VISIBLE_DEVICES=2,3",
         ),
         (LaunchSpec("flux", args=("positional",)), 0, "is not a --flag"),
         (

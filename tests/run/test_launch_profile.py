@@ -58,3 +58,29 @@ def test_profile_steps_are_kept_in_launch_json(project, tmp_path):
     plain = _launch_json(build_plan(project, LaunchSpec("flux"), run_dir))
     assert traced["profile_steps"] == "1,3" and plain["profile_steps"] is None
     json.dumps(traced)
+
+
+@pytest.mark.parametrize("where, refused", [("plain_dir", False), ("proj+1", True), ("a@b", True), ("c:d", True)])
+def test_an_npu_profile_is_refused_where_torch_npu_would_write_no_trace(tmp_path, monkeypatch, capsys, where, refused):
+    """torch_npu's profiler checks the REAL absolute path of each trace folder and swallows its own
+    error: a project under a path with '+', '@' or ':' would lose every trace without a word."""
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / where / "proj"))
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    if not refused:  # (the dry run still says this host has no NPU)
+        assert rc != 2 and "the real path of the traces" not in out + err, err
+        return
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--profile: the real path of the traces, {tmp_path / where}/proj/runs/" in err
+    assert "torch_npu's profiler would write no trace and raise nothing" in err and "--runs-dir DIR" in err
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "cpu", "--profile", "1")
+    assert rc == 0, err  # torch.profiler has no such rule
+
+
+def test_a_symlinked_runs_dir_is_judged_by_its_real_path(tmp_path, monkeypatch, capsys):
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / "ok" / "proj"))
+    (tmp_path / "bad+runs").mkdir()
+    (project.root / "runs").symlink_to(tmp_path / "bad+runs")
+    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    assert rc == 2 and f"the real path of the traces, {tmp_path / 'bad+runs'}/" in err

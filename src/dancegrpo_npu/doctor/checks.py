@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import ascend
 from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, base_version, table_row
 
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"  # WARN: worth reading, training can start
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Check:
     status: str
     detail: str
     fix: str | None = None
+    notes: tuple[str, ...] = ()  # lines printed under the check (numerics: one per op)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,40 @@ def check_python() -> Check:
     return Check("python", PASS, text)
 
 
+SET_ENV = "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN's environment; your toolkit's path)"
+# torch alone (doctor, the tool) starts with autoload off; the trainers' diffusers imports torch_npu itself
+CPU_ONLY = ("for CPU-only work on this Ascend host: TORCH_DEVICE_BACKEND_AUTOLOAD=0 lets torch start (the trainers "
+            "also need a virtualenv without torch_npu: diffusers imports it)")
+# torch (>= 2.5) imports torch_npu inside `import torch` through its `torch.backends` entry point
+# and wraps what it raised in this RuntimeError (torch/__init__.py, _import_device_backends).
+AUTOLOAD_FAILED = "Failed to load the backend extension: torch_npu"
+# What torch_npu 2.7.1 says when CANN's environment is missing: its libraries (libhccl.so,
+# libascendcl.so) are not on the loader path, or its package check finds no ASCEND_* paths.
+CANN_MISSING_MARKS = ("libhccl.so", "libascendcl.so", "set_env.sh")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def torch_npu_failure(error: BaseException, what: str) -> Check:
+    """The check for an import that failed inside torch_npu: CANN's environment missing, or a
+    torch_npu that is broken otherwise (torch itself is fine in both cases)."""
+    cause = error.__cause__ if AUTOLOAD_FAILED in str(error) and error.__cause__ is not None else error
+    if any(mark in str(cause) for mark in CANN_MISSING_MARKS):
+        return Check(what, FAIL, f"CANN's environment is missing: torch_npu does not load ({_first_line(cause)})",
+                     f"{SET_ENV} in this shell; {CPU_ONLY}")
+    return Check(what, FAIL, f"torch_npu does not load ({_first_line(cause)}); torch itself is not the problem",
+                 f"match torch/torch_npu/CANN (docs/ascend-910b.md, Versions); {CPU_ONLY}")
+
+
 def check_torch(facts: Facts) -> Check:
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        if AUTOLOAD_FAILED in str(e):
+            return torch_npu_failure(e, "torch")
         return Check(
             "torch",
             FAIL,
@@ -86,16 +117,11 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
             )
         return Check("torch_npu", SKIP, "not installed: no NPU stack on this machine, the CUDA/CPU checks run instead")
     if facts.torch is None:
-        return Check("torch_npu", FAIL, "torch does not import", "fix torch first")
+        return Check("torch_npu", FAIL, "torch does not import", "see the torch check")
     try:
         import torch_npu
-    except Exception as e:  # noqa: BLE001
-        return Check(
-            "torch_npu",
-            FAIL,
-            f"import torch_npu failed: {type(e).__name__}: {e}",
-            "source /usr/local/Ascend/ascend-toolkit/set_env.sh, then check torch/torch_npu/CANN versions (docs/ascend-910b.md, Versions)",
-        )
+    except Exception as e:  # noqa: BLE001 - ImportError (libhccl.so), or the bare Exception of CANN's package check
+        return torch_npu_failure(e, "torch_npu")
     npu_version = getattr(torch_npu, "__version__", "?")
     torch_version = facts.torch.__version__
     built_for, have = base_version(npu_version), base_version(torch_version)
@@ -153,7 +179,9 @@ def _module_version(name: str) -> str | None:
 
 
 def check_accelerate(facts: Facts) -> Check:
-    """accelerate picks its backend from torch.cuda.is_available(), which transfer_to_npu makes True."""
+    """accelerate's version, for the record.  Under transfer_to_npu no accelerate picks nccl on the
+    NPU: torch_npu 2.7.1 rewrites ``nccl`` to ``hccl`` in ``init_process_group`` and wraps
+    accelerate's backend choice (``PartialState._prepare_backend``, accelerate >= 0.22)."""
     try:
         import importlib.metadata as md
 
@@ -162,15 +190,7 @@ def check_accelerate(facts: Facts) -> Check:
         return Check("accelerate", SKIP, "not installed")
     if not facts.npu:
         return Check("accelerate", PASS, f"{version}")
-    ok = tuple(int(x) for x in re.findall(r"\d+", version)[:2]) >= (0, 34)
-    if not ok:
-        return Check(
-            "accelerate",
-            FAIL,
-            f"{version} picks nccl under transfer_to_npu (accelerate issue #3020)",
-            "pip install 'accelerate>=1.0.1'",
-        )
-    return Check("accelerate", PASS, f"{version} (checks NPU before CUDA, so hccl under transfer_to_npu)")
+    return Check("accelerate", PASS, f"{version} (transfer_to_npu rewrites nccl to hccl in init_process_group)")
 
 
 def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
@@ -180,6 +200,11 @@ def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
     if facts.npu:
         visible = opts.environ.get("ASCEND_RT_VISIBLE_DEVICES")
         present = ascend.davinci_count(opts.dev_dir)
+        if visible is not None:
+            try:
+                ascend.parse_visible_devices(visible)  # each NPU once, ascending: else torch_npu sees none
+            except DancegrpoError as e:
+                return Check("devices", FAIL, e.message, e.hint)
         try:
             if visible is not None:
                 bad = [i for i in ascend.parse_visible_devices(visible) if i >= present]
@@ -207,7 +232,7 @@ def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
                 "devices",
                 FAIL,
                 "torch_npu sees no NPU",
-                "check `npu-smi info`; in a container map /dev/davinci* and the driver",
+                "check ASCEND_RT_VISIBLE_DEVICES and `npu-smi info`; in a container map /dev/davinci* and the driver",
             )
         facts.kind, facts.count = "npu", n
         shown = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""

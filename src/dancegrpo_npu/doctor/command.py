@@ -1,7 +1,7 @@
 """``dancegrpo-npu doctor``: can training start here?  Each check PASS, FAIL or SKIP, with the fix.
 
-The NPU checks (torch_npu, CANN, NPUs, matmul on each NPU, HCCL all_reduce) run when this
-machine has the NPU stack; elsewhere doctor says so and runs the CUDA or CPU equivalents
+The NPU checks (torch_npu, CANN, NPUs, matmul on each NPU, the numerics self-check of NPU 0
+against the CPU, HCCL all_reduce) run when this machine has the NPU stack; elsewhere doctor says so and runs the CUDA or CPU equivalents
 (matmul on each GPU or the CPU; an NCCL or gloo all_reduce).  Exit code 0 only if nothing
 FAILed.  torch is imported inside the checks, never when the CLI starts.
 """
@@ -16,6 +16,7 @@ from dancegrpo_npu.doctor.checks import (
     FAIL,
     PASS,
     SKIP,
+    WARN,
     Check,
     DoctorOptions,
     Facts,
@@ -27,6 +28,7 @@ from dancegrpo_npu.doctor.checks import (
     check_torch_npu,
 )
 from dancegrpo_npu.doctor.compute import check_all_reduce, check_matmul
+from dancegrpo_npu.doctor.numerics import check_numerics
 from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.upstream_args import DEFAULT_FLUX_DIR, SCRIPTS
@@ -109,6 +111,7 @@ STEPS = (
     ("accelerate", lambda project, opts, facts: check_accelerate(facts)),
     ("devices", lambda project, opts, facts: check_devices(facts, opts)),
     ("matmul", lambda project, opts, facts: check_matmul(facts)),
+    ("numerics", lambda project, opts, facts: check_numerics(facts)),
     ("all_reduce", lambda project, opts, facts: check_all_reduce(facts, opts)),
     ("disk", lambda project, opts, facts: check_disk(project, opts)),
     ("tree", lambda project, opts, facts: check_tree(project)),
@@ -130,9 +133,11 @@ def format_report(checks: list[Check]) -> str:
         lines.append(f"  {c.status}  {c.name:<11} {c.detail}")
         if c.fix and c.status == FAIL:
             lines.append(f"        {'':<11} fix: {c.fix}")
-    counts = {s: sum(1 for c in checks if c.status == s) for s in (PASS, FAIL, SKIP)}
+        lines.extend(f"        {'':<11} {note}" for note in c.notes)
+    counts = {s: sum(1 for c in checks if c.status == s) for s in (PASS, FAIL, SKIP, WARN)}
     verdict = "training can start" if not counts[FAIL] else "fix the FAILs before training"
-    lines.append(f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped: {verdict}")
+    warned = f", {counts[WARN]} warned" if counts[WARN] else ""
+    lines.append(f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped{warned}: {verdict}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,9 @@
   user's environment or ``--env KEY=VALUE`` overrides.
 - Which NPUs this host has: the driver creates one ``/dev/davinci<N>`` node per NPU (inside a
   container, one per NPU mapped in).  ``ASCEND_RT_VISIBLE_DEVICES`` takes logical ids
-  ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES.
+  ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES, but torch_npu 2.7.1 counts them only
+  in strictly ascending order: for ``3,2`` (or ``1,1``) ``torch.npu.device_count()`` is 0
+  (``torch_npu/npu/__init__.py``, ``_device_count_ascend_hal``: "`rts` need ascending order").
 - CANN: ``source set_env.sh`` exports ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH; the toolkit's
   version is the ``version=`` line of ``<home>/<arch>-linux/ascend_toolkit_install.info``.
   The driver's is the ``Version=`` line of ``/usr/local/Ascend/driver/version.info``.
@@ -39,7 +41,11 @@ NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault("HCCL_BUFFSIZE", "800", "MB of HCCL communication buffer per rank"),
     EnvDefault("NPU_ASD_ENABLE", "0", "silent-data-corruption detection off (its checks cost step time)"),
     EnvDefault("ACLNN_CACHE_LIMIT", "100000", "aclnn operator cache entries (many shapes in sampling)"),
-    EnvDefault("MULTI_STREAM_MEMORY_REUSE", "2", "reuse memory across streams (less fragmentation)"),
+    EnvDefault(
+        "MULTI_STREAM_MEMORY_REUSE", "2",
+        "reuse memory across streams; torch_npu's docs call 2 'not recommended' (it keeps strong references "
+        "to tensors); MindSpeed-MM's FLUX DanceGRPO launch sets it",
+    ),
     EnvDefault(
         "PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "caching allocator grows segments instead of failing"
     ),
@@ -68,9 +74,16 @@ def parse_visible_devices(value: str, var: str = "ASCEND_RT_VISIBLE_DEVICES") ->
                 f"set it like {var}=0,1,2,3",
                 exit_code=2,
             )
-        if int(part) in ids:
-            raise DancegrpoError(f"{var}={value!r} names device {part} twice", "list each NPU once", exit_code=2)
         ids.append(int(part))
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        works = ",".join(str(i) for i in sorted(set(ids)))
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        what = f"names device {twice[0]} twice" if twice else "is not in ascending order"
+        raise DancegrpoError(
+            f"{var}={value!r} {what}: torch_npu then sees no NPU at all (device_count() is 0)",
+            f"list each NPU once, in ascending order: {var}={works}",
+            exit_code=2,
+        )
     return ids
 
 
@@ -131,3 +144,33 @@ def cann_version(home: Path) -> tuple[str | None, Path | None]:
 
 def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
     return _read_key(path, "Version")
+
+
+# torch_npu 2.7.1's PathManager._input_path_common_check, applied by its profiler to the REAL
+# absolute path of each trace folder (utils/_path_manager.py, profiler/_profiler_path_creator.py).
+# The profiler swallows what it raises (no_exception_func): a refused path gives no trace, no error.
+PROFILER_PATH_PATTERN = r"(\.|/|_|-|\s|[~0-9a-zA-Z]|[\u4e00-\u9fa5])+"
+PROFILER_MAX_PATH = 4096
+PROFILER_MAX_NAME = 255
+# what the trainer adds under the directory: step_<N>/rank_<R>_<pid>_<17-digit time>_ascend_pt
+PROFILER_TRACE_TAIL = "/step_99999/rank_9999_9999999_20260101000000000_ascend_pt"
+
+
+def check_profiler_dir(directory: Path) -> None:
+    """Refuse a trace directory whose traces torch_npu's profiler would silently not write."""
+    real = os.path.realpath(directory)
+    path = real + PROFILER_TRACE_TAIL
+    bad = sorted({c for c in real if not re.fullmatch(PROFILER_PATH_PATTERN, c)})
+    if bad:
+        problem = f"has {', '.join(repr(c) for c in bad)}; it allows letters, digits, '.', '/', '_', '-', '~' and spaces"
+    elif len(path) > PROFILER_MAX_PATH or any(len(n) > PROFILER_MAX_NAME for n in real.split("/")):
+        problem = f"is longer than its limits ({PROFILER_MAX_PATH} characters, {PROFILER_MAX_NAME} per name)"
+    else:
+        return
+    raise DancegrpoError(
+        f"--profile: the real path of the traces, {real}, {problem}: torch_npu's profiler would write no trace "
+        "and raise nothing",
+        "put the runs where the real path has none: --runs-dir DIR (or DANCEGRPO_RUNS; a symbolic link helps only "
+        "if its target's path is clean, the rule reads the real path)",
+        exit_code=2,
+    )

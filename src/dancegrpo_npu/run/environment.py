@@ -6,9 +6,9 @@ environment, then ``--env NAME=VALUE``.  PYTHONPATH always starts with the patch
 DANCEGRPO_DEVICE always comes from ``--device``.
 
 accelerate (``accelerate.logging`` in preprocessing) chooses its backend from
-``torch.cuda.is_available()``, which ``transfer_to_npu`` makes True; accelerate >= 0.34 tests
-for NPU first and picks hccl (its issue #3020), so nothing is set for it here; ``doctor``
-checks the installed version instead.
+``torch.cuda.is_available()``, which ``transfer_to_npu`` makes True; torch_npu 2.7.1's
+``transfer_to_npu`` rewrites ``nccl`` to ``hccl`` in ``init_process_group`` and wraps
+accelerate's backend choice, so nothing is set for it here.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dancegrpo_npu.run import records
+from dancegrpo_npu.run import ascend, records
 
 from dancegrpo_npu.align.options import (
     ALIGN_SCRIPTS,
@@ -186,6 +186,8 @@ def build_plan(
     if spec.align.env():  # --msprobe: before the user's --env, which wins
         spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
+    if spec.profile_steps is not None and profile == "npu":
+        ascend.check_profiler_dir(run_dir / "profile")  # torch_npu's profiler drops a refused path silently
     port = spec.master_port
     if port is None:
         port = free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT

@@ -1,94 +1,215 @@
-"""A FAKE ``torch_npu`` for tests.  It is not Huawei's torch_npu and runs nothing on an NPU.
+"""A FAKE ``torch_npu`` for tests, NOT Huawei's torch_npu.  It runs nothing on an NPU.
 
 It exists so that the port's NPU-only code paths (device selection, ``transfer_to_npu``
-ordering, the HF32 switches, ``npu_fusion_attention``) can be exercised on machines without
-an Ascend NPU.  Every result obtained with it is a CPU result: it never stands for an NPU
-measurement.
+ordering, the HF32 switches, ``npu_fusion_attention``, the profiler, doctor's NPU branch) run
+on machines without an Ascend NPU.  Every result obtained with it is a CPU result: it never
+stands for an NPU measurement.  tests/fakes/test_fake_torch_npu.py holds one test per
+emulated behaviour below; tests/test_torch_npu_wheel.py checks every torch_npu name, keyword
+and environment variable the project uses against the sources of the real 2.7.1 wheel.
 
-What it imitates, from torch_npu's documentation:
+EMULATED, as torch_npu 2.7.1's sources do it:
 
-* importing it registers the ``npu`` device type (``rename_privateuse1_backend``) and
-  the ``torch.npu`` device module (``is_available``, ``device_count``, ``set_device``,
-  ``current_device``, ``get_amp_supported_dtype`` - so ``torch.autocast("npu")`` can be
-  constructed; autocast then changes nothing, no kernel here is an NPU kernel);
-  ``FAKE_TORCH_NPU_DEVICES`` (default 8) is how many NPUs it pretends to see.  No tensor
-  can be allocated on that "npu" device;
-* ``torch.npu.matmul.allow_hf32`` (default False) and ``torch.npu.conv.allow_hf32`` (default
-  True), the documented defaults: plain attributes that remember what was set and are read
-  by nothing (no kernel here runs in HF32);
-* ``npu_fusion_attention(query, key, value, head_num, input_layout, ..., atten_mask,
-  scale, keep_prob)`` for the ``BSND`` and ``BNSD`` layouts, where ``atten_mask`` is
-  boolean, True means "do not attend", and its shape is one the documentation lists
-  ([B,N,S1,S2], [B,1,S1,S2], [1,1,S1,S2], [S1,S2]; no broadcasting); it returns a 7-tuple whose
-  first item is the attention output, computed here in plain torch on the CPU tensors it is
-  given.  The real kernel takes NPU tensors only; the fake cannot have NPU tensors, so it
-  stands in for that rule by refusing to run in a process whose run device is not the NPU
-  (``DANCEGRPO_DEVICE`` cpu or cuda, or auto with no fake NPU), where the real kernel would
-  be handed CPU or CUDA tensors;
-* ``FAKE_TORCH_NPU_BROKEN=1``: the import fails the way a torch_npu without CANN's
-  libraries on the loader path does;
-* ``torch.npu.synchronize``, ``reset_peak_memory_stats`` and ``max_memory_allocated`` (the
-  allocator's statistics; the fake allocates nothing, so the peak is ``FAKE_TORCH_NPU_PEAK_BYTES``,
-  default 0, whatever ran): recorded in ``calls``;
-* ``torch_npu.profiler`` (``profiler.py``): the documented ``profile`` / ``ProfilerActivity`` /
-  ``tensorboard_trace_handler`` surface; it records what it was asked and writes a marker
-  file, never a trace;
-* ``torch_npu.contrib.transfer_to_npu``: importing it records what was already imported
-  and whether CUDA was initialised (``transfer_state``), so tests can check the order.
+* autoload: ``tests/fakes/torch_npu-2.7.1+fake.dist-info`` registers the ``torch.backends``
+  entry point ``torch_npu = torch_npu:_autoload``, so with tests/fakes on the path ``import
+  torch`` imports this package (torch >= 2.5, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), and
+  a failing import makes ``import torch`` itself fail ("Failed to load the backend extension:
+  torch_npu").  Like the real one it sets ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` while it
+  imports torch and ``_autoload()`` restores the value it found.  The dist-info also makes
+  ``importlib.metadata`` (and diffusers' ``is_torch_npu_available()``) see it as installed;
+* import failures: ``FAKE_TORCH_NPU_BROKEN=1`` stands for CANN's libraries not on the loader
+  path (``set_env.sh`` not sourced): the ``ImportError`` names ``libhccl.so`` with torch_npu's
+  text ("Please check that the cann package is installed...", or "...the compiler package..."
+  when ``ASCEND_OPP_PATH`` is set); the CANN package check raises a bare ``Exception`` when
+  ``ASCEND_HOME_PATH`` is set but it (or ``ASCEND_OPP_PATH``, ``<home>/runtime``,
+  ``<home>/compiler``) is missing; a torch that already has another accelerator (CUDA) is
+  refused with "Two accelerators cannot be used at the same time";
+* devices: ``FAKE_TORCH_NPU_DEVICES`` (default 8) NPUs are "present"; ``ASCEND_RT_VISIBLE_DEVICES``
+  is parsed as ``torch_npu.npu._parse_visible_devices`` does (digits and commas, read up to
+  the first other character; empty: none) and counted as ``_device_count_ascend_hal`` does:
+  a list that is not strictly ascending gives ``device_count()`` 0, the list is cut at the
+  first id that is not present, and ``is_available()`` is ``device_count() > 0``;
+  ``get_device_name`` / ``get_device_properties`` raise ``AssertionError("Invalid device
+  id...")`` outside ``0..device_count()-1``; the names are Ascend910B3 with 64 GiB;
+* registration: the ``npu`` device type (``rename_privateuse1_backend``), ``torch.npu``
+  (``_register_device_module``) and the generated ``Tensor.npu`` / ``Tensor.is_npu`` /
+  ``Module.npu`` methods; ``torch.npu.matmul.allow_hf32`` (default False) and
+  ``torch.npu.conv.allow_hf32`` (default True), remembered and read by nothing (no kernel
+  here runs in HF32); ``get_amp_supported_dtype`` so ``torch.autocast("npu")`` constructs;
+  ``manual_seed_all`` (nothing to seed), ``synchronize`` / ``reset_peak_memory_stats`` / ``max_memory_allocated`` (the peak is
+  ``FAKE_TORCH_NPU_PEAK_BYTES``, default 0: nothing is allocated);
+* kernels called with the documented signatures (``npu_fusion_attention``, ``npu_gelu``,
+  ``npu_geglu``, ``npu_rms_norm``): computed in plain torch on the CPU tensors given.  The real
+  kernels take NPU tensors only; the fake cannot have NPU tensors, so it stands in for that
+  rule by refusing to run in a process whose run device is not the NPU (``DANCEGRPO_DEVICE``
+  cpu or cuda, or auto with no NPU visible);
+* ``torch_npu.profiler`` (profiler.py) and ``torch_npu.contrib.transfer_to_npu``: see there.
 
-What it does NOT imitate: it registers no HCCL backend (``init_process_group("hccl")``
-fails with it), redirects no ``torch.cuda`` call, and ships no distribution metadata - so
-``importlib.metadata`` (and diffusers' ``is_torch_npu_available()``, which reads it) sees it
-as installed only where a test writes a ``torch_npu`` dist-info beside it
-(tests/patches/patched_tree_runner.py, ``fake_npu="installed"``).
-
-Tests that use it are marked ``fake_npu``.
+NOT emulated: no HCCL backend (``init_process_group("hccl")`` fails), no tensor can be
+allocated on the "npu" device, ``torch.cuda`` is not redirected to ``torch.npu``, no kernel
+runs in HF32 or gives NPU numerics.  Tests that use it are marked ``fake_npu``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 import types
 
-import torch
+# torch_npu's own first lines: autoload off while it imports torch (no recursion), the
+# caller's value kept for _autoload() to restore.
+ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402
 
 __fake__ = True
-__version__ = "0.0.0+fake"
-
-if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # a torch_npu whose CANN libraries are not found
-    raise ImportError("libascendcl.so: cannot open shared object file: No such file or directory (FAKE)")
+__version__ = os.environ.get("FAKE_TORCH_NPU_VERSION") or torch.__version__.split("+")[0]
 
 calls: list[tuple[str, dict]] = []  # what the code under test asked of the fake
 transfer_state: dict | None = None  # set by importing torch_npu.contrib.transfer_to_npu
 
 
-def _device_count() -> int:
+def _pta_error(code: int, text: str) -> str:
+    """torch_npu.utils._error_code.pta_error's suffix (Device/RankID unknown here)."""
+    stamp = time.strftime("%Y-%m-%d-%H:%M:%S", time.localtime())
+    return f"\n[ERROR] {stamp} (PID:{os.getpid()}, Device:-1, RankID:-1) ERR00{code:03d} PTA {text}"
+
+
+_NOT_FOUND = (8, "resource not found")
+
+_accelerator = torch._C._get_accelerator()
+if _accelerator.type != "cpu":
+    raise RuntimeError(
+        f"Two accelerators cannot be used at the same time in PyTorch: npu and {_accelerator.type}. "
+        f"You can install the cpu version of PyTorch to use your npu device, or use the "
+        f"{_accelerator.type} device with 'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'."
+        + _pta_error(7, "feature not supported"))
+
+if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # CANN's libraries are not on the loader path
+    _package = ("Please check that the compiler package is installed. " if "ASCEND_OPP_PATH" in os.environ
+                else "Please check that the cann package is installed. ")
+    raise ImportError(
+        "libhccl.so: cannot open shared object file: No such file or directory. " + _package
+        + "Please run 'source set_env.sh' in the CANN installation path." + _pta_error(*_NOT_FOUND),
+        name="torch_npu._C")
+
+
+def _cann_package_check() -> None:
+    """torch_npu.utils.npu_intercept._cann_package_check: a bare Exception, as the real one raises."""
+    home = os.environ.get("ASCEND_HOME_PATH")
+    if home is None:
+        return
+    if not os.path.exists(home):
+        raise Exception(f"ASCEND_HOME_PATH : {home} does not exist. Please run 'source set_env.sh' in the CANN "
+                        "installation path." + _pta_error(*_NOT_FOUND))
+    opp = os.environ.get("ASCEND_OPP_PATH")
+    if opp is None:
+        raise Exception("ASCEND_OPP_PATH environment variable is not set. Please check whether the opp package "
+                        "has been installed. If exist, please run 'source set_env.sh' in the CANN installation "
+                        "path." + _pta_error(*_NOT_FOUND))
+    if not os.path.exists(opp):
+        raise Exception(f"ASCEND_OPP_PATH : {opp} does not exist. Please check whether the opp package has been "
+                        "installed. If exist, please run 'source set_env.sh' in the CANN installation path."
+                        + _pta_error(*_NOT_FOUND))
+    for part in ("runtime", "compiler"):
+        path = os.path.join(home, part)
+        if not os.path.exists(path):
+            raise Exception(f"ASCEND_{part.upper()}_PATH : {path} does not exist. Please check whether the {part} "
+                            "package has been installed. If exist, please run 'source set_env.sh' in the CANN "
+                            "installation path." + _pta_error(*_NOT_FOUND))
+
+
+_cann_package_check()
+
+
+def _present() -> int:
     return int(os.environ.get("FAKE_TORCH_NPU_DEVICES", "8"))
 
 
+def _parse_visible_devices() -> list[int]:
+    """torch_npu.npu._parse_visible_devices: no variable means 64 candidate ids."""
+    var = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    if var is None:
+        return list(range(64))
+    end = len(var)
+    for idx, c in enumerate(var):
+        if not (c.isdigit() or c == ","):
+            end = idx
+            break
+    ids: list[int] = []
+    for elem in var[:end].split(","):
+        if not elem:
+            return ids
+        ids.append(int(elem))
+    return ids
+
+
+def _device_count() -> int:
+    """torch_npu.npu._device_count_ascend_hal over the present NPUs."""
+    visible = _parse_visible_devices()
+    present = _present()
+    if not visible or present <= 0:
+        return 0
+    for idx, val in enumerate(visible):
+        if idx > 0 and val <= visible[idx - 1]:  # "`rts` need ascending order"
+            return 0
+        if val >= present:
+            return idx
+    return len(visible)
+
+
+class _Properties:
+    def __init__(self, name: str, total_memory: int):
+        self.name = name
+        self.total_memory = total_memory
+
+
 class _FakeNpuModule(types.ModuleType):
-    """Stands in for ``torch.npu`` (FAKE)."""
+    """Stands in for ``torch.npu`` / ``torch_npu.npu`` (FAKE)."""
 
     def __init__(self):
         super().__init__("torch.npu")
+        self.__fake__ = True
         self._current = 0
+        self.matmul = types.SimpleNamespace(allow_hf32=False)  # torch_npu's defaults
+        self.conv = types.SimpleNamespace(allow_hf32=True)
 
     def is_available(self) -> bool:
-        return _device_count() > 0
+        return self.device_count() > 0
 
     def device_count(self) -> int:
         return _device_count()
 
+    def _check_index(self, device) -> int:
+        index = self._current if device is None else (device.index if isinstance(device, torch.device) else int(device))
+        if index < 0 or index >= self.device_count():
+            raise AssertionError("Invalid device id" + _pta_error(3, "invalid value"))
+        return index
+
+    def get_device_name(self, device_name=None) -> str:
+        self._check_index(device_name)
+        return "Ascend910B3"
+
+    def get_device_properties(self, device_name=None) -> _Properties:
+        self._check_index(device_name)
+        return _Properties("Ascend910B3", 64 * 2**30)
+
     def set_device(self, device) -> None:
         index = device.index if isinstance(device, torch.device) else int(device)
-        if not 0 <= index < _device_count():
-            raise RuntimeError(f"fake torch_npu: invalid device {index} ({_device_count()} NPUs)")
+        if not 0 <= index < self.device_count():
+            raise RuntimeError(f"fake torch_npu: set_device({index}) with {self.device_count()} NPU(s) visible")
         calls.append(("set_device", {"device": device}))
         self._current = index
 
     def current_device(self) -> int:
         return self._current
+
+    def manual_seed_all(self, seed) -> None:  # torch.manual_seed calls it; no NPU generator to seed here
+        pass
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
 
     def get_amp_supported_dtype(self) -> list:
         return [torch.float16, torch.bfloat16]  # what torch.autocast("npu") asks the device module
@@ -106,10 +227,9 @@ class _FakeNpuModule(types.ModuleType):
 
 
 npu = _FakeNpuModule()
-npu.matmul = types.SimpleNamespace(allow_hf32=False)  # torch_npu's documented defaults
-npu.conv = types.SimpleNamespace(allow_hf32=True)
 if torch._C._get_privateuse1_backend_name() == "privateuseone":
     torch.utils.rename_privateuse1_backend("npu")
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 torch._register_device_module("npu", npu)  # sets torch.npu, as torch_npu does
 
 
@@ -119,14 +239,20 @@ def _run_device_is_npu() -> bool:
     return requested == "npu" or (requested == "auto" and _device_count() > 0)
 
 
+def _refuse_off_npu(kernel: str, tensor) -> None:
+    if not _run_device_is_npu():
+        raise RuntimeError(
+            f"fake torch_npu: {kernel} called while DANCEGRPO_DEVICE="
+            f"{os.environ.get('DANCEGRPO_DEVICE', 'auto')!r}: the real kernel would get {tensor.device.type} tensors")
+
+
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
                          atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=2147483647,
                          next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
-                         actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False):
-    if not _run_device_is_npu():
-        raise RuntimeError(
-            f"fake torch_npu: npu_fusion_attention called while DANCEGRPO_DEVICE="
-            f"{os.environ.get('DANCEGRPO_DEVICE', 'auto')!r}: the real kernel would get {query.device.type} tensors")
+                         actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False,
+                         softmax_layout=""):
+    """``atten_mask`` boolean, True means "do not attend", of a documented shape; BSND/BNSD only."""
+    _refuse_off_npu("npu_fusion_attention", query)
     calls.append(("npu_fusion_attention", {
         "input_layout": input_layout, "head_num": head_num, "scale": scale, "keep_prob": keep_prob,
         "atten_mask_dtype": None if atten_mask is None else atten_mask.dtype,
@@ -156,3 +282,35 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         out = out.transpose(1, 2)
     empty = torch.empty(0)
     return (out.contiguous(), empty, empty, empty, 0, 0, 0)
+
+
+def npu_gelu(self, *, approximate="none"):
+    """``npu_gelu(Tensor self, *, str approximate='none')``: 'none' is the erf form, 'tanh' the tanh form."""
+    _refuse_off_npu("npu_gelu", self)
+    calls.append(("npu_gelu", {"approximate": approximate}))
+    return torch.nn.functional.gelu(self, approximate=approximate)
+
+
+def npu_geglu(self, dim=-1, approximate=1):
+    """``npu_geglu(Tensor self, int dim=-1, int approximate=1) -> (Tensor, Tensor)``: 1 is tanh, 0 erf."""
+    _refuse_off_npu("npu_geglu", self)
+    calls.append(("npu_geglu", {"dim": dim, "approximate": approximate}))
+    hidden, gate = self.chunk(2, dim=dim)
+    gelu = torch.nn.functional.gelu(gate, approximate="tanh" if approximate == 1 else "none")
+    return hidden * gelu, gelu
+
+
+def npu_rms_norm(self, gamma, epsilon=1e-06):
+    """``npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)``."""
+    _refuse_off_npu("npu_rms_norm", self)
+    calls.append(("npu_rms_norm", {"epsilon": epsilon}))
+    rstd = torch.rsqrt(self.float().pow(2).mean(-1, keepdim=True) + epsilon)
+    return (self.float() * rstd).to(self.dtype) * gamma, rstd
+
+
+from torch_npu import profiler  # noqa: E402,F401  (the real package imports it here too)
+
+
+def _autoload():
+    """The ``torch.backends`` entry point torch calls inside ``import torch``."""
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD

@@ -1,15 +1,35 @@
-"""FAKE ``torch_npu.contrib.transfer_to_npu``: records the import order, redirects nothing.
+"""FAKE ``torch_npu.contrib.transfer_to_npu`` (see torch_npu/__init__.py).
 
-The real module patches ``torch.cuda`` and "cuda" device strings to the NPU, which
-only works if it is imported before anything initialises CUDA.  This fake notes
-what had been imported (diffusers, transformers, the patched fastvideo modules)
-and whether CUDA was initialised, so tests can check the patched scripts import it
-first.
+It records what had been imported before it (diffusers, transformers, the patched fastvideo
+modules) and whether CUDA was initialised (``torch_npu.transfer_state``), so tests can check
+that the patched scripts import it first.
+
+EMULATED, the side effects of torch_npu 2.7.1's module on the rest of the process:
+
+* ``warnings.filterwarnings(action='once')`` for the whole process;
+* the libraries of its ``apis_config.json`` (transformers >= 4.32.0, trl >= 0.7.1, peft >= 0.5.0,
+  accelerate >= 0.22.0), where installed, are IMPORTED - ``transformers.trainer`` and
+  ``accelerate.state`` among them - and each listed function or method is wrapped
+  (``functools.wraps``, so ``__wrapped__`` is the original; the real wrapper calls it with
+  the original ``torch.cuda.is_available``), e.g. accelerate's backend choice
+  ``PartialState._prepare_backend``;
+* ``torch.jit.script`` / ``torch.jit.script_method`` become no-ops (a RuntimeWarning says so);
+* ``torch.Tensor.is_cuda`` means "is on the NPU" and ``Tensor.cuda`` / ``Module.cuda`` are ``.npu``;
+* ``torch.distributed.init_process_group`` rewrites ``nccl`` to ``hccl`` in its backend
+  argument; ``is_nccl_available`` is ``is_hccl_available``; the ``cuda`` entry of
+  ``Backend.default_device_backend_map`` is removed.
+
+NOT emulated: the redirection of ``torch.cuda.*``, "cuda" device strings and the profiler.
 """
 
+import functools
+import importlib
+import importlib.metadata
 import sys
+import warnings
 
 import torch
+from packaging.version import Version
 
 import torch_npu
 
@@ -19,6 +39,118 @@ torch_npu.transfer_state = {
     "cuda_initialized": torch.cuda.is_initialized(),
     "already_imported": sorted(
         name for name in sys.modules
-        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "fastvideo", "dancegrpo_port")
+        if name.split(".")[0] in ("diffusers", "transformers", "peft", "accelerate", "trl", "fastvideo",
+                                  "dancegrpo_port")
     ),
 }
+
+warnings.filterwarnings(action="once")
+
+# The entries of torch_npu 2.7.1's contrib/apis_config.json: package -> (minimum version, wrapped APIs).
+APIS_CONFIG = {
+    "transformers": ("4.32.0", {
+        "transformers.training_args.TrainingArguments.__post_init__": "method",
+        "transformers.trainer.Trainer._load_rng_state": "method",
+        "transformers.trainer.Trainer._save_rng_state": "method",
+        "transformers.trainer_utils.TrainerMemoryTracker.start": "method",
+        "transformers.utils.import_utils.is_torch_cuda_available": "function",
+        "transformers.utils.import_utils.is_mamba_ssm_available": "function",
+        "transformers.utils.import_utils.is_causal_conv1d_available": "function",
+        "transformers.utils.import_utils.is_torch_bf16_gpu_available": "function",
+        "transformers.utils.import_utils.is_torch_tf32_available": "function",
+        "transformers.utils.import_utils.is_bitsandbytes_available": "function",
+        "transformers.utils.import_utils.is_flash_attn_2_available": "function",
+    }),
+    "trl": ("0.7.1", {
+        "trl.import_utils.is_bitsandbytes_available": "function",
+        "trl.trainer.utils.get_kbit_device_map": "function",
+    }),
+    "peft": ("0.5.0", {"peft.utils.other.infer_device": "function"}),
+    "accelerate": ("0.22.0", {
+        "accelerate.commands.env.env_command": "function",
+        "accelerate.launchers.notebook_launcher": "function",
+        "accelerate.commands.config.default.write_basic_config": "function",
+        "accelerate.utils.environment.override_numa_affinity": "function",
+        "accelerate.utils.modeling.get_max_memory": "function",
+        "accelerate.utils.megatron_lm.initialize": "function",
+        "accelerate.utils.bnb.load_and_quantize_model": "function",
+        "accelerate.utils.bnb.get_quantized_model_device_map": "function",
+        "accelerate.utils.imports.is_cuda_available": "function",
+        "accelerate.test_utils.scripts.test_script.training_check": "function",
+        "accelerate.test_utils.scripts.test_cli.main": "function",
+        "accelerate.test_utils.scripts.external_deps.test_peak_memory_usage.TorchTracemalloc.__enter__": "method",
+        "accelerate.test_utils.scripts.external_deps.test_peak_memory_usage.TorchTracemalloc.__exit__": "method",
+        "accelerate.state.PartialState._prepare_backend": "method",
+    }),
+}
+_original_is_available = torch.cuda.is_available
+
+
+def _owner(full_name: str, kind: str):
+    """(object, attribute) for a listed API; None where it does not import (as the real one skips it)."""
+    parts = full_name.split(".")
+    try:
+        if kind == "method":
+            return getattr(importlib.import_module(".".join(parts[:-2])), parts[-2]), parts[-1]
+        return importlib.import_module(".".join(parts[:-1])), parts[-1]
+    except Exception:  # noqa: BLE001 - the real module ignores what does not import
+        return None
+
+
+def _wrap_library_function(fn):
+    @functools.wraps(fn)
+    def decorated(*args, **kwargs):
+        patched, torch.cuda.is_available = torch.cuda.is_available, _original_is_available
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.cuda.is_available = patched
+    return decorated
+
+
+for _package, (_minimum, _apis) in APIS_CONFIG.items():
+    try:
+        _version = importlib.metadata.version(_package)
+    except importlib.metadata.PackageNotFoundError:
+        continue
+    if Version(_version) < Version(_minimum):
+        continue
+    for _name, _kind in _apis.items():
+        _found = _owner(_name, _kind)
+        if _found and getattr(_found[0], _found[1], None):
+            setattr(_found[0], _found[1], _wrap_library_function(getattr(*_found)))
+
+
+def _jit_script(obj, optimize=None, _frames_up=0, _rcb=None, example_inputs=None):
+    return obj
+
+
+def _jit_script_method(fn):
+    return fn
+
+
+warnings.warn("torch.jit.script and torch.jit.script_method will be disabled by transfer_to_npu, which currently "
+              "does not support them, if you need to enable them, please do not use transfer_to_npu.", RuntimeWarning)
+torch.jit.script = _jit_script
+torch.jit.script_method = _jit_script_method
+
+torch.Tensor.cuda = torch.Tensor.npu
+torch.Tensor.is_cuda = torch.Tensor.is_npu
+torch.nn.Module.cuda = torch.nn.Module.npu
+
+
+def _wrapper_hccl(fn):
+    @functools.wraps(fn)
+    def decorated(*args, **kwargs):
+        args = [a.replace("nccl", "hccl") if type(a) is str and "nccl" in a else a for a in args]
+        backend = kwargs.get("backend")
+        if type(backend) is str and "nccl" in backend:
+            kwargs["backend"] = backend.replace("nccl", "hccl")
+        return fn(*args, **kwargs)
+    return decorated
+
+
+torch.distributed.init_process_group = _wrapper_hccl(torch.distributed.init_process_group)
+torch.distributed.is_nccl_available = lambda: "hccl" in torch.distributed.Backend.backend_list
+if "cuda" in getattr(torch.distributed.Backend, "default_device_backend_map", {}):
+    del torch.distributed.Backend.default_device_backend_map["cuda"]

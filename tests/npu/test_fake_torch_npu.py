@@ -1,0 +1,190 @@
+"""The FAKE torch_npu (tests/fakes) behaves like torch_npu 2.7.1 where the port depends on it.
+
+One test per emulated behaviour; each fails when the fake is changed back to what it was
+(no entry point, any device order accepted, a profiler that raises and checks the relative
+path, a transfer_to_npu without side effects, made-up error types).  The fake runs in fresh
+interpreters only: its registration with torch cannot be undone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from snippet import run_snippet
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+pytestmark = pytest.mark.fake_npu
+
+PROBE = r'''
+import io, json, os, sys, contextlib
+import torch
+out = {"autoloaded": "torch_npu" in sys.modules,
+       "autoload_env_after": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")}
+import importlib.metadata as md
+out["entry_points"] = sorted(f"{e.name}={e.value}" for e in md.entry_points(group="torch.backends"))
+import torch_npu
+counts = {}
+for value in (None, "0,1", "2,3", "3,2", "1,1", "0,9", "", "2,3x1"):
+    if value is None:
+        os.environ.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    else:
+        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = value
+    counts[str(value)] = [torch.npu.device_count(), torch.npu.is_available()]
+out["counts"] = counts
+os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
+try:
+    torch.npu.get_device_name(5)
+except Exception as e:
+    out["bad_index"] = [type(e).__name__, str(e).splitlines()[0]]
+os.environ.pop("ASCEND_RT_VISIBLE_DEVICES")
+
+from torch_npu import profiler as p
+def trace(dir_name):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        handler = p.tensorboard_trace_handler(dir_name, worker_name="rank_0")
+        prof = p.profile(activities=[p.ProfilerActivity.CPU, p.ProfilerActivity.NPU], on_trace_ready=handler)
+        prof.start(); prof.stop()
+    found = sorted(str(q.relative_to(os.getcwd())) for q in __import__("pathlib").Path(os.getcwd()).rglob("*_ascend_pt"))
+    return {"handler": handler is not None, "stdout": buf.getvalue(), "folders": found}
+os.makedirs("good", exist_ok=True)
+out["good"] = trace("good")
+os.makedirs("bad+dir", exist_ok=True)
+os.chdir("bad+dir"); os.makedirs("rel", exist_ok=True)
+out["relative_under_plus"] = trace("rel")
+os.chdir("..")
+os.symlink("good", "link")
+out["symlink"] = trace("link")
+try:
+    p.profile([p.ProfilerActivity.CPU])
+except TypeError as e:
+    out["positional"] = "TypeError"
+
+import warnings
+def f(x): return x
+import torch_npu.contrib.transfer_to_npu
+out["filter"] = [f[0] for f in warnings.filters if f[1] is None and f[2] is Warning and f[3] is None]
+out["imported"] = sorted(m for m in ("transformers.trainer", "accelerate.state") if m in sys.modules)
+import accelerate.state
+out["accelerate_wrapped"] = hasattr(accelerate.state.PartialState._prepare_backend, "__wrapped__")
+out["jit_noop"] = torch.jit.script(f) is f
+out["is_cuda_is_is_npu"] = torch.Tensor.is_cuda is torch.Tensor.is_npu
+import torch.distributed as dist
+try:
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+except Exception as e:
+    out["nccl"] = str(e)
+print(json.dumps(out))
+'''
+
+
+def run(code: str, tmp: Path, env: dict | None = None, check: bool = True):
+    return run_snippet(code, tmp, [str(FAKES)], {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **(env or {})},
+                       drop=("DANCEGRPO_", "ASCEND_", "FAKE_TORCH_NPU", "TORCH_DEVICE_BACKEND"), check=check)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    proc = run(PROBE, tmp_path_factory.mktemp("probe"))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_fake_says_it_is_one():
+    text = (FAKES / "torch_npu" / "__init__.py").read_text()
+    assert text.startswith('"""A FAKE ``torch_npu``') and "NOT Huawei's" in text and "EMULATED" in text
+    assert "NOT emulated" in text
+
+
+def test_import_torch_autoloads_it_through_the_entry_point(probe):
+    assert probe["entry_points"] == ["torch_npu=torch_npu:_autoload"]
+    assert probe["autoloaded"] is True and probe["autoload_env_after"] == "1"  # restored by _autoload()
+
+
+def test_visible_devices_must_ascend_else_none(probe):
+    assert probe["counts"] == {
+        "None": [8, True], "0,1": [2, True], "2,3": [2, True],
+        "3,2": [0, False], "1,1": [0, False],  # not strictly ascending: torch_npu sees no NPU
+        "0,9": [1, True],  # cut at the first id that is not present
+        "": [0, False], "2,3x1": [2, True],  # read up to the first character that is not a digit or comma
+    }
+    assert probe["bad_index"][0] == "AssertionError" and probe["bad_index"][1] == "Invalid device id"
+
+
+def test_profiler_writes_real_folder_names(probe):
+    good = probe["good"]
+    assert good["handler"] and good["stdout"] == ""
+    assert len(good["folders"]) == 1 and re.fullmatch(r"good/rank_0_\d+_\d{17}_ascend_pt", good["folders"][0])
+
+
+def test_profiler_checks_the_absolute_real_path_and_swallows_the_error(probe):
+    bad = probe["relative_under_plus"]  # "rel" alone passes the rule; its real path has a '+'
+    assert bad["handler"] is False and not any("bad+dir" in f for f in bad["folders"])
+    assert re.match(r"\[[\d\- :]+\] \[ERROR\] \[\d+\] profiler.py: Call tensorboard_trace_handler failed. "
+                    r"Exception: Invalid input path: /.*bad\+dir/rel", bad["stdout"])
+    assert probe["symlink"]["handler"] is False and "soft chain" in probe["symlink"]["stdout"]
+    assert probe["positional"] == "TypeError"  # profile() takes keywords only
+
+
+def test_transfer_to_npu_side_effects(probe):
+    assert "once" in probe["filter"]  # for every warning of the process
+    assert probe["imported"] == ["accelerate.state", "transformers.trainer"]
+    assert probe["accelerate_wrapped"] is True
+    assert probe["jit_noop"] is True and probe["is_cuda_is_is_npu"] is True
+    assert "hccl" in probe["nccl"] and "nccl" not in probe["nccl"].replace("hccl", "")
+
+
+def test_without_cann_import_torch_itself_fails(tmp_path):
+    proc = run("import torch", tmp_path, {"FAKE_TORCH_NPU_BROKEN": "1"}, check=False)
+    assert proc.returncode != 0
+    assert "RuntimeError: Failed to load the backend extension: torch_npu. You can disable extension auto-loading " \
+           "with TORCH_DEVICE_BACKEND_AUTOLOAD=0." in proc.stderr
+    assert "ImportError: libhccl.so: cannot open shared object file" in proc.stderr
+    assert "Please check that the cann package is installed. Please run 'source set_env.sh'" in proc.stderr
+    out = run("import sys, torch; print('torch_npu' in sys.modules)", tmp_path,
+              {"FAKE_TORCH_NPU_BROKEN": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out.stdout.strip() == "False"
+
+
+def test_cann_package_check_raises_a_bare_exception(tmp_path):
+    code = """
+        import torch
+        try:
+            import torch_npu
+        except BaseException as e:
+            print(type(e).__module__, type(e).__name__, str(e).splitlines()[0])
+    """
+    out = run(code, tmp_path, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "ASCEND_HOME_PATH": str(tmp_path / "none")})
+    assert out.stdout.strip() == f"builtins Exception ASCEND_HOME_PATH : {tmp_path / 'none'} does not exist. " \
+                                 "Please run 'source set_env.sh' in the CANN installation path."
+
+
+def test_a_second_accelerator_is_refused(tmp_path):
+    code = """
+        import torch
+        torch._C._get_accelerator = lambda: torch.device("cuda")
+        try:
+            import torch_npu
+        except RuntimeError as e:
+            print(str(e).splitlines()[0])
+    """
+    out = run(code, tmp_path, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out.stdout.startswith("Two accelerators cannot be used at the same time in PyTorch: npu and cuda.")
+
+
+def test_the_fake_shadows_an_installed_torch_npu(tmp_path):
+    """On a 910B node with the real torch_npu installed, the fake's dist-info comes first on the
+    path: importlib.metadata keeps the first distribution of a name, so torch loads the fake."""
+    site = tmp_path / "site"
+    info = site / "torch_npu-2.7.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_npu\nVersion: 2.7.1\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\ntorch_npu = not_there:_autoload\n")
+    proc = run_snippet("import torch, torch_npu; print(torch_npu.__fake__)", tmp_path, [str(FAKES), str(site)],
+                       {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, drop=("ASCEND_", "FAKE_TORCH_NPU"))
+    assert proc.stdout.strip() == "True"
+    proc = run_snippet("import torch", tmp_path, [str(site), str(FAKES)], {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"},
+                       check=False)
+    assert "Failed to load the backend extension: torch_npu" in proc.stderr  # the other order: the "real" one

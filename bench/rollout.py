@@ -33,7 +33,8 @@ def run_bench(project: Path, env: dict, *args: str) -> tuple[dict, str, float]:
     """(the --json document, the printed table, wall seconds) of one bench process."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        command = [sys.executable, "-m", "dancegrpo_npu", "-C", str(project), "bench", "--device", "cpu", *args, "--json", str(out)]
+        command = [sys.executable, "-m", "dancegrpo_npu", "-C", str(project), "bench", "--runs-dir", str(Path(tmp) / "runs"),
+                   "--device", "cpu", *args, "--json", str(out)]  # fmt: skip
         start = time.monotonic()
         proc = subprocess.run(command, capture_output=True, text=True, env=env)
         wall = time.monotonic() - start

@@ -12,8 +12,8 @@ samples, decodes and scores chunk after chunk).  Peak memory per phase is the de
 allocator's ``max_memory_allocated`` after ``reset_peak_memory_stats`` on CUDA and the
 NPU; on the CPU it is the process's peak RSS (``VmHWM``, reset by writing ``5`` to
 ``/proc/self/clear_refs``; ``ru_maxrss``, never reset, where that is not allowed), which
-includes the weights.  The same semantics as the ``dancegrpo-npu bench`` Meter, so bench
-and training-run figures compare.
+includes the weights.  ``dancegrpo-npu bench`` times the trainer's steps with this timer
+too, so bench and training-run figures compare.
 
 :class:`StepProfiler` writes a profiler trace of chosen steps: ``torch_npu.profiler`` on
 the NPU (MindStudio Insight reads its ``*_ascend_pt`` folders), ``torch.profiler``

@@ -1,4 +1,5 @@
-"""``dancegrpo-npu bench`` end to end: the tiny preset on the CPU, through the patched trainer.
+"""``dancegrpo-npu bench`` end to end: the tiny preset on the CPU, through the patched trainer's
+own ``train_one_step``, timed by its PhaseTimer, recorded in a run directory that ``runs`` reads.
 
 Runs in a child process (the bench imports the trainer from the tree and sets the device for
 its process).  One OpenMP thread: on a shared machine two spinning threads per process slow
@@ -34,8 +35,8 @@ def bench(project_root, *args, timeout=1200):
 @pytest.mark.upstream
 def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     out = tmp_path / "bench.json"
-    r = bench(patched_tree.project.root, "--preset", "tiny", "--device", "cpu", "--sample-batch-sizes", "1,2",
-              "--steps", "1", "--json", str(out))  # fmt: skip
+    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--preset", "tiny", "--device", "cpu",
+              "--sample-batch-sizes", "1,2", "--steps", "1", "--json", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     document = json.loads(out.read_text())
     assert set(document) == {"results", "fingerprint"}
@@ -64,6 +65,42 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     # the header says how many CPU threads it used and why: the OMP_NUM_THREADS=1 given here
     assert r.stdout.splitlines()[0].endswith("warm-up; 1 CPU thread(s) (OMP_NUM_THREADS=1, yours)")
     assert facts["torch_threads"] == 1 and facts["torch_threads_from"] == "OMP_NUM_THREADS=1, yours"
+    check_run_directory(patched_tree, tmp_path / "runs", facts, results)
+
+
+def check_run_directory(patched_tree, runs_dir, facts, results):
+    """The bench's run directory: the trainer's metrics.jsonl (one line per timed step, written
+    by the seam's MetricsLog, with the PhaseTimer's figures) that the table was made from; the
+    trainer's reward.txt and prints; and ``runs`` lists it like any launch."""
+    from dancegrpo_npu.run.records import list_runs, load_run
+    from dancegrpo_npu.run.runs import row
+
+    [run] = list_runs(runs_dir)
+    assert str(run.path) == facts["run_dir"] and run.name.endswith("-bench-tiny")
+    lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["sample_batch_size"]) for x in lines] == [(1, 1), (2, 2)]  # timed steps only
+    for line, result in zip(lines, results):
+        assert {p: line[f"time_{p}"] for p in PHASES} == result["phases_s"]  # one timed step: its mean
+        assert line["peak_memory_bytes"] == result["peak_memory_bytes"]
+        assert line["peak_memory_kind"] == "host peak RSS (includes weights)"  # the trainer's PhaseTimer says it
+        assert math.isfinite(line["loss"]) and math.isfinite(line["grad_norm"]) and line["lr"] == 1e-5
+        assert line["ratio_min"] <= 1.0 <= line["ratio_max"] and line["clip_frac_first"] == 0.0  # the seam's health
+    assert len((run.path / "reward.txt").read_text().split()) == 4  # the trainer's, warm-up steps included
+    assert "final loss" in (run.path / "logs" / "console.log").read_text()  # the trainer's prints, not the terminal's
+    document = json.loads((run.path / "bench.json").read_text())
+    assert document["results"] == results
+    listed = row(load_run(run.path))
+    assert (listed["status"], listed["device"], listed["world_size"], listed["steps"]) == ("succeeded", "cpu", 1, 2)
+    assert set(listed["phases_s"]) == PHASES and set(listed["peak_memory_bytes"]) == PHASES
+    assert listed["health"]["clip_frac"] is not None and listed["health"]["grad_norm"] == lines[-1]["grad_norm"]
+    from dancegrpo_npu.run.plot import make_figure  # plot draws its phase panel from the same lines
+
+    phase_panel = next(ax for ax in make_figure([run]).axes if ax.get_title() == "time per phase (s per step)")
+    assert {line.get_label().rsplit(": ", 1)[1] for line in phase_panel.get_lines()} == PHASES
+    r = subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "runs",
+                        "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert run.name in r.stdout and "succeeded" in r.stdout and "time per step (mean): rollout" in r.stdout
 
 
 @pytest.mark.parametrize("error, expected", [
@@ -86,25 +123,41 @@ OOM_IN_ROLLOUT = """
 import sys
 from dancegrpo_npu.throughput import phases
 
-def rollout(self, n):
+def run_sample_step(*args, **kwargs):
     raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't allocate memory: "
                        "you tried to allocate 123456789 bytes. Error code 12 (Cannot allocate memory)")
 
-phases.Bench.rollout = rollout
+load_trainer = phases.load_trainer
+
+def load_failing_trainer(tree, device):
+    trainer, kind = load_trainer(tree, device)
+    trainer.run_sample_step = run_sample_step  # called by the trainer's own sample_reference_model
+    return trainer, kind
+
+phases.load_trainer = load_failing_trainer
 from dancegrpo_npu.cli import main
-sys.exit(main(["-C", sys.argv[1], "bench", "--preset", "tiny", "--device", "cpu", "--sample-batch-sizes", "2"]))
+sys.exit(main(["-C", sys.argv[1], "bench", "--runs-dir", sys.argv[2], "--preset", "tiny", "--device", "cpu",
+               "--sample-batch-sizes", "2"]))
 """
 
 
 @pytest.mark.upstream
-def test_running_out_of_memory_is_one_line_exit_2(patched_tree):
-    r = subprocess.run([sys.executable, "-c", OOM_IN_ROLLOUT, str(patched_tree.project.root)],
+def test_running_out_of_memory_is_one_line_exit_2(patched_tree, tmp_path):
+    r = subprocess.run([sys.executable, "-c", OOM_IN_ROLLOUT, str(patched_tree.project.root), str(tmp_path / "runs")],
                        capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and r.stdout == ""
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
     assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last
+    # the run directory says so, as a failed launch's does
+    from dancegrpo_npu.run.records import list_runs
+    from dancegrpo_npu.run.runs import failure_reason
+
+    [run] = list_runs(tmp_path / "runs")
+    assert run.summary["status"] == "failed" and run.summary["steps"] == 0
+    assert failure_reason(run.summary).startswith("bench: ran out of memory on cpu in the rollout phase")
+    assert not (run.path / "bench.json").exists()
 
 
 def test_fp32_switches_the_trainers_autocast_off():

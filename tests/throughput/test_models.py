@@ -60,7 +60,7 @@ def test_full_vae_is_flux1_devs(full_configs):
 
 def test_full_hps_is_vit_h_14(full_configs):
     with torch.device("meta"):
-        hps = models.build_hps(full_configs[2], "meta", "fp32")
+        hps = models.build_hps(full_configs[2], "meta", "fp32")[0]
     assert hps.visual.transformer.width == 1280 and len(hps.visual.transformer.resblocks) == 32
     assert hps.transformer.width == 1024 and len(hps.transformer.resblocks) == 24
     assert hps.visual.image_size == (224, 224)
@@ -127,12 +127,13 @@ def mem_available() -> int:
 
 
 @pytest.mark.upstream
-def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree):
+def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree, tmp_path):
     needs = estimate("full", weight_bytes=4).total  # fp32 on the CPU
     if mem_available() > needs * models.HEADROOM:
         pytest.skip(f"this machine has more than the {needs / GiB:.0f} GiB the full preset needs on its CPU")
     r = subprocess.run(
-        [sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "bench", "--device", "cpu"],
+        [sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "bench", "--device", "cpu",
+         "--runs-dir", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert r.returncode == 2, r.stderr
@@ -141,3 +142,4 @@ def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree):
     assert last.startswith("dancegrpo-npu: error: bench: the full preset needs about ")
     assert "GiB is available RAM; use --preset cpu (fewer blocks) or a device with more memory" in last
     assert "building the models" not in r.stderr  # refused before anything was built
+    assert not (tmp_path / "runs").exists()  # and before its run directory was made

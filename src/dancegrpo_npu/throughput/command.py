@@ -1,14 +1,16 @@
 """``dancegrpo-npu bench``: GRPO steps of FLUX.1-dev's architecture, timed phase by phase.
 
 It builds the FLUX.1-dev transformer, its VAE and a ViT-H-14 HPSv2 reward from shipped
-configs with random weights (nothing is downloaded), on the chosen device, and runs GRPO
-steps made of the patched trainer's own functions (``phases``): rollout, decode, reward,
-train.  Each ``--sample-batch-sizes`` value N is measured in the same process, one after
-the other: the G generations of a prompt go through the transformer N at a time.
+configs with random weights (nothing is downloaded), on the chosen device, and runs the
+patched trainer's own ``train_one_step`` for one prompt's G generations (``phases``):
+rollout, decode, reward, train, timed by the trainer's PhaseTimer through its seam.  Each
+``--sample-batch-sizes`` value N is measured in the same process, one after the other: the G
+generations go through the transformer N at a time (the trainer's --sample_batch_size).
 
 Before building anything it estimates the memory the preset needs and refuses, with what
 to do instead, when the device (or, on the CPU, the host) has less free; running out of
-memory anyway ends the same way, never with a traceback.
+memory anyway ends the same way, never with a traceback.  Then it writes a run directory
+under runs/ like a launch (``record``): ``runs`` and ``plot`` read it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
@@ -35,6 +38,9 @@ examples:
   dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
   dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
   dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
+
+The run directory (runs/<time>-bench-<preset>/) holds metrics.jsonl (one line per timed step,
+the trainer's phase times), summary.json, the fingerprint, bench.json and the trainer's log.
 
 rollout samples/s = G / (rollout + decode + reward seconds); step samples/s = G / all four.
 Peak memory: the device allocator's max_memory_allocated in the phase; on the CPU the
@@ -80,6 +86,20 @@ def precision_autocast(trainer, kind: str, dtype):
     return disabled
 
 
+def float32_inputs(module) -> None:
+    """In fp32 the trainer's bfloat16 inputs (its latents, guidance, ids: made for autocast,
+    which is off) reach the module as float32, as autocast would have cast them for its matmuls."""
+    import torch
+
+    def cast(value):
+        return value.float() if torch.is_tensor(value) and value.dtype == torch.bfloat16 else value
+
+    def pre_hook(module, args, kwargs):
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+
 def set_cpu_threads(environ: dict[str, str], busy: float | None = None) -> tuple[int, str]:
     """torch's CPU threads as smoke sets its ranks' (``run.environment.cpu_threads``; one
     process here), not counting the cores the load average says others keep busy: a timing
@@ -96,10 +116,11 @@ def set_cpu_threads(environ: dict[str, str], busy: float | None = None) -> tuple
 
 
 def run_bench(project, config: presets.BenchConfig, progress=_progress):
-    """Build, check, measure: (results, facts for the fingerprint)."""
+    """Check, build, measure, record: (results, facts for the fingerprint).  The run directory
+    (``facts["run_dir"]``) is made once the memory check has passed."""
     from dancegrpo_npu.engine.treecheck import tree_state
     from dancegrpo_npu.throughput import models as model_lib
-    from dancegrpo_npu.throughput import phases
+    from dancegrpo_npu.throughput import phases, record
 
     state = tree_state(project, TRAINER)
     if state["state"] == "missing":
@@ -130,9 +151,14 @@ def run_bench(project, config: presets.BenchConfig, progress=_progress):
         "peak_memory": "max_memory_allocated per phase" if kind != "cpu" else "peak RSS of the process per phase (VmHWM)",
         "torch_threads": torch.get_num_threads(),
         "torch_threads_from": threads_from,  # on the CPU: how the thread count was chosen
+        "trainer": f"{TRAINER}: train_one_step, timed by dancegrpo_port.phases.PhaseTimer",
         "tree": state,
     }
-    bench = None
+    started = time.time()
+    run_dir = record.start(project, facts, started)
+    facts["run_dir"] = str(run_dir)
+    progress(f"run directory {run_dir}")
+    bench, results, status, error = None, [], "failed", None
     try:
         progress(f"building the models on {kind} in {facts['dtype']} (transformer: {counts.transformer:.3g} parameters)")
         torch.manual_seed(0)
@@ -140,23 +166,40 @@ def run_bench(project, config: presets.BenchConfig, progress=_progress):
 
         target = current_device()
         built = model_lib.build_models(trainer, configs, target, dtype)
-        inputs = phases.make_inputs(configs[0], built.hps_config, config.sizes, target, dtype)
-        bench = phases.Bench(trainer, built, inputs, config.sizes, kind, target, dtype, precision_autocast(trainer, kind, dtype))
-        results = []
-        for n in config.sample_batch_sizes:
-            results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
+        precision_autocast(trainer, kind, dtype)
+        if dtype == torch.float32:
+            float32_inputs(built.transformer)
+        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype)
+        with phases.single_rank_group():
+            bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir)
+            for n in config.sample_batch_sizes:
+                results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
         facts["rewards_finite"] = all(r.rewards_finite for r in results)
+        status = "succeeded"
         return results, facts
-    except Exception as error:  # noqa: BLE001 - only out-of-memory is translated
-        if not phases.is_out_of_memory(error):
+    except KeyboardInterrupt:
+        status, error = "interrupted", "interrupted"
+        raise
+    except Exception as e:  # noqa: BLE001 - only out-of-memory is translated; every failure is recorded
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if not phases.is_out_of_memory(e):
             raise
-        where = f" in the {bench.meter.phase} phase" if bench is not None and bench.meter.phase else ""
+        where = f" in the {bench.timer.phase_failed} phase" if bench is not None and bench.timer.phase_failed else ""
+        message = (f"bench: ran out of memory on {kind}{where} (preset {config.preset.name}, estimated "
+                   f"{estimate.total / 2**30:.1f} GiB): {str(e).splitlines()[0][:160]}")
+        error = message
         raise DancegrpoError(
-            f"bench: ran out of memory on {kind}{where} (preset {config.preset.name}, estimated "
-            f"{estimate.total / 2**30:.1f} GiB): {str(error).splitlines()[0][:160]}",
+            message,
             "use a smaller preset, smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk",
             exit_code=2,
         ) from None
+    finally:
+        trainer.hooks.install([])  # the seam as it is before a run starts
+        fingerprint = record_fingerprint(project, facts)
+        document = results_document(results, fingerprint) if status == "succeeded" else None
+        note = record.finish(run_dir, status, started, facts, fingerprint, document, error)
+        if note:
+            progress(f"warning: {note}")
 
 
 def format_table(results, facts) -> str:
@@ -193,12 +236,26 @@ def bench_fingerprint(project, facts: dict) -> dict:
     return {**fingerprint(project, env, facts.get("tree", {})), "bench": facts}
 
 
+def results_document(results, fingerprint: dict) -> dict:
+    """What ``--json`` and the run directory's bench.json hold."""
+    return {"results": [r.as_json() for r in results], "fingerprint": fingerprint}
+
+
+def record_fingerprint(project, facts: dict) -> dict:
+    """The fingerprint for the run directory, or why it could not be taken: the record must
+    not hide the bench's own result or error."""
+    try:
+        return bench_fingerprint(project, facts)
+    except Exception as e:  # noqa: BLE001 - best effort by design, the error is recorded
+        return {"error": f"{type(e).__name__}: {e}", "bench": facts}
+
+
 def write_json(path: str, results, fingerprint: dict) -> None:
     from pathlib import Path
 
     from dancegrpo_npu.files import write_atomic
 
-    document = {"results": [r.as_json() for r in results], "fingerprint": fingerprint}
+    document = results_document(results, fingerprint)
     try:
         write_atomic(Path(path), json.dumps(document, indent=2) + "\n")
     except OSError as e:

@@ -108,19 +108,29 @@ def build_vae(config: dict):
     return AutoencoderKL.from_config(config)
 
 
+HPS_NAME = "dancegrpo-bench-hps"  # the name ``config`` is registered under in hpsv2's open_clip
+
+
 def build_hps(config: dict, device, precision: str):
-    """hpsv2's ``create_model`` on a registered copy of ``config`` (as the trainer calls it).
+    """hpsv2's ``create_model_and_transforms`` on a registered copy of ``config``, as the trainer
+    calls it: (model, preprocess_val), the image transform the trainer's reward applies.
 
     It builds on the default device and then moves the model to ``device``: call it under
     ``torch.device(device)`` (``materialising``) so that the build happens there.
     """
     open_clip = hpsv2_open_clip()
-    name = "dancegrpo-bench-hps"
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}.json"
+        path = Path(tmp) / f"{HPS_NAME}.json"
         path.write_text(json.dumps(config))
         open_clip.factory.add_model_config(path)  # read now; the registry keeps the dict
-    return open_clip.create_model(name, None, precision=precision, device=device, output_dict=True)
+    model, _preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+        HPS_NAME, None, precision=precision, device=device, output_dict=True)
+    return model, preprocess_val
+
+
+def hps_tokenizer():
+    """The tokenizer the trainer's reward uses (``get_tokenizer`` of the HPS model)."""
+    return hpsv2_open_clip().get_tokenizer(HPS_NAME)
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,7 @@ def count_parameters(configs) -> ParamCounts:
 
     transformer_cfg, vae_cfg, hps_cfg = configs
     with torch.device("meta"):
-        built = (build_transformer(transformer_cfg), build_vae(vae_cfg), build_hps(hps_cfg, "meta", "fp32"))
+        built = (build_transformer(transformer_cfg), build_vae(vae_cfg), build_hps(hps_cfg, "meta", "fp32")[0])
     return ParamCounts(*(sum(p.numel() for p in m.parameters()) for m in built))
 
 
@@ -146,6 +156,8 @@ class Models:
     vae: object
     hps: object
     hps_config: dict
+    hps_preprocess: object  # hpsv2's preprocess_val
+    hps_tokenizer: object
 
 
 def build_models(trainer, configs, device, dtype) -> Models:
@@ -168,9 +180,9 @@ def build_models(trainer, configs, device, dtype) -> Models:
     vae.requires_grad_(False)
     vae.enable_tiling()  # as sample_reference_model does (a no-op below the VAE's sample_size)
     with materialising(device, torch.float32):
-        hps = build_hps(hps_cfg, device, "amp" if dtype == torch.bfloat16 else "fp32")
+        hps, preprocess = build_hps(hps_cfg, device, "amp" if dtype == torch.bfloat16 else "fp32")
     hps.requires_grad_(False).eval()
-    return Models(transformer, vae, hps, hps_cfg)
+    return Models(transformer, vae, hps, hps_cfg, preprocess, hps_tokenizer())
 
 
 # ---- will it fit? ---------------------------------------------------------------------------

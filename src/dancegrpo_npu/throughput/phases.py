@@ -1,32 +1,36 @@
-"""One GRPO step, timed phase by phase, with the patched trainer's own building blocks.
+"""GRPO steps of the patched trainer, timed phase by phase by the trainer's own PhaseTimer.
 
-The step is what ``train_one_step`` does for one prompt, with the G generations taken N at a
-time instead of upstream's hard-coded 1:
+A bench step is one call of the trainer's ``train_one_step`` for one prompt, between the seam's
+``step_begin`` and ``step_end`` (dancegrpo_port/hooks.py), as the trainer's ``main`` makes them;
+the GRPO arithmetic (advantages, the clipped loss, the update) is the trainer's, none of it is
+here.  What the bench gives it in place of ``main``'s set-up:
 
-rollout  ``run_sample_step`` over all sampling steps, N samples a transformer call
-         (noise from ``pack_latents``, ids from ``prepare_latent_image_ids``, the sigmas
-         from ``sd3_time_shift``; ``flux_step`` inside draws the SDE noise and log-probs);
-decode   the VAE on the final latents (``unpack_latents``, the scale and shift), in chunks;
-reward   HPSv2 on the decoded images, N at a time, kept on the device (upstream goes
-         through PIL and a PNG file, one image at a time);
-train    the trainer's loop: per sample (batch 1, the training layout), the first
-         ``int((S-1) * timestep_fraction)`` of a random permutation of the timesteps through
-         ``grpo_one_step``, the clipped GRPO loss, backward (activation checkpointing), and an
-         AdamW step every ``gradient_accumulation_steps`` samples after clipping the grad norm.
+- the trainer's arguments for one prompt's G generations (upstream's recipe and the preset's
+  sizes; ``--sample_batch_size N``, ``--vae_decode_chunk K``),
+- a loader that yields the same random prompt embeddings and caption every step,
+- the models of ``models.build_models`` (random weights): the transformer unwrapped (one
+  process: no FSDP), with FSDP's ``clip_grad_norm_`` for a single rank,
+- AdamW and a constant learning rate, as the recipe's,
+- a process group of one rank (the trainer gathers rewards and averages the loss).
 
-Each phase starts and ends with a device synchronisation; its peak memory is the device
-allocator's ``max_memory_allocated`` after a reset, or on the CPU the process's peak RSS
-(``VmHWM`` after resetting it through ``/proc/self/clear_refs``), which includes the weights.
+So rollout (``run_sample_step``/``flux_step``, N samples a transformer call), decode
+(``dancegrpo_port.rollout.decode``, its contiguous attention for chunks of more than one),
+reward (``rollout.hps_inputs``, HPSv2 as the trainer scores it) and train (``grpo_one_step``,
+the clipped loss, backward, AdamW) are the code a training run runs.  The seam's features
+installed for a bench step are alignment (upstream's noise, the GRPO health figures; nothing
+recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
+``MetricsLog`` into the run directory's metrics.jsonl.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,15 +39,15 @@ from dancegrpo_npu.errors import DancegrpoError
 
 TRAINER = "fastvideo/train_grpo_flux.py"
 # upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
-LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX, GUIDANCE = 1e-5, 1e-4, 1.0, 1e-4, 5.0, 3.5
+LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX = 1e-5, 1e-4, 1.0, 1e-4, 5.0
+CAPTION = "a photo of a red fox in the snow"  # every step's prompt (its tokens go to HPS)
 
 
 def load_trainer(tree: Path, device: str):
     """The patched trainer module, imported from ``tree``, and the device kind it resolved.
 
     Importing it runs the overlay's ``activate()`` (DANCEGRPO_DEVICE), which on Ascend
-    imports torch_npu's transfer_to_npu first.  It needs no process group: only
-    ``main`` and ``train_one_step`` use torch.distributed, and the bench calls neither.
+    imports torch_npu's transfer_to_npu first.
     """
     if not (tree / TRAINER).is_file():
         raise DancegrpoError(f"bench: {tree} has no {TRAINER}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
@@ -61,219 +65,145 @@ def load_trainer(tree: Path, device: str):
     return trainer, kind
 
 
-class Meter:
-    """Wall clock and peak memory of a phase, with the device synchronised at both ends."""
-
-    def __init__(self, kind: str):
-        import torch
-
-        self.kind = kind
-        self.module = None if kind == "cpu" else getattr(torch, kind)
-        self.phase: str | None = None  # where we are, for an out-of-memory message
-
-    def sync(self) -> None:
-        if self.module is not None:
-            self.module.synchronize()
-
-    def reset_peak(self) -> None:
-        if self.module is not None:
-            self.module.reset_peak_memory_stats()
-            return
-        with contextlib.suppress(OSError):
-            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-
-    def peak(self) -> int | None:
-        if self.module is not None:
-            return int(self.module.max_memory_allocated())
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
-
-    @contextlib.contextmanager
-    def measure(self, phase: str, record: "StepRecord"):
-        self.phase = phase
-        self.sync()
-        self.reset_peak()
-        start = time.perf_counter()
-        yield
-        self.sync()
-        record.seconds[phase] = time.perf_counter() - start
-        record.peak_bytes[phase] = self.peak()
-        self.phase = None
+def trainer_args(sizes, n: int, decode_chunk: int) -> SimpleNamespace:
+    """The trainer flags ``train_one_step`` and ``sample_reference_model`` read: upstream's
+    recipe (``--use_group --use_hpsv2 --init_same_noise``, its clip ranges) at the bench's sizes."""
+    return SimpleNamespace(
+        h=sizes.height, w=sizes.width, t=1, sampling_steps=sizes.sampling_steps, eta=sizes.eta, shift=sizes.shift,
+        num_generations=sizes.generations, use_group=True, train_batch_size=1, init_same_noise=True,
+        use_hpsv2=True, use_pickscore=False, timestep_fraction=sizes.timestep_fraction, seed=None,
+        clip_range=CLIP_RANGE, adv_clip_max=ADV_CLIP_MAX, gradient_accumulation_steps=sizes.gradient_accumulation_steps,
+        sample_batch_size=n, vae_decode_chunk=decode_chunk,
+    )  # fmt: skip
 
 
-@dataclass
-class StepRecord:
-    seconds: dict = field(default_factory=dict)
-    peak_bytes: dict = field(default_factory=dict)
-    rewards: list = field(default_factory=list)
-    loss: float = 0.0
-
-
-@dataclass
-class Inputs:
-    """One prompt's inputs, G times (upstream repeats a prompt's embeddings per generation)."""
-
-    encoder_hidden_states: object  # (G, text_tokens, joint_attention_dim)
-    pooled_prompt_embeds: object  # (G, pooled_projection_dim)
-    text_ids: object  # (1, 3): see make_inputs
-    hps_tokens: object  # (G, context_length)
-
-
-def make_inputs(transformer_cfg, hps_cfg, sizes, device, dtype) -> Inputs:
-    """Random prompt embeddings in the dataset's layout, and a tokenized caption for HPS.
-
-    text_ids are all zeros (FluxPipeline.encode_prompt); the trainer repeats them
-    ``encoder_hidden_states.shape[1]`` times along dim 0, so one (1, 3) row makes the
-    (text_tokens, 3) the transformer needs for any batch size.
-    """
+def prompt_batch(transformer_cfg, sizes, device, dtype) -> tuple:
+    """One prompt as the trainer's loader yields it: T5 embeddings (1, text_tokens, D), the
+    pooled CLIP embedding (1, P), text ids (1, 3: FluxPipeline's zeros), the caption."""
     import torch
 
-    g = sizes.generations
     embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
     pooled = torch.randn(1, transformer_cfg["pooled_projection_dim"], device=device, dtype=dtype)
-    context = hps_cfg["text_cfg"]["context_length"]
-    # A caption's ids as hpsv2's tokenizer lays them out: start, words, end, zero padding.
-    tokens = torch.zeros(1, context, dtype=torch.long)
-    words = torch.arange(1000, 1000 + min(12, context - 2))
-    tokens[0, 0], tokens[0, 1 : 1 + len(words)], tokens[0, 1 + len(words)] = 49406, words, 49407
-    return Inputs(
-        encoder_hidden_states=embed.repeat(g, 1, 1),
-        pooled_prompt_embeds=pooled.repeat(g, 1),
-        text_ids=torch.zeros(1, 3, device=device, dtype=dtype),
-        hps_tokens=tokens.repeat(g, 1).to(device),
-    )
+    return embed, pooled, torch.zeros(1, 3, device=device, dtype=dtype), [CAPTION]
 
 
-def hps_preprocess(hps):
-    """preprocess_val's tensor steps on the device: bicubic resize of the short side, centre
-    crop, CLIP's normalisation (upstream applies them to a PIL image of the decoded tensor)."""
-    from torchvision import transforms
+def single_rank_clip_grad_norm(module) -> None:
+    """FSDP's ``clip_grad_norm_``, which the trainer calls on its wrapped transformer, for the
+    unwrapped one: with one rank it is torch's norm over the trainable parameters."""
+    import torch
 
-    size = hps.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
-    return transforms.Compose([
-        transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC, antialias=True),
-        transforms.CenterCrop(size),
-        transforms.Normalize(hps.visual.image_mean, hps.visual.image_std),
-    ])  # fmt: skip
+    params = [p for p in module.parameters() if p.requires_grad]
+    module.clip_grad_norm_ = lambda max_norm: torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+@contextlib.contextmanager
+def single_rank_group():
+    """A process group of this process alone, on the device's backend, for the trainer's
+    gather, all_reduce and barrier; none is made when one is up already."""
+    import torch.distributed as dist
+    from dancegrpo_port.device import dist_backend
+
+    if dist.is_initialized():
+        yield
+        return
+    os.environ.setdefault("RANK", "0")  # sample_reference_model reads it
+    dist.init_process_group(dist_backend(), store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class FailedPhase:
+    """The trainer's PhaseTimer, remembering the phase a step failed in (the timer forgets it
+    on the way out): what an out-of-memory message names."""
+
+    def __init__(self, timer):
+        self.timer, self.phase_failed = timer, None
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        with self.timer.phase(name):
+            try:
+                yield
+            except BaseException:
+                self.phase_failed = name
+                raise
+
+    def step_metrics(self) -> dict:
+        return self.timer.step_metrics()
 
 
 class Bench:
-    """The models, inputs and optimizer shared by every step at every sample batch size."""
+    """The models, prompt, optimizer and seam features shared by every step at every N."""
 
-    def __init__(self, trainer, models, inputs, sizes, kind, device, dtype, autocast):
+    def __init__(self, trainer, models, prompt, sizes, kind, device, run_dir: Path):
         import torch
+        from dancegrpo_port import phases as port_phases
 
-        self.trainer, self.models, self.inputs, self.sizes = trainer, models, inputs, sizes
-        self.device, self.dtype, self.autocast = device, dtype, autocast
-        self.meter = Meter(kind)
-        self.args = SimpleNamespace(eta=sizes.eta)  # what run_sample_step / grpo_one_step read
-        self.params = [p for p in models.transformer.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
-        self.preprocess = hps_preprocess(models.hps)
-        self.sigmas = trainer.sd3_time_shift(sizes.shift, torch.linspace(1, 0, sizes.sampling_steps + 1))
+        self.trainer, self.models, self.sizes, self.device, self.run_dir = trainer, models, sizes, device, run_dir
+        self.prompt = prompt
+        single_rank_clip_grad_norm(models.transformer)
+        params = [p for p in models.transformer.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
+        self.lr_scheduler = trainer.get_scheduler("constant", optimizer=self.optimizer)
+        self.timer = FailedPhase(port_phases.PhaseTimer(kind))
+        from dancegrpo_port import alignment  # main's run_start: upstream's noise, GRPO health, nothing recorded
 
-    def step(self, n: int, decode_chunk: int) -> StepRecord:
-        record = StepRecord()
-        with self.meter.measure("rollout", record):
-            latents, trajectory, log_probs = self.rollout(n)
-        with self.meter.measure("decode", record):
-            images = self.decode(latents, decode_chunk)
-        with self.meter.measure("reward", record):
-            rewards = self.reward(images, n)
-        del images
-        with self.meter.measure("train", record):
-            record.loss = self.train(trajectory, log_probs, rewards)
-        record.rewards = rewards.float().tolist()
-        return record
+        self.alignment = alignment.Alignment(alignment.start(trainer_args(sizes, 1, 1), 0, 1, device))
+        self.logged_steps = 0
 
-    def rollout(self, n: int):
-        import torch
+    def features(self, n: int, logged: bool) -> list:
+        """The seam's features for a step at N, in run_start's order: the GRPO health figures,
+        the batching check, the phase times and, for a timed step, metrics.jsonl."""
+        from dancegrpo_port import phases as port_phases
+        from dancegrpo_port import rollout
+        from dancegrpo_port.metrics import MetricsLog
 
-        t = self.trainer
-        s, g, inp = self.sizes, self.sizes.generations, self.inputs
-        h, w = s.height // 8, s.width // 8
-        image_ids = t.prepare_latent_image_ids(n, h // 2, w // 2, self.device, torch.bfloat16)
-        finals, trajectories, log_probs = [], [], []
-        for first in range(0, g, n):
-            rows = slice(first, first + n)
-            noise = torch.randn((n, 16, h, w), device=self.device, dtype=self.dtype)
-            z = t.pack_latents(noise, n, 16, h, w)
-            with torch.no_grad():
-                _z, final, trajectory, log_prob = t.run_sample_step(
-                    self.args, z, range(s.sampling_steps), self.sigmas, self.models.transformer,
-                    inp.encoder_hidden_states[rows], inp.pooled_prompt_embeds[rows], inp.text_ids, image_ids, True)
-            finals.append(final)
-            trajectories.append(trajectory)
-            log_probs.append(log_prob)
-        return torch.cat(finals), torch.cat(trajectories), torch.cat(log_probs)
+        features = [self.alignment, rollout.Batching(n), port_phases.PhaseTimes(self.timer)]
+        return features + [MetricsLog(0, str(self.run_dir / "metrics.jsonl"))] if logged else features
 
-    def decode(self, latents, chunk: int):
-        import torch
+    def step(self, n: int, decode_chunk: int, logged: bool) -> dict:
+        """One ``train_one_step`` between the seam's step_begin and step_end: its figures
+        (time_<phase>, peak_memory_bytes, loss, grad_norm, reward_mean, ...)."""
+        hooks = self.trainer.hooks
+        hooks.install(self.features(n, logged))
+        step = self.logged_steps + 1 if logged else 0
+        args = trainer_args(self.sizes, n, decode_chunk)
+        m = self.models
+        start = time.time()
+        hooks.step_begin(step)
+        with self.in_run_dir():
+            loss, grad_norm, reward_mean = self.trainer.train_one_step(
+                args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
+                iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
+        figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm, reward_mean=reward_mean,
+                                 step_time=time.time() - start, lr=self.lr_scheduler.get_last_lr()[0],
+                                 sample_batch_size=n, vae_decode_chunk=decode_chunk)
+        self.logged_steps += int(logged)
+        return figures
 
-        vae, s = self.models.vae, self.sizes
-        images = []
-        with torch.inference_mode(), self.autocast(torch.bfloat16):
-            for first in range(0, latents.shape[0], chunk):
-                x = self.trainer.unpack_latents(latents[first : first + chunk], s.height, s.width, 8)
-                x = x / vae.config.scaling_factor + vae.config.shift_factor
-                images.append(vae.decode(x.to(self.dtype), return_dict=False)[0])
-        return torch.cat(images)
-
-    def reward(self, images, n: int):
-        import torch
-
-        scores = []
-        with torch.no_grad(), self.autocast():
-            for first in range(0, images.shape[0], n):
-                pixels = self.preprocess(((images[first : first + n].float() + 1) / 2).clamp(0, 1))
-                out = self.models.hps(pixels, self.inputs.hps_tokens[first : first + n])
-                scores.append(torch.diagonal(out["image_features"] @ out["text_features"].T))
-        return torch.cat(scores).float()
-
-    def train(self, trajectory, log_probs, rewards) -> float:
-        """train_one_step's update, samples one at a time (see the module docstring)."""
-        import torch
-
-        s, inp, t = self.sizes, self.inputs, self.trainer
-        g, steps = rewards.shape[0], s.sampling_steps - 1
-        advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
-        advantages = torch.nan_to_num(advantages).clamp(-ADV_CLIP_MAX, ADV_CLIP_MAX)
-        timestep_values = torch.tensor([int(sigma * 1000) for sigma in self.sigmas][:steps], device=self.device)
-        h, w = s.height // 8, s.width // 8
-        image_ids = t.prepare_latent_image_ids(1, h // 2, w // 2, self.device, torch.bfloat16)[None]
-        total = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        for i in range(g):
-            perm = torch.randperm(steps)
-            for j in perm[: s.train_timesteps].tolist():
-                new_log_prob = t.grpo_one_step(
-                    self.args, trajectory[i : i + 1, j], trajectory[i : i + 1, j + 1],
-                    inp.encoder_hidden_states[i : i + 1], inp.pooled_prompt_embeds[i : i + 1], inp.text_ids,
-                    image_ids, self.models.transformer, timestep_values[j : j + 1], j, self.sigmas)
-                ratio = torch.exp(new_log_prob - log_probs[i : i + 1, j])
-                unclipped = -advantages[i] * ratio
-                clipped = -advantages[i] * torch.clamp(ratio, 1.0 - CLIP_RANGE, 1.0 + CLIP_RANGE)
-                loss = torch.mean(torch.maximum(unclipped, clipped)) / (s.gradient_accumulation_steps * s.train_timesteps)
-                loss.backward()
-                total += loss.item()
-            if (i + 1) % s.gradient_accumulation_steps == 0:
-                torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-        return total
+    @contextlib.contextmanager
+    def in_run_dir(self):
+        """Where a launch runs the trainer: in the run directory (its ./reward.txt), its prints
+        and progress bars in logs/console.log (the bench's own lines stay on the terminal)."""
+        previous = os.getcwd()
+        with open(self.run_dir / "logs" / "console.log", "a") as log:
+            os.chdir(self.run_dir)
+            try:
+                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                    yield
+            finally:
+                os.chdir(previous)
 
     def release(self) -> None:
         """Free what one sample batch size left behind before the next is measured."""
+        import torch
+
         gc.collect()
-        if self.meter.module is not None:
-            self.meter.module.empty_cache()
+        module = getattr(torch, self.device.type, None) if self.device.type != "cpu" else None
+        if module is not None:
+            module.empty_cache()
 
 
 @dataclass(frozen=True)
@@ -306,28 +236,31 @@ class Result:
         }
 
 
-def measure(bench: Bench, n: int, decode_chunk: int, progress=None) -> Result:
-    """Warm-up steps, then the timed ones: mean seconds and the largest peak, per phase."""
-    import math
+def result_of(n: int, generations: int, figures: list[dict]) -> Result:
+    """The timed steps' figures at N: mean seconds and the largest peak, per phase."""
+    seconds = {p: sum(f[f"time_{p}"] for f in figures) / len(figures) for p in PHASES}
+    peaks = {}
+    for p in PHASES:
+        values = [f["peak_memory_bytes"][p] for f in figures if f["peak_memory_bytes"].get(p) is not None]
+        peaks[p] = max(values) if values else None
+    finite = all(math.isfinite(f["reward_mean"]) for f in figures)
+    return Result(n, seconds, peaks, generations, finite)
 
+
+def measure(bench: Bench, n: int, decode_chunk: int, progress=None) -> Result:
+    """Warm-up steps (timed, not logged), then the timed ones, logged to metrics.jsonl."""
     sizes = bench.sizes
     for k in range(sizes.warmup_steps):
         if progress:
             progress(f"N={n}: warm-up step {k + 1}/{sizes.warmup_steps}")
-        bench.step(n, decode_chunk)
-    records = []
+        bench.step(n, decode_chunk, logged=False)
+    figures = []
     for k in range(sizes.steps):
         if progress:
             progress(f"N={n}: timed step {k + 1}/{sizes.steps}")
-        records.append(bench.step(n, decode_chunk))
+        figures.append(bench.step(n, decode_chunk, logged=True))
     bench.release()
-    seconds = {p: sum(r.seconds[p] for r in records) / len(records) for p in PHASES}
-    peaks = {}
-    for p in PHASES:
-        values = [r.peak_bytes[p] for r in records if r.peak_bytes[p] is not None]
-        peaks[p] = max(values) if values else None
-    finite = all(math.isfinite(x) for r in records for x in r.rewards)
-    return Result(n, seconds, peaks, sizes.generations, finite)
+    return result_of(n, sizes.generations, figures)
 
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")

@@ -43,7 +43,7 @@ def tree_without_float32_rope(tree: Path, dest: Path) -> Path:
 
 
 def run(project, fixtures, steps: int, nproc: int, size: int, name: str):
-    from dancegrpo_npu.align.options import AlignOptions
+    from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.smoke import command as smoke
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT_ROOT, require_msprobe
 
-from dancegrpo_npu.align.options import AlignOptions
+from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.project import find_project
 

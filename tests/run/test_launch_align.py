@@ -165,7 +165,7 @@ def test_smoke_refuses_bad_alignment_input_before_building_anything(tmp_path, ca
 
 def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     """smoke hands its options to launch (which maps and checks them, as above)."""
-    from dancegrpo_npu.align.options import AlignOptions
+    from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run import launch as launch_mod
     from dancegrpo_npu.smoke import command
 
@@ -180,7 +180,7 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
 
 
 def test_msprobe_records_modules_and_sets_the_jobs_environment(project, capsys, monkeypatch):
-    from dancegrpo_npu.align import options
+    from dancegrpo_npu.run import align_flags as options
 
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: object())  # as if installed
     rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "statistics")
@@ -194,7 +194,7 @@ def test_msprobe_records_modules_and_sets_the_jobs_environment(project, capsys, 
 
 
 def test_msprobe_bad_task_or_not_installed_is_refused_in_one_line(project, capsys, monkeypatch):
-    from dancegrpo_npu.align import options
+    from dancegrpo_npu.run import align_flags as options
 
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "L1")
     assert rc == 2 and err == "dancegrpo-npu: error: --msprobe 'L1' is not a task; choose one of: statistics, tensor\n"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.modules import flag_standing_out, module_checks
-from dancegrpo_npu.align.options import parse_step_spec
+from dancegrpo_npu.run.align_flags import parse_step_spec
 from dancegrpo_npu.align.records import (
     MODULE_GROUPS,
     RunRecords,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dancegrpo_npu.align.options import records_index, shown_steps
+from dancegrpo_npu.run.align_flags import records_index, shown_steps
 from dancegrpo_npu.contract import MODULE_GROUPS
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.records import find_run

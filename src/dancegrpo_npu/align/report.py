@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
-from dancegrpo_npu.align.options import shown_steps
+from dancegrpo_npu.run.align_flags import shown_steps
 from dancegrpo_npu.align.records import module_group
 from dancegrpo_npu.files import write_atomic
 

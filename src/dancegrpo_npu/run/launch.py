@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dancegrpo_npu.run import ascend, records
 
-from dancegrpo_npu.align.options import (
+from dancegrpo_npu.run.align_flags import (
     ALIGN_SCRIPTS,
     TRAINER_FLAGS,
     add_align_options,

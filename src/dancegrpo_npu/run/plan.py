@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dancegrpo_npu.align.options import AlignOptions
+from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.run.recipes import Recipe
 from dancegrpo_npu.run.upstream_args import ScriptInfo
 

@@ -273,7 +273,7 @@ def recipe_notes(spec, info, recipe, scaling, script_args) -> tuple[str, ...]:
     """Every final value that is not the recipe script's, with why."""
     if recipe is None:
         return ()
-    from dancegrpo_npu.align.options import TRAINER_FLAGS
+    from dancegrpo_npu.run.align_flags import TRAINER_FLAGS
     from dancegrpo_npu.run.upstream_args import split_flags
 
     user = {flag for flag, _, _ in split_flags(spec.args)}

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.align.options import AlignOptions, add_align_options, options_from_args, records_index
+from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args, records_index
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args

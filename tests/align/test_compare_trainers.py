@@ -1,7 +1,7 @@
 """compare against the real patched trainers (slow): records made by ``smoke`` on the tiny fixtures.
 
-- two ``--rng cpu --record`` smokes (1 and 2 ranks) are bit-identical: compare exits 0;
-- a ``--replay`` of a recorded run reproduces it: compare exits 0;
+- (two ``--rng cpu --record`` runs at 1 and 2 ranks, and a ``--replay``, compared with exit 0:
+  tests/patches/test_alignment_patches.py, on its runs)
 - numeric faults planted in a COPY of the patched tree (a phase-shifted RoPE table, a scaled
   attention output, a changed norm weight, a changed VAE weight) are caught with
   ``--record-modules``: compare exits 1 and ``first divergence:`` names the planted module;
@@ -67,27 +67,6 @@ def compare(project, capsys, a: Path, b: Path, *more) -> tuple[int, str]:
 
 def first_divergence(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("first divergence:"))
-
-
-@needs_trainer_side
-@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
-def test_cpu_rng_runs_are_bit_identical(patched_tree, capsys, nproc):
-    project = patched_tree.project
-    a = smoke_run(project, nproc, rng="cpu", record=True)
-    b = smoke_run(project, nproc, rng="cpu", record=True)
-    rc, out = compare(project, capsys, a, b)
-    assert rc == 0, out
-    assert first_divergence(out) == "first divergence: none"
-    assert "noise.sde" in out and "rewards" in out and (b / "compare.png").is_file()
-
-
-@needs_trainer_side
-def test_replay_reproduces_its_source(patched_tree, capsys):
-    project = patched_tree.project
-    source = smoke_run(project, record=True)  # the device's own draws (CPU here)
-    replay = smoke_run(project, record=True, replay=str(source))
-    rc, out = compare(project, capsys, source, replay)
-    assert rc == 0, out
 
 
 # ------------------------------------------------------------------ planted faults
@@ -164,7 +143,7 @@ def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
 
 
 @needs_trainer_side
-@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("fault", ["rope"])  # msprobe's own rule names it; every place at 2%: below
 def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
     edits, module = FAULTS[fault]
     project = planted_project(patched_tree, tmp_path, edits, monkeypatch)

@@ -5,6 +5,7 @@ the tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer argumen
 - the seam without the port's flags is upstream's run bit for bit: the same rewards, images and
   trained weights as the series without the seam (and the two rollout patches, which use it);
 - --rng cpu twice gives identical records, on 1 and 2 ranks (and with the LoRA trainer);
+- `compare` of two --rng cpu runs, and of a run and its replay, exits 0 ("first divergence: none");
 - --replay of a recorded run reproduces its records bitwise; a replay that does not fit is
   refused at start, one line a rank, before any model is loaded;
 - metrics.jsonl has the GRPO health figures, the ratio exactly 1 before the first update;
@@ -102,6 +103,17 @@ def load_records(run_dir: Path) -> dict:
     return {str(p.relative_to(root)): load_file(p) for p in sorted(root.rglob("*.safetensors"))}
 
 
+def compare_says_aligned(project, a: Path, b: Path, capsys) -> None:
+    """`dancegrpo-npu compare` of the two runs: exit 0, no divergence, the report written."""
+    from dancegrpo_npu.cli import main
+
+    capsys.readouterr()
+    rc = main(["-C", str(project.root), "compare", str(a), str(b)])
+    out = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in out.err, out.out + out.err
+    assert "first divergence: none" in out.out and "noise.sde" in out.out and (b / "compare.png").is_file()
+
+
 def assert_same_records(a: Path, b: Path) -> None:
     ra, rb = load_records(a), load_records(b)
     assert ra.keys() == rb.keys() and ra
@@ -145,10 +157,11 @@ def test_recording_changes_nothing(runs):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_rng_cpu_runs_are_identical(runs, nproc):
+def test_rng_cpu_runs_are_identical(runs, patched_tree, capsys, nproc):
     extra = ("--rng", "cpu", "--record") + (("--record_modules",) if nproc == 1 else ())
     first, second = ok(runs(*extra, nproc=nproc)), ok(runs(*extra, "--seed", "42", nproc=nproc))
     assert_same_records(first, second)
+    compare_says_aligned(patched_tree.project, first, second, capsys)
     files = load_records(first)
     steps = sorted(f for f in files if f.startswith("step_"))
     assert steps == [f"step_{s:06d}/rank_{r}.safetensors" for s in (1, 2) for r in range(nproc)]
@@ -172,10 +185,11 @@ def test_rng_cpu_runs_of_the_lora_trainer_are_identical_and_replay(runs):
     assert_same_records(first, replay)
 
 
-def test_replay_reproduces_the_recorded_run(runs):
+def test_replay_reproduces_the_recorded_run(runs, patched_tree, capsys):
     source = ok(runs("--rng", "cpu", "--record", "--record_modules"))
     replay = ok(runs("--replay", str(source / "records"), "--record", "--record_modules"))
     assert_same_records(source, replay)
+    compare_says_aligned(patched_tree.project, source, replay, capsys)
     assert metrics(replay)[-1]["reward_mean"] == metrics(source)[-1]["reward_mean"]
     index = json.loads((replay / "records" / "index.json").read_text())
     assert index["replayed_from"] == str(source / "records") and index["rng"] == "device"

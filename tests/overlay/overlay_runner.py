@@ -30,7 +30,9 @@ def run_python(tmp_path):
     def run(code: str, env: dict | None = None, fake_npu: bool = False, check: bool = True, cwd: Path | None = None):
         paths = [str(OVERLAY)] + ([str(FAKES)] if fake_npu else [])
         if fake_npu:  # the fake as torch loads it, whatever this shell says (an Ascend host may set these)
-            env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **(env or {})}
+            # the libraries transfer_to_npu imports and wraps are left alone: no snippet here looks
+            # at them (tests/npu does), and importing transformers.trainer costs seconds a process
+            env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "FAKE_TORCH_NPU_LIBRARIES": "skip", **(env or {})}
         drop = ("DANCEGRPO_",) + (("ASCEND_RT_VISIBLE_DEVICES", "FAKE_TORCH_NPU") if fake_npu else ())
         return run_snippet(code, tmp_path, paths, env or {}, cwd=cwd, check=check, drop=drop)
 

@@ -19,12 +19,14 @@ EMULATED, the side effects of torch_npu 2.7.1's module on the rest of the proces
   argument; ``is_nccl_available`` is ``is_hccl_available``; the ``cuda`` entry of
   ``Backend.default_device_backend_map`` is removed.
 
-NOT emulated: the redirection of ``torch.cuda.*``, "cuda" device strings and the profiler.
+NOT emulated: the redirection of ``torch.cuda.*``, "cuda" device strings and the profiler; nor,
+with ``FAKE_TORCH_NPU_LIBRARIES=skip``, the libraries' import and wrapping.
 """
 
 import functools
 import importlib
 import importlib.metadata
+import os
 import sys
 import warnings
 
@@ -108,7 +110,9 @@ def _wrap_library_function(fn):
     return decorated
 
 
-for _package, (_minimum, _apis) in APIS_CONFIG.items():
+# FAKE_TORCH_NPU_LIBRARIES=skip (set by the overlay's snippet runner, whose snippets never look at
+# them) leaves the libraries alone: importing transformers.trainer costs seconds a process.
+for _package, (_minimum, _apis) in APIS_CONFIG.items() if os.environ.get("FAKE_TORCH_NPU_LIBRARIES") != "skip" else ():
     try:
         _version = importlib.metadata.version(_package)
     except importlib.metadata.PackageNotFoundError:

@@ -28,7 +28,8 @@ def exported(tmp_path, monkeypatch):
     (tree / "fastvideo/run_npu.sh").write_text("#!/bin/sh\necho npu\n")
     os.chmod(tree / "fastvideo/run_npu.sh", 0o755)
     os.chmod(tree / "fastvideo/utils.py", 0o755)
-    result = export_edits(project, "modes", description="a link, a script, a mode")
+    result = export_edits(project, "modes", description="a link, a script, a mode",
+                          include=("fastvideo/flux_link.py", "fastvideo/run_npu.sh"))  # new files: asked for
     text = result.patch.read_text()
     assert "new file mode 120000" in text and "new file mode 100755" in text
     assert "old mode 100644\nnew mode 100755" in text

@@ -62,7 +62,7 @@ TOLERANCES: tuple[Tolerance, ...] = (
         "relative error |B-A|/|A| of the step's mean reward (all samples, all ranks), in percent; the "
         "worst sample's error is reported beside it",
         "field reports for Flux GRPO on 910B: reward error 0.015-0.018% against the GPU run (reward "
-        "curves); the issue's goal is <= 0.02%.  Per sample it cannot apply: upstream's rewards are "
+        "curves); the port's goal is <= 0.02%.  Per sample it cannot apply: upstream's rewards are "
         "bf16 values, one bf16 step being 0.4-0.8% of any reward",
     ),
     Tolerance(

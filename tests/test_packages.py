@@ -60,8 +60,30 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def module_imports() -> dict[str, set[str]]:
+    """{module: the modules of the tool it imports}, by dotted name below dancegrpo_npu."""
+    modules = {".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        me = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dancegrpo_npu."):
+                target = node.module.removeprefix("dancegrpo_npu.")
+                names = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.removeprefix("dancegrpo_npu.") for a in node.names if a.name.startswith("dancegrpo_npu.")]
+            else:
+                continue
+            edges.setdefault(me, set()).update(n for n in names if n in modules and n != me)
+    return edges
+
+
 def test_no_import_cycle_between_packages():
     assert cycles(package_imports()) == []
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(module_imports()) == []
 
 
 def test_the_cycle_finder_finds_one():

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan
-from dancegrpo_npu.run.recipes import FLUX_RECIPE_GLOB, recipes_for
+from dancegrpo_npu.run.recipes import recipes_for
+from dancegrpo_npu.run.upstream_args import FLUX_RECIPE_GLOB
 from dancegrpo_npu.run.upstream_args import PREPROCESS_DEFAULTS, SCRIPTS
 
 pytestmark = pytest.mark.upstream

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 
-FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
 
 # torchrun's options that take no value (the rest take one, as --opt=value or --opt value).
 _TORCHRUN_SWITCHES = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module"}
@@ -216,7 +215,7 @@ def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str
     names = ", ".join(f"{r.name} ({r.world_size} ranks)" for r in recipes)
     if not recipes:
         raise DancegrpoError(
-            f"the patched tree has no recipe for {script} ({FLUX_RECIPE_GLOB})",
+            f"the patched tree has no recipe for {script} (no scripts/finetune/*.sh of it)",
             "pass the trainer's arguments yourself: `dancegrpo-npu launch ... --no-upstream-defaults -- ARGS`",
         )
     if name is not None:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.recipes import FLUX_RECIPE_GLOB
+
+# upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
+FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
 
 # Where upstream's README puts the FLUX.1-dev weights, and its recipes point (doctor looks there).
 DEFAULT_FLUX_DIR = "data/flux"

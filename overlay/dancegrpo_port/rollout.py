@@ -84,11 +84,6 @@ def decode_chunk(args) -> int:
 # ---------------------------------------------------------------- the rollout
 
 
-def batches(num_samples: int, batch_size: int):
-    """The rollout batches, as upstream builds them (``torch.chunk`` of the sample indices)."""
-    return torch.chunk(torch.arange(num_samples), num_samples // batch_size)
-
-
 def txt_ids(text_ids: torch.Tensor, length: int) -> torch.Tensor:
     """The transformer's (length, 3) text ids for a batch of per-sample rows.
 
@@ -148,10 +143,6 @@ def contiguous_attention(vae, on: bool = True):
 
 def _contiguous_output(module, args, output):
     return output.contiguous() if torch.is_tensor(output) else output
-
-
-def image_path(rank: int, sample: int) -> str:
-    return f"./images/flux_{rank}_{sample}.png"
 
 
 def hps_inputs(images, captions, preprocess_val, tokenizer, device):

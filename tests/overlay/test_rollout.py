@@ -61,12 +61,6 @@ def test_check_args_refuses_with_one_line(capsys, monkeypatch):
 # ---------------------------------------------------------------- batch helpers
 
 
-def test_batches_are_upstreams_chunks():
-    assert [b.tolist() for b in rollout.batches(4, 1)] == [[0], [1], [2], [3]]
-    assert [b.tolist() for b in rollout.batches(4, 2)] == [[0, 1], [2, 3]]
-    assert [b.tolist() for b in rollout.batches(8, 8)] == [list(range(8))]
-
-
 def test_txt_ids_one_set_for_the_batch():
     ids = torch.zeros(1, 3)
     assert torch.equal(rollout.txt_ids(ids, 5), ids.repeat(5, 1))  # upstream's op at N = 1

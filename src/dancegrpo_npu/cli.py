@@ -22,15 +22,15 @@ COMMAND_MODULES = (
     "engine.series",
     "engine.lockfile",
     "rebase.upstream_log",
-    "rebase.command",
+    "rebase.session",
     "rebase.export",
-    "smoke.command",
+    "smoke.runner",
     "run.launch",
-    "doctor.command",
-    "run.runs",
-    "run.plot",
+    "doctor.report",
+    "rundirs.listing",
+    "rundirs.plot",
     "align.compare",
-    "throughput.command",
+    "throughput.bench",
 )
 
 DESCRIPTION = """\

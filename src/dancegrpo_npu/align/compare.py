@@ -24,8 +24,8 @@ from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.modules import flag_standing_out, module_checks
-from dancegrpo_npu.run.align_flags import parse_step_spec
-from dancegrpo_npu.align.records import (
+from dancegrpo_npu.contract import parse_step_spec
+from dancegrpo_npu.rundirs.records import (
     MODULE_GROUPS,
     RunRecords,
     check_comparable,
@@ -265,7 +265,7 @@ def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_
 def metrics_notes(*runs: RunRecords) -> tuple[str, ...]:
     """What compare.png's curves lack: a metrics.jsonl that stops at a line that is no record, or
     that cannot be read (the records, which the verdict is made of, are read separately)."""
-    from dancegrpo_npu.run.records import read_metrics
+    from dancegrpo_npu.rundirs.rundir import read_metrics
 
     notes = []
     for run in runs:

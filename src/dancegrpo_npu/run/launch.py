@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from dancegrpo_npu.run import ascend, records
+from dancegrpo_npu.host import ascend
+from dancegrpo_npu.run import directory
+from dancegrpo_npu.rundirs.rundir import find_run
 
 from dancegrpo_npu.run.align_flags import (
     ALIGN_SCRIPTS,
@@ -29,13 +30,13 @@ from dancegrpo_npu.run.align_flags import (
     add_align_options,
     check_replay,
     options_from_args,
-    parse_step_spec,
 )
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
-from dancegrpo_npu.contract import DEVICE_ENV
+from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run import network, recipes
+from dancegrpo_npu.host import network
+from dancegrpo_npu.run import recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
@@ -53,14 +54,8 @@ from dancegrpo_npu.run.upstream_args import (
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def run_name(spec: LaunchSpec) -> str:
-    name = records.check_name(spec.name or spec.script)
+    name = directory.check_name(spec.name or spec.script)
     return f"{name}-node{spec.node_rank}" if spec.nnodes > 1 else name
 
 
@@ -140,7 +135,7 @@ def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], 
                              "pass --seed N after --", exit_code=2)
     replay_records = None
     if align.replay is not None:
-        replay_records = check_replay(records.find_run(project.runs_dir, align.replay), planned)
+        replay_records = check_replay(find_run(project.runs_dir, align.replay), planned)
     return list(align.trainer_args(replay_records))
 
 
@@ -190,7 +185,7 @@ def build_plan(
         ascend.check_profiler_dir(run_dir / "profile")  # torch_npu's profiler drops a refused path silently
     port = spec.master_port
     if port is None:
-        port = free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
+        port = network.free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
     command = (
         python or sys.executable,
         "-m",
@@ -234,7 +229,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     start here, 1 when not.  A real launch refuses instead, before anything is written."""
     now = time.time()
     check_spec(spec)
-    tentative = project.runs_dir / records.run_dir_name(run_name(spec), now)
+    tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
     not_here = no_npu_here(plan)
     if dry_run:
@@ -246,7 +241,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         return RunRecord(tentative, 1 if problems else 0, plan.command, {"status": "dry-run", "problems": problems})
     if not_here is not None:
         raise not_here
-    run_dir = records.create_run_dir(project.runs_dir, run_name(spec), now)
+    run_dir = directory.create_run_dir(project.runs_dir, run_name(spec), now)
     if run_dir != tentative:
         plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
     if plan.recipe is not None:

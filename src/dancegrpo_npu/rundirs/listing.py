@@ -7,7 +7,7 @@ import os
 import socket
 
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import HEALTH_COLUMNS, PHASES, RunInfo, list_runs, read_metrics
+from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, PHASES, RunInfo, list_runs, read_metrics
 
 
 def _alive(pid: int) -> bool:

@@ -36,7 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args, records_index
+from dancegrpo_npu.rundirs.records import records_index
+from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
@@ -168,7 +169,7 @@ def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
     env = [("WANDB_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")]
     if device == "cpu" or (device == "auto" and not _accelerator_visible()):
         # The ranks share the CPU: one thread each when there are fewer cores than ranks.
-        from dancegrpo_npu.run.environment import cpu_threads
+        from dancegrpo_npu.host.cpus import cpu_threads
 
         env.append(("OMP_NUM_THREADS", str(cpu_threads(nproc, dict(os.environ))[0])))
     return tuple(env)
@@ -346,7 +347,7 @@ def align_options(args, project: Project) -> AlignOptions:
     """The smoke's alignment options (launch turns them into trainer arguments and checks a
     replay against the planned run).  A replay source is looked up here already, so that one
     without records is refused before the fixtures are built."""
-    from dancegrpo_npu.run.records import find_run
+    from dancegrpo_npu.rundirs.rundir import find_run
 
     align = options_from_args(args)
     if align.given() and args.if_needed:

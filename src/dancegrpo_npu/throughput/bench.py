@@ -101,13 +101,13 @@ def float32_inputs(module) -> None:
 
 
 def set_cpu_threads(environ: dict[str, str], busy: float | None = None) -> tuple[int, str]:
-    """torch's CPU threads as smoke sets its ranks' (``run.environment.cpu_threads``; one
+    """torch's CPU threads as smoke sets its ranks' (``host.cpus.cpu_threads``; one
     process here), not counting the cores the load average says others keep busy: a timing
     must not be taken with threads spinning against other processes.  An explicit
     OMP_NUM_THREADS wins.  (threads, where the number comes from)."""
     import torch
 
-    from dancegrpo_npu.run.environment import cpu_threads
+    from dancegrpo_npu.host.cpus import cpu_threads
 
     busy = os.getloadavg()[0] if busy is None and hasattr(os, "getloadavg") else (busy or 0.0)
     threads, why = cpu_threads(1, environ, busy)

@@ -16,7 +16,7 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import writing
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import PHASES, RunInfo, find_run, load_run, read_metrics
+from dancegrpo_npu.rundirs.rundir import PHASES, RunInfo, find_run, load_run, read_metrics
 
 # (panel title, metrics.jsonl keys drawn in it), in the order the panels appear
 HEALTH_PANELS = (

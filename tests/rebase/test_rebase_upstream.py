@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dancegrpo_npu.engine.apply import apply_worktree, touched_files
+from dancegrpo_npu.engine.apply import apply_worktree
+from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.rebase.export import export_edits
 from dancegrpo_npu.engine.fetch import fetch
 from dancegrpo_npu.engine.lock import load_lock

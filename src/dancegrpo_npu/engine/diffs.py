@@ -61,6 +61,7 @@ class Hunk:
     tgt_len: int
     old: tuple[bytes, ...]  # the lines it expects, with their endings as in the file
     new: tuple[bytes, ...]  # the lines it leaves
+    body: tuple[bytes, ...] = ()  # its lines after the @@ line, as the patch writes them
 
     @property
     def label(self) -> str:
@@ -82,6 +83,7 @@ class FileChange:
     new_mode: int | None = None  # the mode it leaves (a created file's, or a mode change's)
     no_newline: bool = False  # the patch marks a missing final newline
     old_mode: int | None = None  # the mode it expects (a deleted file's, or a mode change's)
+    header: tuple[bytes, ...] = ()  # its lines before the first hunk, as the patch writes them
 
     @property
     def path(self) -> str:
@@ -134,19 +136,20 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
     changes: list[FileChange] = []
     seen: set[str] = set()
     i, section, modes = 0, None, {}  # section: the open "diff --git" line, whose change is still to come
+    start = 0  # where the open file's header lines begin
 
-    def add(change: FileChange) -> None:
+    def add(change: FileChange, end: int) -> None:
         if change.path in seen:
             raise _fail(patch, f"changes {change.path} twice", "merge the two parts into one diff of the file")
         seen.add(change.path)
-        changes.append(_checked_modes(change, patch))
+        changes.append(_checked_modes(replace(change, header=tuple(lines[start:end])), patch))
 
     while i < len(lines):
         line = lines[i]
         if line.startswith(b"diff --git "):
             if section is not None:
-                add(_headers_only(section, modes, patch))
-            section, modes = line.rstrip(b"\r\n"), {}
+                add(_headers_only(section, modes, patch), i)
+            section, modes, start = line.rstrip(b"\r\n"), {}, i
             i += 1
             continue
         for marker, what in _UNSUPPORTED.items():
@@ -157,6 +160,8 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             modes[m.group(1).decode()] = int(m.group(2), 8)
         if line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
             git_style = section is not None
+            if not git_style:
+                start = i
             old = _name(line[4:], patch, i + 1)
             new = _name(lines[i + 1][4:], patch, i + 2)
             if old is None and new is None:
@@ -165,17 +170,18 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             new = check_patch_path(new, patch, "b/" if git_style else "") if new is not None else None
             if old is not None and new is not None and old != new:
                 raise _fail(patch, f"diff line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
-            i, hunks, no_newline = _parse_hunks(lines, i + 2, patch, new or old)
+            end = i + 2
+            i, hunks, no_newline = _parse_hunks(lines, end, patch, new or old)
             if not hunks:
                 raise _fail(patch, f"{new or old} has no hunks")
-            add(_change(old, new, tuple(hunks), modes, no_newline, patch))
+            add(_change(old, new, tuple(hunks), modes, no_newline, patch), end)
             section, modes = None, {}
             continue
         if line.startswith(b"@@ "):
             raise _fail(patch, f"diff line {i + 1}: a hunk without ---/+++ file names before it")
         i += 1
     if section is not None:
-        add(_headers_only(section, modes, patch))
+        add(_headers_only(section, modes, patch), i)
     if not changes:
         raise _fail(patch, "contains no file changes (an empty file?)", "add the diff, or drop the patch from patches/series")
     return changes
@@ -250,6 +256,7 @@ def _parse_hunks(lines: list[bytes], i: int, patch: str, path: str) -> tuple[int
         src_len = int(m.group(2)) if m.group(2) is not None else 1
         tgt_len = int(m.group(4)) if m.group(4) is not None else 1
         number = len(hunks) + 1
+        first = i + 1
         old: list[bytes] = []
         new: list[bytes] = []
         last: str | None = None
@@ -276,7 +283,7 @@ def _parse_hunks(lines: list[bytes], i: int, patch: str, path: str) -> tuple[int
             i += 1
         if len(old) != src_len or len(new) != tgt_len:
             raise _fail(patch, f"{path} {_label(number, header)} is malformed: it has {len(old)} old and {len(new)} new lines, its header says {src_len} and {tgt_len}")
-        hunks.append(Hunk(number, header, src_start, src_len, tgt_start, tgt_len, tuple(old), tuple(new)))
+        hunks.append(Hunk(number, header, src_start, src_len, tgt_start, tgt_len, tuple(old), tuple(new), tuple(lines[first:i])))
     return i, hunks, no_newline
 
 

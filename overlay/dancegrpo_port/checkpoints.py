@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -201,10 +202,19 @@ def run_identity(args, world_size: int, script: str | None = None) -> dict:
             "code": code_digest(script or sys.argv[0])}
 
 
-def fault_due(step: int, environ=None) -> bool:
-    """A test's injected fault: SIGKILL between the shard writes of this step's checkpoint."""
-    value = (os.environ if environ is None else environ).get(CHECKPOINT_FAULT_ENV, "")
-    return value.strip() == str(step)
+def inject_fault(step: int, point: str, root: Path, rank: int, environ=None) -> None:
+    """A test's injected fault, once per rank: SIGKILL at ``point`` of this step's save when
+    CHECKPOINT_FAULT_ENV is ``STEP`` (point "shards": between the shard writes and the rest) or
+    ``STEP:saved`` (once the checkpoint is complete).  A restart after it saves normally."""
+    value = (os.environ if environ is None else environ).get(CHECKPOINT_FAULT_ENV, "").strip()
+    wanted, _, where = value.partition(":")
+    if wanted != str(step) or (where or "shards") != point:
+        return
+    marker = Path(root) / f".fault-{step}-{point}-rank{rank}"
+    if marker.exists():
+        return
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- flags

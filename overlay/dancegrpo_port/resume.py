@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -170,8 +169,7 @@ class Resume:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(sharded, checkpoint_id=str(tmp))
-        if files.fault_due(step):
-            os.kill(os.getpid(), signal.SIGKILL)  # a test's fault: shards written, the rest not
+        files.inject_fault(step, "shards", self.root, self.rank)  # a test's: shards written, the rest not
         torch.save(mine, tmp / RANK_FILE.format(rank=self.rank))
         self._barrier()
         if self.rank == 0:
@@ -179,6 +177,7 @@ class Resume:
             files.publish(tmp, final)
             files.prune(self.root, self.keep)
         self._barrier()
+        files.inject_fault(step, "saved", self.root, self.rank)
 
     # -------------------------------------------------------------- loading
 

@@ -39,6 +39,7 @@ from dancegrpo_npu.run import network, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
+from dancegrpo_npu.run.resume import restart_spec, resume_spec
 from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
     SCRIPTS,
@@ -77,6 +78,8 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
             f"number the nodes 0..{spec.nnodes - 1}, the master node being 0",
             exit_code=2,
         )
+    if spec.max_restarts < 0:
+        raise DancegrpoError(f"--max-restarts must be 0 or more, not {spec.max_restarts}", "give a count", exit_code=2)
     network.check_port("--master-port", spec.master_port)
     network.check_network(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname, network.this_host())
     if spec.recipe is not None and (info.recipe_glob is None or not spec.upstream_defaults):
@@ -200,6 +203,7 @@ def build_plan(
         "--node_rank", str(spec.node_rank),
         "--master_addr", spec.master_addr or "127.0.0.1",
         "--master_port", str(port),
+        *(("--max-restarts", str(spec.max_restarts)) if spec.max_restarts else ()),
         "--log_dir", str(run_dir / "logs" / "torchrun"),
         "--redirects", "3",
         "--tee", "3",
@@ -234,6 +238,16 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     start here, 1 when not.  A real launch refuses instead, before anything is written."""
     now = time.time()
     check_spec(spec)
+    spec = restart_spec(spec)
+    if spec.resume_of is not None:  # the run continues in its own directory
+        plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)
+        if dry_run:
+            print(shell_script(plan, dry_run=True, problems=list(plan.problems)), end="", flush=True)
+            return RunRecord(spec.resume_of, 1 if plan.problems else 0, plan.command, {"status": "dry-run"})
+        not_here = no_npu_here(plan)
+        if not_here is not None:
+            raise not_here
+        return run_plan(project, plan)
     tentative = project.runs_dir / records.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
     not_here = no_npu_here(plan)
@@ -330,6 +344,14 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="check every input and print the plan as a script (environment, torchrun command, what is missing), "
         "start nothing; works on a login node; exit 0 when the job could start here, 1 when not",
     )
+    p.add_argument("--resume", default=d(None), metavar="RUN",
+                   help="continue RUN (a run directory, or its name or a unique part of it) in its own directory "
+                   "from its newest complete checkpoint: its recorded arguments, then those after --, plus "
+                   "--resume_from_checkpoint latest; a change of world size, generations, sizes, series or "
+                   "upstream commit is refused (docs/resume.md)")
+    p.add_argument("--max-restarts", type=int, default=d(0), metavar="N",
+                   help="torchrun's elastic restarts: up to N times the workers start again after a failure, "
+                   "each resuming from the newest complete checkpoint; the run record counts them (default 0)")
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
                    help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
@@ -412,6 +434,8 @@ def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
 
 
 def _cmd_launch(args) -> int:
+    if args.resume is not None or (args.words and "--resume" in args.words[: (args.words + ["--"]).index("--")]):
+        return _cmd_resume(args)
     script, upstream = _parse_words(args)
     env = [parse_env_assignment(text) for text in args.env or []]
     if args.ifname:
@@ -433,6 +457,23 @@ def _cmd_launch(args) -> int:
         profile_steps=args.profile_steps,
         recipe=args.recipe,
         ifname=args.ifname,
+        max_restarts=args.max_restarts,
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
+    return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)
+
+
+def _cmd_resume(args) -> int:
+    words = list(args.words)
+    if words and not words[0].startswith("-"):
+        raise DancegrpoError(f"launch --resume: the script comes from the run's record, not {words[0]!r}",
+                             "give `launch --resume RUN [-- trainer args]`", exit_code=2)
+    script, upstream = _parse_words(argparse.Namespace(**{**vars(args), "words": ["resume", *words]}))
+    del script
+    project = project_from_args(args)
+    given = {"nproc_per_node": args.nproc_per_node if args.nproc_per_node != 1 else None,
+             "nnodes": args.nnodes if args.nnodes != 1 else None,
+             "device": args.device if args.device != "auto" else None}
+    spec = resume_spec(project, args.resume, tuple(upstream), given, max_restarts=args.max_restarts)
+    record = launch(project, spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

@@ -55,7 +55,7 @@ GENERATIONS = 2  # the default --generations
 # Trainer flags the smoke's own checks depend on: set through the smoke's options only.
 OWN_FLAGS = {
     "--max_train_steps": "use --steps",
-    "--checkpointing_steps": "the smoke checks the checkpoint of its last step; use --steps",
+    "--checkpointing_steps": "use --checkpointing-steps",
     "--num_generations": "use --generations",
     "--output_dir": "the smoke reads the checkpoint from the run's outputs/",
 }
@@ -85,6 +85,8 @@ class SmokeOptions:
     extra_args: tuple[str, ...] = ()  # trainer arguments after the smoke's own (argparse: the later wins)
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay: launch maps and checks them
     strict: bool = True  # off only for trees that run float64 on purpose (an ablation without 0006)
+    checkpointing_steps: int | None = None  # --checkpointing-steps N; None: the last step only
+    resume: str | None = None  # --resume RUN: continue that smoke run (its own options)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ class SmokeResult:
     wall_time_s: float
 
 
-def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS) -> tuple[str, ...]:
+def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS,
+                 checkpointing_steps: int | None = None) -> tuple[str, ...]:
     """Exactly the arguments the smoke passes (no upstream defaults): upstream's recipe
     (finetune_flux_grpo*.sh), shrunk to ``steps`` steps at 64x64 on the fixtures."""
     args = [
@@ -120,7 +123,7 @@ def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GE
         "--max_train_steps", str(steps),
         "--learning_rate", "1e-3",
         "--mixed_precision", "bf16",
-        "--checkpointing_steps", str(steps),
+        "--checkpointing_steps", str(checkpointing_steps or steps),
         "--cfg", "0.0",
         "--h", "64", "--w", "64", "--t", "1",
         "--sampling_steps", "4",
@@ -215,6 +218,11 @@ def check_options(options: SmokeOptions) -> None:
             f"--generations must be at least 2, not {options.generations}",
             "GRPO's advantage is (reward - the group's mean) / the group's std, and a group of one "
             "has no std (NaN advantages)", exit_code=2)
+    every = options.checkpointing_steps
+    if every is not None and (every < 1 or options.steps % every):
+        raise DancegrpoError(f"--checkpointing-steps {every} does not divide --steps {options.steps}",
+                             "the smoke checks the checkpoint of its last step: give a divisor of --steps",
+                             exit_code=2)
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
@@ -225,6 +233,7 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.run.upstream_args import script_info
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
+    options = resumed_options(project, options)
     check_options(options)
     start = time.monotonic()
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
@@ -249,11 +258,37 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
 
 def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
     """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
-    return trainer_args(fixtures, options.lora, options.steps, options.generations) + tuple(options.extra_args)
+    return trainer_args(fixtures, options.lora, options.steps, options.generations,
+                        options.checkpointing_steps) + tuple(options.extra_args)
+
+
+def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
+    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer)."""
+    from dataclasses import replace
+
+    from dancegrpo_npu.run.records import find_run
+
+    if options.resume is None:
+        return options
+    run_dir = find_run(project.runs_dir, options.resume)
+    try:
+        launch = json.loads((run_dir / "launch.json").read_text())
+        v = flag_values(launch["script_args"])
+        return replace(options, lora=launch["script"] == "flux-lora", nproc=launch["nproc_per_node"],
+                       steps=int(v["--max_train_steps"]), generations=int(v["--num_generations"]),
+                       checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",
+                             "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None
 
 
 def _launch(project: Project, options: SmokeOptions, fixtures):
     from dancegrpo_npu.run.launch import LaunchSpec, launch
+    from dancegrpo_npu.run.resume import resume_spec
+
+    if options.resume is not None:
+        with _quiet(not options.verbose):
+            return launch(project, resume_spec(project, options.resume))
 
     spec = LaunchSpec(
         script="flux-lora" if options.lora else "flux",
@@ -361,7 +396,12 @@ def _cmd_smoke(args) -> int:
     project = project_from_args(args)
     options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
                            steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
-                           align=align_options(args, project), strict=not args.no_strict)
+                           align=align_options(args, project), strict=not args.no_strict,
+                           checkpointing_steps=args.checkpointing_steps, resume=args.resume)
+    if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
+        raise DancegrpoError("smoke --resume continues a run as it was started",
+                             "give --resume RUN alone (and -v, --device as before)", exit_code=2)
+    options = resumed_options(project, options)
     check_options(options)
     key = inputs_sha256(project, options)
     if args.if_needed:
@@ -402,6 +442,12 @@ def register(sub, common) -> None:
     p.add_argument("--generations", type=int, default=GENERATIONS, metavar="G",
                    help=f"images per prompt, GRPO's group (default {GENERATIONS}, at least 2); one optimizer "
                    "update a step, on the whole group")
+    p.add_argument("--checkpointing-steps", type=int, default=None, metavar="N",
+                   help="checkpoint every N steps (a divisor of --steps; default: the last step only): upstream's "
+                   "weights and the port's resume checkpoint (outputs/resume/)")
+    p.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue smoke run RUN in its own directory from its newest complete checkpoint "
+                   "(`launch --resume`), then check it as any smoke run")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "

@@ -20,7 +20,7 @@ Layout, under ``<output_dir>/resume/``::
 ``latest`` is the newest complete one: a checkpoint whose manifest is missing, unreadable or
 does not match its files is skipped with one line.  Before a save the free space is checked
 against the checkpoint's size; too little stops the run with one line and the previous
-checkpoints stay as they are.  ``--checkpoints_total_limit K`` keeps the newest K.  A checkpoint
+checkpoints stay as they are.  ``--checkpoints_total_limit K`` keeps the newest K (default 2).  A checkpoint
 is taken after each step that is a multiple of ``--checkpointing_steps`` and after the last one.
 
 On resume (``--resume_from_checkpoint latest|DIR``), a checkpoint of another run shape (world
@@ -46,6 +46,7 @@ from dancegrpo_port.contract import (CHECKPOINT_DIR, CHECKPOINT_FAULT_ENV, CHECK
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 MARGIN = 1.05  # free space wanted over the checkpoint's size (file system overhead)
+TOTAL_LIMIT = 2  # upstream's recipe saves every 40 of 300 steps: 8 full training states of FLUX otherwise
 
 
 class CheckpointProblem(Exception):
@@ -224,8 +225,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--checkpoints_total_limit",
         type=int,
-        default=None,
-        help="keep only the newest K resume checkpoints in <output_dir>/resume (default: keep all)",
+        default=TOTAL_LIMIT,
+        help=f"keep only the newest K resume checkpoints in <output_dir>/resume (default {TOTAL_LIMIT}: one "
+        "holds the weights and the optimizer, about 3x the fp32 weights)",
     )
 
 

@@ -2,8 +2,8 @@
 
 Each trainer's seam patch adds these calls, and nothing else of the port's, to upstream's
 lines.  Every feature of the port (alignment: the noise source, records, replay and GRPO
-health; phase times; profiler traces; the background image writer; metrics.jsonl; the clean
-exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
+health; phase times; profiler traces; the background image writer; metrics.jsonl; resume; the
+clean exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
 seam plus its model-specific patches.
 
 Call points, in the order a run makes them::
@@ -11,7 +11,8 @@ Call points, in the order a run makes them::
     add_arguments(parser)            the port's trainer flags, before parse_args
     check_arguments(args)            refuse bad values in one line, exit 2, before anything loads
     run_start(args, rank, world_size, device)
-    checkpoint_load(init_steps, **state) -> the step to start after (upstream's resume point)
+    checkpoint_load(init_steps, **state) -> the step to start after (upstream's resume point;
+                                     --resume_from_checkpoint loads the state: checkpoints.py)
       step_begin(step)
         rollout_begin(samples, latent_shape, sampling_steps, same_noise)
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
@@ -23,7 +24,7 @@ Call points, in the order a run makes them::
         advantages(rewards, advantages); timestep_perms(samples, n)
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
       step_end(step, **figures)      after the step's time is taken: records, health, times, metrics.jsonl
-      checkpoint_save(step, **state) upstream's save point
+      checkpoint_save(step, **state) after the step: the resume checkpoint, when due and at the last step
     run_end()                        the end of main()
 
 Before ``run_start`` (a module imported by a test, say) every call behaves as upstream: the

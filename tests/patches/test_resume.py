@@ -72,8 +72,16 @@ def steps_once(run_dir: Path) -> None:
 
 
 def aligned(project, ref: Path, resumed: Path, capsys) -> None:
+    """`compare` exit 0, and more than its tolerances: every recorded stage bit-equal."""
+    from safetensors.torch import load_file
+
     rc, out = cli(project, "compare", str(ref), str(resumed), capsys=capsys)
     assert rc == 0 and "first divergence: none" in out and "Traceback" not in out, out
+    files = sorted(p.relative_to(ref) for p in (ref / "records").rglob("*.safetensors"))
+    assert files and files == sorted(p.relative_to(resumed) for p in (resumed / "records").rglob("*.safetensors"))
+    for name in files:
+        a, b = load_file(ref / name), load_file(resumed / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
 def final_state(run_dir: Path, tmp_path: Path) -> dict:

@@ -14,7 +14,7 @@ from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.run import resume
-from dancegrpo_npu.run.records import write_json
+from dancegrpo_npu.run.directory import write_json
 
 ARGS = ["--seed", "42", "--h", "64", "--w", "64", "--num_generations", "2", "--max_train_steps", "4",
         "--output_dir", "OUT", "--rng", "cpu", "--record"]

@@ -22,9 +22,9 @@ from pathlib import Path
 from dancegrpo_npu.contract import CHECKPOINT_DIR, CHECKPOINT_FIT, CHECKPOINT_MANIFEST
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.run import records
 from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu.run.upstream_args import split_flags
+from dancegrpo_npu.rundirs.rundir import find_run
 
 RESUME_FLAG = "--resume_from_checkpoint"
 # Launch options a resume takes from the record; giving one another value would change the run.
@@ -36,7 +36,7 @@ FIT_ARGS = tuple(k for k in CHECKPOINT_FIT if k not in ("world_size", "code")) +
 def tree_identity(project: Project) -> dict:
     """The upstream commit, series and overlay a run is launched from (launch.json's "identity")."""
     from dancegrpo_npu.engine.apply import overlay_sha256
-    from dancegrpo_npu.engine.lockfile import load_lock
+    from dancegrpo_npu.engine.lock import load_lock
     from dancegrpo_npu.engine.series import load_series, series_sha256
     from dancegrpo_npu.engine.stage import read_overlay
 
@@ -65,7 +65,7 @@ def _read(path: Path) -> dict:
 def resume_spec(project: Project, ref: str, extra_args: tuple[str, ...] = (), given: dict | None = None,
                 max_restarts: int = 0) -> LaunchSpec:
     """The LaunchSpec that continues run ``ref``; refused in one line when it would change the run."""
-    run_dir = records.find_run(project.runs_dir, ref)
+    run_dir = find_run(project.runs_dir, ref)
     launch = _read(run_dir / "launch.json")
     if not launch.get("script_args"):
         raise DancegrpoError(f"--resume {ref}: {run_dir} has no launch.json with the run's arguments",

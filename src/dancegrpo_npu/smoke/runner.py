@@ -21,8 +21,12 @@ It passes only if, read back from what the script itself wrote:
 
 Upstream saves a checkpoint only at the *start* of a step whose number is a multiple of
 ``--checkpointing_steps`` (the smoke passes N): checkpoint N holds the weights after step
-N-1's update, and the last step's update is never saved.  With --steps 1 the checkpoint
-holds the starting weights, so only the grad norm shows that training reached the model.
+N-1's update, and upstream never saves the last step's update (the port's resume checkpoint,
+``outputs/resume/step-N``, holds it: docs/resume.md).  With --steps 1 the checkpoint holds the
+starting weights, so only the grad norm shows that training reached the model.
+
+``--checkpointing-steps K`` (a divisor of --steps) checkpoints every K steps; ``--resume RUN``
+continues a smoke run that stopped from its newest complete checkpoint, as ``launch --resume``.
 """
 
 from __future__ import annotations

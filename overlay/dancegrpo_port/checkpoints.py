@@ -198,9 +198,9 @@ def code_digest(script: str) -> str:
 
 
 def run_identity(args, world_size: int, script: str | None = None) -> dict:
-    return {"world_size": world_size, "num_generations": args.num_generations, "h": args.h, "w": args.w,
-            "t": args.t, "sampling_steps": args.sampling_steps, "train_batch_size": args.train_batch_size,
-            "code": code_digest(script or sys.argv[0])}
+    """The run's shape (CHECKPOINT_FIT); a trainer without one of the flags has None there."""
+    shape = {key: getattr(args, key, None) for key in CHECKPOINT_FIT if key not in ("world_size", "code")}
+    return {"world_size": world_size, **shape, "code": code_digest(script or sys.argv[0])}
 
 
 def inject_fault(step: int, point: str, root: Path, rank: int, environ=None) -> None:

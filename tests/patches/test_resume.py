@@ -44,7 +44,7 @@ def cli(project, *words: str, capsys) -> tuple[int, str]:
 def launch(project, lora=False, nproc=1, env=(), extra=(), max_restarts=0):
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run.launch import LaunchSpec, launch as launch_
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
@@ -59,7 +59,7 @@ def smoke_run(project, env=()):
     """2 ranks, --use_ema (1 rank at seed 42 has a step whose group's rewards are equal: no
     gradient, which the smoke refuses)."""
     from dancegrpo_npu.run.align_flags import AlignOptions
-    from dancegrpo_npu.smoke.command import SmokeOptions, run_smoke
+    from dancegrpo_npu.smoke.runner import SmokeOptions, run_smoke
 
     return run_smoke(project, SmokeOptions(device="cpu", nproc=2, steps=STEPS, checkpointing_steps=1, env=tuple(env),
                                            extra_args=("--use_ema",), align=AlignOptions(rng="cpu", record=True)))

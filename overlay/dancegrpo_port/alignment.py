@@ -345,6 +345,10 @@ class Alignment:
         if self.run.recorder:
             self.run.recorder.add("grad_norm", torch.as_tensor(grad_norm).reshape(-1))
 
+    def resumed(self, step: int) -> None:
+        if self.run.recorder:
+            self.run.recorder.resumed(step)
+
     def step_end(self, step: int, figures: dict) -> None:
         """The step's record is written; its GRPO health figures, over all ranks (a collective:
         every rank takes part), join the step's figures."""

@@ -142,9 +142,24 @@ class Recorder:
         self.module_order: list[str] = []
         self.modules_done: set[str] = set()
         self.modules_pending = False
+        self.earlier = None  # the index of the run this one may resume (resumed())
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                self.earlier = json.loads((self.root / "index.json").read_text())
+            except (OSError, ValueError):
+                pass
             _write_json(self.index, self.root / "index.json")
+
+    def resumed(self, step: int) -> None:
+        """A resumed run continues records/: index.json keeps the steps up to ``step`` (later
+        ones are done again, their files overwritten)."""
+        earlier = self.earlier if isinstance(self.earlier, dict) else {}
+        if self.rank != 0:
+            return
+        self.index["steps"] = sorted(s for s in earlier.get("steps", []) if s <= step)
+        self.index["modules"] = bool(earlier.get("modules"))
+        _write_json(self.index, self.root / "index.json")
 
     def begin(self, step: int) -> bool:
         self.step, self.parts = step, {}

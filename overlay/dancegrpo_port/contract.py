@@ -16,6 +16,10 @@ What is defined here, and nowhere else:
   must share with the run it replays, and the models whose module outputs are recorded, in the
   order a step calls them.
 - ``MSPROBE_ENV``, ``MSPROBE_TASKS``: msprobe dumps beside the module records.
+- ``CHECKPOINT_DIR``, ``CHECKPOINT_MANIFEST``, ``CHECKPOINT_FORMAT``, ``CHECKPOINT_FIT``,
+  ``CHECKPOINT_FAULT_ENV``: resume checkpoints (``dancegrpo_port/checkpoints.py``): where they are
+  under --output_dir, the manifest that makes one complete, what a resumed run must share with
+  it, and the variable a test injects a fault during a save with.
 - the step-list syntax (``--record_steps``, ``--profile_steps``, ``compare --steps``,
   ``launch --profile``) and its one parser, ``parse_steps``, with ``format_steps`` back.
 """
@@ -44,6 +48,12 @@ MODULE_GROUPS = ("transformer", "vae", "reward")
 
 MSPROBE_ENV = "DANCEGRPO_MSPROBE"
 MSPROBE_TASKS = ("statistics", "tensor")
+
+CHECKPOINT_DIR = "resume"  # under the trainer's --output_dir
+CHECKPOINT_MANIFEST = "manifest.json"
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_FIT = ("world_size", "num_generations", "h", "w", "t", "sampling_steps", "train_batch_size", "code")
+CHECKPOINT_FAULT_ENV = "DANCEGRPO_CHECKPOINT_FAULT"  # STEP: SIGKILL between the shard writes of that save
 
 STEPS_SYNTAX = "a step N, a range A-B, a comma list of those (1,3-5), or all"
 _STEP_ITEM = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")

@@ -2,8 +2,8 @@
 
 Each trainer's seam patch adds these calls, and nothing else of the port's, to upstream's
 lines.  Every feature of the port (alignment: the noise source, records, replay and GRPO
-health; phase times; profiler traces; the background image writer; metrics.jsonl; the clean
-exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
+health; phase times; profiler traces; the background image writer; metrics.jsonl; resume; the
+clean exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
 seam plus its model-specific patches.
 
 Call points, in the order a run makes them::
@@ -11,7 +11,8 @@ Call points, in the order a run makes them::
     add_arguments(parser)            the port's trainer flags, before parse_args
     check_arguments(args)            refuse bad values in one line, exit 2, before anything loads
     run_start(args, rank, world_size, device)
-    checkpoint_load(init_steps, **state) -> the step to start after (upstream's resume point)
+    checkpoint_load(init_steps, **state) -> the step to start after (upstream's resume point;
+                                     --resume_from_checkpoint loads the state: checkpoints.py)
       step_begin(step)
         rollout_begin(samples, latent_shape, sampling_steps, same_noise)
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
@@ -23,7 +24,7 @@ Call points, in the order a run makes them::
         advantages(rewards, advantages); timestep_perms(samples, n)
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
       step_end(step, **figures)      after the step's time is taken: records, health, times, metrics.jsonl
-      checkpoint_save(step, **state) upstream's save point
+      checkpoint_save(step, **state) after the step: the resume checkpoint, when due and at the last step
     run_end()                        the end of main()
 
 Before ``run_start`` (a module imported by a test, say) every call behaves as upstream: the
@@ -37,10 +38,11 @@ import os
 import sys
 from contextlib import ExitStack, contextmanager
 
-from dancegrpo_port import alignment, phases, rollout, upstream_args
+from dancegrpo_port import alignment, checkpoints, phases, rollout, upstream_args
 from dancegrpo_port.clean_exit import CleanExit
 from dancegrpo_port.images import ImageFiles
 from dancegrpo_port.metrics import MetricsLog
+from dancegrpo_port.resume import Resume
 
 _FEATURES: list = []  # this process's features, in call order (run_start)
 
@@ -60,17 +62,15 @@ def install(features: list) -> None:
 
 def add_arguments(parser) -> None:
     """Every feature's trainer flags (--rng, --record..., --replay, --sample_batch_size,
-    --vae_decode_chunk, --profile_steps)."""
-    for module in (alignment, rollout, phases):
+    --vae_decode_chunk, --profile_steps, --checkpoints_total_limit)."""
+    for module in (alignment, rollout, phases, checkpoints):
         module.add_arguments(parser)
 
 
 def argument_problem(args, environ=None) -> str | None:
     """The first thing wrong with the port's arguments (one line), or None."""
-    if getattr(args, "resume_from_checkpoint", None):
-        return ("--resume_from_checkpoint: this tree cannot resume a run (upstream's flag did nothing); "
-                "start the run again without it")
     checks = (upstream_args.accumulation_problem, rollout.argument_problem, phases.argument_problem,
+              checkpoints.argument_problem,
               lambda a: alignment.argument_problem(a, environ))
     for check in checks:
         problem = check(args)
@@ -97,10 +97,13 @@ def check_arguments(args) -> None:
 def run_start(args, rank: int, world_size: int, device) -> None:
     """Once, in main(), after the process group is up: the run's features, in call order.  The
     image writer comes first (a write error surfaces before the step's records), metrics.jsonl
-    last (it writes what the others add to the step's figures)."""
+    last (it writes what the others add to the step's figures).  Resume is the first after
+    the alignment run exists: it restores the generators at step_begin before anything draws."""
+    run = alignment.start(args, rank, world_size, device)
     install([
+        Resume(args, rank, world_size, device, run.noise.generator, on_resume=lambda step: _call("resumed", step)),
         ImageFiles(rank),
-        alignment.Alignment(alignment.start(args, rank, world_size, device)),
+        alignment.Alignment(run),
         rollout.Batching(getattr(args, "sample_batch_size", 1)),
         phases.Profile(phases.StepProfiler(getattr(args, "profile_steps", None), "./profile")),
         phases.PhaseTimes(phases.PhaseTimer()),
@@ -135,7 +138,10 @@ def _around(name: str, *args):
 
 def checkpoint_load(init_steps: int, **state) -> int:
     """At upstream's resume point, with the training state (transformer, optimizer,
-    lr_scheduler, ema, sampler, ...): the step the run starts after."""
+    lr_scheduler, ema, and the sampler where the trainer does not skip the used batches
+    itself): the step the run starts after.  On a resume every feature's ``resumed(step)``
+    forgets what the run wrote after that step (metrics.jsonl, records), so no step is
+    written twice."""
     for feature in _FEATURES:
         method = getattr(feature, "checkpoint_load", None)
         if method is not None:
@@ -144,6 +150,7 @@ def checkpoint_load(init_steps: int, **state) -> int:
 
 
 def checkpoint_save(step: int, **state) -> None:
+    """After a step's step_end: the resume checkpoint, when the step is due (dancegrpo_port/checkpoints.py)."""
     _call("checkpoint_save", step, **state)
 
 

@@ -10,6 +10,7 @@ GRPO health, phase times); this writes them as one line.  Self-contained: the st
 from __future__ import annotations
 
 import json
+import os
 
 PATH = "./metrics.jsonl"
 
@@ -22,3 +23,22 @@ class MetricsLog:
         if self.rank <= 0:
             with open(self.path, "a") as f:
                 f.write(json.dumps(figures) + "\n")
+
+    def resumed(self, step: int) -> None:
+        """A resumed run continues the file: the lines of steps after ``step`` (written before
+        the run stopped, after its last checkpoint) go, as the run does them again."""
+        if self.rank > 0 or not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            lines = f.read().splitlines()
+        kept = [line for line in lines if _step(line) is not None and _step(line) <= step]
+        with open(self.path + ".tmp", "w") as f:
+            f.write("".join(line + "\n" for line in kept))
+        os.replace(self.path + ".tmp", self.path)
+
+
+def _step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -13,6 +13,7 @@ from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu.run.upstream_args import SCRIPTS
 from dancegrpo_npu.run.launch import launch
+from dancegrpo_npu.run.resume import resume_spec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,6 +88,14 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="check every input and print the plan as a script (environment, torchrun command, what is missing), "
         "start nothing; works on a login node; exit 0 when the job could start here, 1 when not",
     )
+    p.add_argument("--resume", default=d(None), metavar="RUN",
+                   help="continue RUN (a run directory, or its name or a unique part of it) in its own directory "
+                   "from its newest complete checkpoint: its recorded arguments, then those after --, plus "
+                   "--resume_from_checkpoint latest; a change of world size, generations, sizes, series or "
+                   "upstream commit is refused (docs/resume.md)")
+    p.add_argument("--max-restarts", type=int, default=d(0), metavar="N",
+                   help="torchrun's elastic restarts: up to N times the workers start again after a failure, "
+                   "each resuming from the newest complete checkpoint; the run record counts them (default 0)")
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
                    help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
@@ -117,6 +126,8 @@ EPILOG = textwrap.dedent(
       dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
       dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
       dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
+      dancegrpo-npu launch flux --nproc-per-node 8 --max-restarts 3                     # restarts resume
+      dancegrpo-npu launch --resume 20261201-101500-flux -- --max_train_steps 600       # continue, longer
     """
 )
 
@@ -169,6 +180,8 @@ def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
 
 
 def run(args) -> int:
+    if args.resume is not None or (args.words and "--resume" in args.words[: (args.words + ["--"]).index("--")]):
+        return _resume(args)
     script, upstream = _parse_words(args)
     env = [parse_env_assignment(text) for text in args.env or []]
     if args.ifname:
@@ -190,6 +203,23 @@ def run(args) -> int:
         profile_steps=args.profile_steps,
         recipe=args.recipe,
         ifname=args.ifname,
+        max_restarts=args.max_restarts,
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
+    return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)
+
+
+def _resume(args) -> int:
+    """``launch --resume RUN [-- trainer args]``: the run's own script and launch options."""
+    words = list(args.words)
+    if words and not words[0].startswith("-"):
+        raise DancegrpoError(f"launch --resume: the script comes from the run's record, not {words[0]!r}",
+                             "give `launch --resume RUN [-- trainer args]`", exit_code=2)
+    _, upstream = _parse_words(argparse.Namespace(**{**vars(args), "words": ["resume", *words]}))
+    project = project_from_args(args)
+    given = {"nproc_per_node": args.nproc_per_node if args.nproc_per_node != 1 else None,
+             "nnodes": args.nnodes if args.nnodes != 1 else None,
+             "device": args.device if args.device != "auto" else None}
+    spec = resume_spec(project, args.resume, tuple(upstream), given, max_restarts=args.max_restarts)
+    record = launch(project, spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

@@ -20,6 +20,8 @@ examples:
   dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
                                          # longer, bigger groups, 128x128 (later arguments win)
   dancegrpo-npu smoke --workdir /tmp/tree-without-0006   # the tree at DIR instead of build/DanceGRPO
+  dancegrpo-npu smoke --steps 4 --checkpointing-steps 1  # a resume checkpoint after every step
+  dancegrpo-npu smoke --resume 20261201-101500-smoke     # continue that smoke run from its newest one
 
 The run directory (runs/<time>-smoke/) keeps the command, every rank's log, metrics.jsonl,
 reward.txt, images/ and the checkpoint; `dancegrpo-npu runs` lists it.
@@ -45,7 +47,12 @@ def run(args) -> int:
     project = project_from_args(args)
     options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
                            steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
-                           align=align_options(args, project), strict=not args.no_strict)
+                           align=align_options(args, project), strict=not args.no_strict,
+                           checkpointing_steps=args.checkpointing_steps, resume=args.resume)
+    if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
+        raise DancegrpoError("smoke --resume continues a run as it was started",
+                             "give --resume RUN alone (and -v as before)", exit_code=2)
+    options = runner.resumed_options(project, options)
     runner.check_options(options)
     key = runner.inputs_sha256(project, options)
     if args.if_needed:
@@ -86,6 +93,12 @@ def register(sub, common) -> None:
     p.add_argument("--generations", type=int, default=runner.GENERATIONS, metavar="G",
                    help=f"images per prompt, GRPO's group (default {runner.GENERATIONS}, at least 2); one optimizer "
                    "update a step, on the whole group")
+    p.add_argument("--checkpointing-steps", type=int, default=None, metavar="N",
+                   help="checkpoint every N steps (a divisor of --steps; default: the last step only): upstream's "
+                   "weights and the port's resume checkpoint (outputs/resume/)")
+    p.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue smoke run RUN in its own directory from its newest complete checkpoint "
+                   "(`launch --resume`), then check it as any smoke run")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "

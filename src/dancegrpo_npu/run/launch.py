@@ -32,6 +32,7 @@ from dancegrpo_npu.run import recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
+from dancegrpo_npu.run.resume import restart_spec
 from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
     ScriptInfo,
@@ -63,6 +64,8 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
             f"number the nodes 0..{spec.nnodes - 1}, the master node being 0",
             exit_code=2,
         )
+    if spec.max_restarts < 0:
+        raise DancegrpoError(f"--max-restarts must be 0 or more, not {spec.max_restarts}", "give a count", exit_code=2)
     network.check_port("--master-port", spec.master_port)
     network.check_network(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname, network.this_host())
     if spec.recipe is not None and (info.recipe_glob is None or not spec.upstream_defaults):
@@ -186,6 +189,7 @@ def build_plan(
         "--node_rank", str(spec.node_rank),
         "--master_addr", spec.master_addr or "127.0.0.1",
         "--master_port", str(port),
+        *(("--max-restarts", str(spec.max_restarts)) if spec.max_restarts else ()),
         "--log_dir", str(run_dir / "logs" / "torchrun"),
         "--redirects", "3",
         "--tee", "3",
@@ -220,6 +224,16 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     start here, 1 when not.  A real launch refuses instead, before anything is written."""
     now = time.time()
     check_spec(spec)
+    spec = restart_spec(spec)
+    if spec.resume_of is not None:  # the run continues in its own directory
+        plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)
+        if dry_run:
+            print(shell_script(plan, dry_run=True, problems=list(plan.problems)), end="", flush=True)
+            return RunRecord(spec.resume_of, 1 if plan.problems else 0, plan.command, {"status": "dry-run"})
+        not_here = no_npu_here(plan)
+        if not_here is not None:
+            raise not_here
+        return run_plan(project, plan)
     tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
     not_here = no_npu_here(plan)

@@ -30,6 +30,8 @@ class LaunchSpec:
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (flux, flux-lora only)
     profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (flux, flux-lora only)
     recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
+    max_restarts: int = 0  # torchrun's elastic --max-restarts; each restart resumes from latest
+    resume_of: Path | None = None  # --resume: the run directory this launch continues (run.resume)
 
 
 @dataclass(frozen=True)

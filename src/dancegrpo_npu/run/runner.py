@@ -106,9 +106,21 @@ def _summary(plan, status: str, returncode: int | None, start: float, end: float
         "wall_time_s": round(end - start, 3) if end else None,
     }
     summary.update(metrics_summary(plan.run_dir))
+    summary.update(_continued(plan))
     summary["rank_logs"] = [str(p.relative_to(plan.run_dir)) for p in rank_logs(plan.run_dir)]
     summary.update(extra)
     return summary
+
+
+def _continued(plan) -> dict:
+    """How often the run was continued: resumes (launch --resume) and elastic restarts."""
+    from dancegrpo_npu.run.resume import restarts
+
+    try:
+        resumes = len(json.loads((plan.run_dir / "launch.json").read_text()).get("resumes", []))
+    except (OSError, ValueError):
+        resumes = 0
+    return {"resumes": resumes, "restarts": restarts(plan.run_dir)}
 
 
 # Bytes of summary.json kept from the start: the final summary (failure tail included) fits.
@@ -152,15 +164,22 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
 
 
 def run_plan(project: Project, plan):
-    """Run ``plan`` (its run directory exists and is empty); returns the RunRecord."""
+    """Run ``plan`` (its run directory exists and is empty, or is the run it resumes:
+    ``spec.resume_of``); returns the RunRecord."""
+    from dancegrpo_npu.run.resume import resumed_launch_json, tree_identity
+
     run_dir = plan.run_dir
     start = time.time()
     try:
         (run_dir / "logs").mkdir(exist_ok=True)
         (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
-        directory.write_json(run_dir / "launch.json", _launch_json(plan))
-        (run_dir / "command.sh").write_text(shell_script(plan))
-        os.chmod(run_dir / "command.sh", 0o755)
+        launch_record = {**_launch_json(plan), "identity": tree_identity(project)}
+        if plan.spec.resume_of is not None:  # the first launch's record stays; the resume is added
+            launch_record = resumed_launch_json(json.loads((run_dir / "launch.json").read_text()), launch_record)
+        else:
+            (run_dir / "command.sh").write_text(shell_script(plan))
+            os.chmod(run_dir / "command.sh", 0o755)
+        directory.write_json(run_dir / "launch.json", launch_record)
         _reserve_summary(run_dir / "summary.json", _summary(plan, "running", None, start, None))
     except OSError as e:
         shutil.rmtree(run_dir, ignore_errors=True)  # no half-made record

@@ -180,6 +180,8 @@ def _resolve_user_path(flag: str, value: str, cwd: Path) -> str:
     Model flags may name a hub id instead of a directory; those stay as typed when no such
     local path exists.  ``--hps_model`` is a model name (ViT-H-14) unless it names a file.
     """
+    if flag == "--resume_from_checkpoint" and value == "latest":  # upstream's word, not a path
+        return value
     candidate = Path(value).expanduser()
     if not candidate.is_absolute():
         candidate = cwd / candidate

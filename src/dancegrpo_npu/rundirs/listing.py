@@ -50,6 +50,8 @@ def row(run: RunInfo) -> dict:
         "peak_memory_bytes": metrics.phase_peaks(),  # the largest peak of each phase over the steps
         "peak_memory_kind": metrics.peak_memory_kind,
         "reason": failure_reason(run.summary),  # why a failed run failed (summary.json), else None
+        "resumes": run.summary.get("resumes") or 0,  # launch --resume / smoke --resume continued it
+        "restarts": run.summary.get("restarts") or 0,  # torchrun's elastic restarts (--max-restarts)
     }
 
 
@@ -96,8 +98,14 @@ def format_table(rows: list[dict]) -> str:
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
     # each run's reason and phase lines go under its row (rows are out[1:], in the order of rows)
     return "\n".join([out[0]] + [text for r, line in zip(rows, out[1:], strict=True)
-                                 for text in [line, *reason_lines(r), *phase_lines(r)]])
+                                 for text in [line, *reason_lines(r), *continued_lines(r), *phase_lines(r)]])
 
 
 def reason_lines(r: dict) -> list[str]:
     return [f"    {r['status']}: {r['reason']}"] if r.get("reason") else []
+
+
+def continued_lines(r: dict) -> list[str]:
+    """A run continued from its checkpoints: how often (resumed N, restarted M)."""
+    parts = [f"{word} {r[key]}" for word, key in (("resumed", "resumes"), ("restarted", "restarts")) if r.get(key)]
+    return [f"    continued from checkpoints: {', '.join(parts)}"] if parts else []

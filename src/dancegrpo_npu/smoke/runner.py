@@ -21,8 +21,12 @@ It passes only if, read back from what the script itself wrote:
 
 Upstream saves a checkpoint only at the *start* of a step whose number is a multiple of
 ``--checkpointing_steps`` (the smoke passes N): checkpoint N holds the weights after step
-N-1's update, and the last step's update is never saved.  With --steps 1 the checkpoint
-holds the starting weights, so only the grad norm shows that training reached the model.
+N-1's update, and upstream never saves the last step's update (the port's resume checkpoint,
+``outputs/resume/step-N``, holds it: docs/resume.md).  With --steps 1 the checkpoint holds the
+starting weights, so only the grad norm shows that training reached the model.
+
+``--checkpointing-steps K`` (a divisor of --steps) checkpoints every K steps; ``--resume RUN``
+continues a smoke run that stopped from its newest complete checkpoint, as ``launch --resume``.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ GENERATIONS = 2  # the default --generations
 # Trainer flags the smoke's own checks depend on: set through the smoke's options only.
 OWN_FLAGS = {
     "--max_train_steps": "use --steps",
-    "--checkpointing_steps": "the smoke checks the checkpoint of its last step; use --steps",
+    "--checkpointing_steps": "use --checkpointing-steps",
     "--num_generations": "use --generations",
     "--output_dir": "the smoke reads the checkpoint from the run's outputs/",
 }
@@ -72,6 +76,8 @@ class SmokeOptions:
     extra_args: tuple[str, ...] = ()  # trainer arguments after the smoke's own (argparse: the later wins)
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay: launch maps and checks them
     strict: bool = True  # off only for trees that run float64 on purpose (an ablation without 0006)
+    checkpointing_steps: int | None = None  # --checkpointing-steps N; None: the last step only
+    resume: str | None = None  # --resume RUN: continue that smoke run (its own options)
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ class SmokeResult:
     wall_time_s: float
 
 
-def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS) -> tuple[str, ...]:
+def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS,
+                 checkpointing_steps: int | None = None) -> tuple[str, ...]:
     """Exactly the arguments the smoke passes (no upstream defaults): upstream's recipe
     (finetune_flux_grpo*.sh), shrunk to ``steps`` steps at 64x64 on the fixtures."""
     args = [
@@ -107,7 +114,7 @@ def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GE
         "--max_train_steps", str(steps),
         "--learning_rate", "1e-3",
         "--mixed_precision", "bf16",
-        "--checkpointing_steps", str(steps),
+        "--checkpointing_steps", str(checkpointing_steps or steps),
         "--cfg", "0.0",
         "--h", "64", "--w", "64", "--t", "1",
         "--sampling_steps", "4",
@@ -202,6 +209,11 @@ def check_options(options: SmokeOptions) -> None:
             f"--generations must be at least 2, not {options.generations}",
             "GRPO's advantage is (reward - the group's mean) / the group's std, and a group of one "
             "has no std (NaN advantages)", exit_code=2)
+    every = options.checkpointing_steps
+    if every is not None and (every < 1 or options.steps % every):
+        raise DancegrpoError(f"--checkpointing-steps {every} does not divide --steps {options.steps}",
+                             "the smoke checks the checkpoint of its last step: give a divisor of --steps",
+                             exit_code=2)
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
@@ -212,6 +224,7 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.run.upstream_args import script_info
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
+    options = resumed_options(project, options)
     check_options(options)
     start = time.monotonic()
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
@@ -236,11 +249,37 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
 
 def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
     """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
-    return trainer_args(fixtures, options.lora, options.steps, options.generations) + tuple(options.extra_args)
+    return trainer_args(fixtures, options.lora, options.steps, options.generations,
+                        options.checkpointing_steps) + tuple(options.extra_args)
+
+
+def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
+    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer)."""
+    from dataclasses import replace
+
+    from dancegrpo_npu.rundirs.rundir import find_run
+
+    if options.resume is None:
+        return options
+    run_dir = find_run(project.runs_dir, options.resume)
+    try:
+        launch = json.loads((run_dir / "launch.json").read_text())
+        v = flag_values(launch["script_args"])
+        return replace(options, lora=launch["script"] == "flux-lora", nproc=launch["nproc_per_node"],
+                       steps=int(v["--max_train_steps"]), generations=int(v["--num_generations"]),
+                       checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",
+                             "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None
 
 
 def _launch(project: Project, options: SmokeOptions, fixtures):
     from dancegrpo_npu.run.launch import LaunchSpec, launch
+    from dancegrpo_npu.run.resume import resume_spec
+
+    if options.resume is not None:
+        with _quiet(not options.verbose):
+            return launch(project, resume_spec(project, options.resume))
 
     spec = LaunchSpec(
         script="flux-lora" if options.lora else "flux",

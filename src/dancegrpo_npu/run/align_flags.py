@@ -29,7 +29,7 @@ from dancegrpo_npu.contract import (
 )
 from dancegrpo_npu.errors import DancegrpoError
 
-ALIGN_SCRIPTS = ("flux", "flux-lora")
+ALIGN_SCRIPTS = ("flux", "flux-lora", "wan")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
 
 

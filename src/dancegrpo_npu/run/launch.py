@@ -94,7 +94,7 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
     given = spec.align.given()
     if given and info.name not in ALIGN_SCRIPTS:
         raise DancegrpoError(
-            f"{', '.join(given)}: only the Flux trainers ({', '.join(ALIGN_SCRIPTS)}) draw noise and record stages",
+            f"{', '.join(given)}: only the GRPO trainers ({', '.join(ALIGN_SCRIPTS)}) draw noise and record stages",
             f"launch {info.name} without {' '.join(given)}",
             exit_code=2,
         )
@@ -102,7 +102,7 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
     if spec.profile_steps is not None:
         if info.name not in ALIGN_SCRIPTS:
             raise DancegrpoError(
-                f"--profile: only the Flux trainers ({', '.join(ALIGN_SCRIPTS)}) time and profile GRPO steps",
+                f"--profile: only the GRPO trainers ({', '.join(ALIGN_SCRIPTS)}) time and profile GRPO steps",
                 f"launch {info.name} without --profile",
                 exit_code=2,
             )

@@ -1,10 +1,11 @@
 """Wan2.1's rotary position embedding with float32 tables: no float64 anywhere.
 
 Added to the upstream tree by dancegrpo-npu (overlay).  diffusers' ``WanRotaryPosEmbed``
-(0.33 on) builds its cos/sin tables in float64 on every device but mps and keeps them as
-float64 buffers; ``from_pretrained(torch_dtype=...)`` leaves them so, and every forward then
-slices float64 tables and multiplies them with the bf16 queries and keys in float64: the Ascend
-NPU has no float64 kernels.  :class:`Float32WanRotaryPosEmbed` keeps the same tables as float32,
+(0.33 on) builds its cos/sin tables with float64 ops on every device but mps; 0.35.0 then
+casts them to float32 buffers (measured: they stay float32 after ``from_pretrained`` with
+bf16 or float32), a version that keeps the float64 result runs float64 slices and products in
+every forward, which the Ascend NPU has no kernels for, and strict mode stops at the float64
+ops either way.  :class:`Float32WanRotaryPosEmbed` keeps the same tables as float32,
 each value computed in double precision by Python's ``math`` and rounded once (within 6e-8 of
 diffusers' float64 table, tested), so no float64 op runs at all, not even at construction.  Its
 forward is diffusers' (0.35.0).  The tables are plain tensors, not buffers: a buffer would be

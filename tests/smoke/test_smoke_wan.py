@@ -34,7 +34,7 @@ pytest.importorskip("torch")
 
 G = 4
 ALIGNED = ("--rng", "cpu", "--record")
-FSDP_PATCH = "0023-wan-fsdp.patch"
+FSDP_PATCH = "0024-wan-fsdp.patch"
 
 
 def layer_python() -> str:

@@ -236,3 +236,18 @@ def test_float32_rope_is_diffusers_float64_rope_within_1e_5():
     assert found["ref_float64_ops"] > 0 and found["our_float64_ops"] == 0 and found["dtype"] == "torch.float32"
     assert found["table"] <= 1e-7 and found["used"] <= 1e-7
     assert found["out"] <= 1e-5
+
+
+@pytest.mark.upstream
+def test_launch_wan_runs_upstreams_recipe_with_the_sets_interpreter(patched_tree, capsys):
+    from dancegrpo_npu.run.launch import LaunchSpec, launch
+    from dancegrpo_npu.run.upstream_args import split_flags
+
+    python = layer_python()
+    record = launch(patched_tree.project, LaunchSpec(script="wan", nproc_per_node=8, device="cuda"), dry_run=True)
+    assert record.command[0] == python
+    values = {flag: value for flag, value, _ in split_flags(record.command[record.command.index("--seed"):])}
+    # finetune_wan_2_1_grpo.sh: 512x512, one frame, 12 generations, 20 sampling steps, CFG 5.0, accumulation 24
+    assert (values["--h"], values["--w"], values["--t"], values["--num_generations"], values["--sampling_steps"],
+            values["--cfg_infer"], values["--gradient_accumulation_steps"]) == ("512", "512", "1", "12", "20", "5.0", "24")
+    assert "recipe 8gpus" in capsys.readouterr().out

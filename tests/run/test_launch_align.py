@@ -174,7 +174,8 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
                                                      "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
     align = AlignOptions(rng="cpu", record_modules=True)
-    command._launch(find_project(make_project(tmp_path / "p")), command.SmokeOptions(align=align), fixtures)
+    options = command.SmokeOptions(align=align)
+    command._launch(find_project(make_project(tmp_path / "p")), options, command.all_trainer_args(options, fixtures))
     assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
                                                                                      "--record_modules")  # fmt: skip
 

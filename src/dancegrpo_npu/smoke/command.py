@@ -303,7 +303,7 @@ def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResu
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = wan_smoke.check_equal_weights(record.run_dir, options.nproc)
-    budget = decay_budget(args, options.steps)
+    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (wan_smoke)
     check = wan_smoke.check_checkpoint(record.run_dir / "outputs", wan.model_dir, options.steps, budget, python)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)

@@ -5,7 +5,7 @@ own ``save_pretrained``, so that upstream's loading code reads them as it reads 
 checkpoint: a ``WanPipeline`` directory (``WanTransformer3DModel``, ``AutoencoderKLWan``, a
 UMT5 text encoder and tokenizer, the UniPC scheduler).  The interfaces the trainer relies on are
 kept: 16 latent channels, 8x spatial and 4x temporal downsampling, the VAE's latents_mean/std,
-UMT5 sequences of 512 tokens.  The dataset is written as upstream's
+UMT5 sequences of WanPipeline.encode_prompt's 226 tokens.  The dataset is written as upstream's
 ``preprocess_wan_2_1_embeddings.py`` writes it (``WanPipeline.encode_prompt``, one prompt a
 batch, ``prompt_embed/<i>.pt`` and ``negative_prompt_embeds/<i>.pt``).  The HPS reward files
 are the FLUX fixtures' (``smoke.fixtures``).

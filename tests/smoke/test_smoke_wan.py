@@ -27,7 +27,7 @@ import pytest
 from conftest import copy_project, in_ci
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.smoke import command as smoke
+from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.wan_smoke import check_equal_weights
 
 pytest.importorskip("torch")

@@ -148,19 +148,25 @@ class Noise:
         if self.mode == "replay":
             self.init, self.sde, self.perms = records.load_noise(self.replay_dir, step, self.rank)
 
-    def begin_rollout(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
-        """Before the rollout of a step: B samples, latents (C, h/8, w/8), S steps."""
-        channels, lh, lw = latent_shape
-        sde_shape = (num_samples, sampling_steps, (lh // 2) * (lw // 2), channels * 4)
-        init_shape = (1 if same_noise else num_samples, channels, lh, lw)
+    def begin_rollout(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool,
+                      sde_shape=None) -> None:
+        """Before the rollout of a step: B samples, a sample's initial latents ``latent_shape``
+        (FLUX: C, h/8, w/8; Wan: C, frames, h/8, w/8), S steps.  A sample's SDE noise has
+        ``sde_shape``; None: FLUX's packed latents, (h/16 * w/16, 4C)."""
+        if sde_shape is None:
+            channels, lh, lw = latent_shape
+            sde_shape = ((lh // 2) * (lw // 2), channels * 4)
+        one = (1, *latent_shape)
+        sde_shape = (num_samples, sampling_steps, *sde_shape)
+        init_shape = (1 if same_noise else num_samples, *latent_shape)
         self.same = same_noise
         if self.mode == "cpu":
             g = self.generator
-            shared = torch.randn((1, channels, lh, lw), generator=g) if same_noise else None
+            shared = torch.randn(one, generator=g) if same_noise else None
             init, sde = [], []
             for _ in range(num_samples):
                 if not same_noise:
-                    init.append(torch.randn((1, channels, lh, lw), generator=g))
+                    init.append(torch.randn(one, generator=g))
                 sde.append(torch.randn(sde_shape[1:], generator=g))
             self.init = shared if same_noise else torch.cat(init)
             self.sde = torch.stack(sde)
@@ -304,8 +310,9 @@ class Alignment:
     def step_begin(self, step: int) -> None:
         self.run.begin_step(step)
 
-    def rollout_begin(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
-        self.run.noise.begin_rollout(num_samples, latent_shape, sampling_steps, same_noise)
+    def rollout_begin(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool,
+                      sde_shape=None) -> None:
+        self.run.noise.begin_rollout(num_samples, latent_shape, sampling_steps, same_noise, sde_shape)
 
     def rollout_batch(self, batch_idx) -> None:
         self.run.noise.select(batch_idx)

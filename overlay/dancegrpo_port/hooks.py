@@ -25,6 +25,7 @@ Call points, in the order a run makes them::
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
       step_end(step, **figures)      after the step's time is taken: records, health, times, metrics.jsonl
       checkpoint_save(step, **state) after the step: the resume checkpoint, when due and at the last step
+    trained_model(model)             after the training loop (--weights_digest)
     run_end()                        the end of main()
 
 Before ``run_start`` (a module imported by a test, say) every call behaves as upstream: the
@@ -38,7 +39,7 @@ import os
 import sys
 from contextlib import ExitStack, contextmanager
 
-from dancegrpo_port import alignment, checkpoints, phases, rollout, upstream_args
+from dancegrpo_port import alignment, checkpoints, phases, rollout, upstream_args, weights
 from dancegrpo_port.clean_exit import CleanExit
 from dancegrpo_port.images import ImageFiles
 from dancegrpo_port.metrics import MetricsLog
@@ -62,8 +63,8 @@ def install(features: list) -> None:
 
 def add_arguments(parser) -> None:
     """Every feature's trainer flags (--rng, --record..., --replay, --sample_batch_size,
-    --vae_decode_chunk, --profile_steps, --checkpoints_total_limit)."""
-    for module in (alignment, rollout, phases, checkpoints):
+    --vae_decode_chunk, --profile_steps, --checkpoints_total_limit, --weights_digest)."""
+    for module in (alignment, rollout, phases, checkpoints, weights):
         module.add_arguments(parser)
 
 
@@ -108,8 +109,15 @@ def run_start(args, rank: int, world_size: int, device) -> None:
         phases.Profile(phases.StepProfiler(getattr(args, "profile_steps", None), "./profile")),
         phases.PhaseTimes(phases.PhaseTimer()),
         MetricsLog(rank),
+        weights.WeightDigest(rank, getattr(args, "weights_digest", False)),
         CleanExit(),
     ])
+
+
+def trained_model(model) -> None:
+    """After the training loop, with the trained model: --weights_digest writes every rank's
+    digests (a collective under FSDP: every rank calls it)."""
+    _call("trained_model", model)
 
 
 def run_end() -> None:
@@ -172,8 +180,10 @@ def step_end(step: int, **figures) -> dict:
 # ---------------------------------------------------------------- the rollout
 
 
-def rollout_begin(num_samples: int, latent_shape, sampling_steps: int, same_noise: bool) -> None:
-    _call("rollout_begin", num_samples, latent_shape, sampling_steps, same_noise)
+def rollout_begin(num_samples: int, latent_shape, sampling_steps: int, same_noise: bool, sde_shape=None) -> None:
+    """``latent_shape``: one sample's initial latents; ``sde_shape``: one sample's SDE noise at a
+    step (None: FLUX's packed latents, see alignment.Noise.begin_rollout)."""
+    _call("rollout_begin", num_samples, latent_shape, sampling_steps, same_noise, sde_shape)
 
 
 def rollout_batch(batch_idx) -> None:

@@ -69,7 +69,7 @@ def test_flags_become_the_contracts_trainer_arguments(project, capsys):
         (["flux", "--record-steps", "0,2"], "'0' is not a step"),
         (["flux", "--record-steps", "5-2"], "'5-2' is not a step"),
         (["flux", "--record-steps", ""], "--record-steps '': '' is not understood"),
-        (["preprocess", "--record"], "--record: only the Flux trainers (flux, flux-lora) draw noise and record"),
+        (["preprocess", "--record"], "--record: only the GRPO trainers (flux, flux-lora, wan) draw noise and record"),
         (["flux", "--record", "--", "--record"], "--record given after -- as well as launch's alignment options"),
         (["flux", "--rng", "cpu", "--no-upstream-defaults"], "--rng cpu: the launch sets no --seed"),
         (["flux", "--replay", "nosuch"], "no run 'nosuch'"),
@@ -174,7 +174,8 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
                                                      "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
     align = AlignOptions(rng="cpu", record_modules=True)
-    runner._launch(find_project(make_project(tmp_path / "p")), runner.SmokeOptions(align=align), fixtures)
+    options = runner.SmokeOptions(align=align)
+    runner._launch(find_project(make_project(tmp_path / "p")), options, runner.all_trainer_args(options, fixtures))
     assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
                                                                                      "--record_modules")  # fmt: skip
 
@@ -200,7 +201,7 @@ def test_msprobe_bad_task_or_not_installed_is_refused_in_one_line(project, capsy
     assert rc == 2 and err == "dancegrpo-npu: error: --msprobe 'L1' is not a task; choose one of: statistics, tensor\n"
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: object())  # as if installed
     rc, _, err = dry_run(project, capsys, "preprocess", "--dry-run", "--msprobe", "tensor")
-    assert rc == 2 and "--msprobe: only the Flux trainers" in err
+    assert rc == 2 and "--msprobe: only the GRPO trainers" in err
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None)
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "tensor")
     assert rc == 2 and err.count("\n") == 1 and "msprobe) is not installed" in err and "dancegrpo-npu[msprobe]" in err

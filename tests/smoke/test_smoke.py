@@ -461,6 +461,6 @@ def test_no_strict_reaches_the_launch(monkeypatch):
     seen = []
     monkeypatch.setattr("dancegrpo_npu.run.launch.launch", lambda project, spec, dry_run=False: seen.append(spec))
     monkeypatch.setattr(smoke, "all_trainer_args", lambda options, fixtures: ())
-    smoke._launch(None, smoke.SmokeOptions(), None)
-    smoke._launch(None, smoke.SmokeOptions(strict=False), None)
+    smoke._launch(None, smoke.SmokeOptions(), ())
+    smoke._launch(None, smoke.SmokeOptions(strict=False), ())
     assert [spec.strict for spec in seen] == [True, False]

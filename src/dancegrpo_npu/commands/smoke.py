@@ -16,6 +16,8 @@ EXAMPLES = """\
 examples:
   dancegrpo-npu smoke                    # 1 process, full fine-tuning, device auto
   dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
+  dancegrpo-npu smoke --trainer wan --nproc 2   # Wan2.1 (the diffusers-0.35 set); checks too that
+                                         # every rank holds the same weights after training
   dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
   dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
                                          # longer, bigger groups, 128x128 (later arguments win)
@@ -45,7 +47,7 @@ def align_options(args, project: Project) -> AlignOptions:
 
 def run(args) -> int:
     project = project_from_args(args)
-    options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
+    options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device, verbose=args.verbose,
                            steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume)
@@ -61,8 +63,7 @@ def run(args) -> int:
             print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
             return 0
-    what = "LoRA" if options.lora else "full"
-    print(f"smoke: {what} FLUX GRPO, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
+    print(f"smoke: {runner.TRAINERS[runner.trainer_of(options)].title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
           f"generations, HPSv2 reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:
@@ -84,7 +85,10 @@ def register(sub, common) -> None:
         usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
-    p.add_argument("--lora", action="store_true", help="run train_grpo_flux_lora.py instead of the full trainer")
+    p.add_argument("--trainer", choices=list(runner.TRAINERS), default=None,
+                   help="the trainer: flux (default, train_grpo_flux.py), flux-lora (train_grpo_flux_lora.py), "
+                   "wan (train_grpo_wan_2_1.py, with the diffusers-0.35 set: docs/dependencies.md)")
+    p.add_argument("--lora", action="store_true", help="the same as --trainer flux-lora")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
     p.add_argument("--steps", type=int, default=runner.STEPS, metavar="N",

@@ -24,6 +24,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 FLUX_MODELS = ("transformer", "vae")
 PIPELINE_MODELS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 PIPELINE_TOKENIZERS = ("tokenizer", "tokenizer_2")
+WAN_PIPELINE_MODELS = ("transformer", "vae", "text_encoder")  # Wan2.1: one (UMT5) text encoder
 # The embeddings JSON is read whole only below this size (a full dataset is a few MB).
 _JSON_READ_LIMIT = 256 * 2**20
 
@@ -44,12 +45,12 @@ def _dir_problems(p: Path, kind: str) -> list[str]:
     if kind == "model":
         problem = _model_problem(p)
         return [problem.replace(f"{p.name}/ ", "", 1)] if problem else []
-    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS}[kind]
+    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS}[kind]
     problems = [m for m in (_model_problem(p / name) for name in models) if m]
-    if kind == "pipeline":
+    if kind in ("pipeline", "wan-pipeline"):
         if not (p / "model_index.json").is_file():
             problems.insert(0, "model_index.json is missing")
-        for name in PIPELINE_TOKENIZERS:
+        for name in PIPELINE_TOKENIZERS[: 1 if kind == "wan-pipeline" else 2]:
             if not (p / name).is_dir() or not any((p / name).iterdir()):
                 problems.append(f"{name}/ is missing or empty")
     return problems

@@ -23,6 +23,7 @@ from dancegrpo_npu.errors import DancegrpoError
 
 # upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
 FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
+WAN_RECIPE_GLOB = "scripts/finetune/finetune_wan_2_1_grpo*.sh"
 
 # Where upstream's README puts the FLUX.1-dev weights, and its recipes point (doctor looks there).
 DEFAULT_FLUX_DIR = "data/flux"
@@ -33,6 +34,13 @@ DEFAULT_FLUX_DIR = "data/flux"
 HPS_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--hps_open_clip_ckpt", "hps_ckpt/open_clip_pytorch_model.bin"),
     ("--hps_ckpt", "hps_ckpt/HPS_v2.1_compressed.pt"),
+)
+
+# upstream scripts/preprocess/preprocess_wan_2_1_rl_embeddings.sh (commit 15cc71d5).
+PREPROCESS_WAN_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--model_path", "data/Wan2.1-T2V-1.3B"),
+    ("--output_dir", "data/rl_embeddings"),
+    ("--prompt_dir", "./assets/prompts.txt"),
 )
 
 # upstream scripts/preprocess/preprocess_flux_rl_embeddings.sh (commit 15cc71d5).
@@ -73,6 +81,8 @@ class ScriptInfo:
     # upstream's launch scripts holding this script's recipes (run.recipes), None: no recipes.
     # A trainer the port adds gets its recipes by naming its scripts here.
     recipe_glob: str | None = None
+    # The dependency set it runs with (run.depsets): the interpreter launch starts it with.
+    depset: str = "diffusers-0.32"
 
 
 _TRAIN_INPUTS = (
@@ -82,6 +92,19 @@ _TRAIN_INPUTS = (
     ("--data_json_path", "embeddings", "RL-embeddings dataset: run `dancegrpo-npu launch preprocess` first"),
     ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
     ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+)
+
+_WAN_INPUTS = (
+    ("--pretrained_model_name_or_path", "flux", "Wan2.1-T2V-1.3B weights"),
+    ("--vae_model_path", "vae", "Wan2.1-T2V-1.3B VAE weights"),
+    ("--data_json_path", "embeddings", "RL-embeddings dataset: run `dancegrpo-npu launch preprocess-wan` first"),
+    ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
+    ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+)
+_PREPROCESS_INPUTS_PROMPTS = (
+    "--prompt_dir",
+    "file",
+    "prompt file (upstream's is assets/prompts.txt: `dancegrpo-npu fetch --with-assets`)",
 )
 
 SCRIPTS: dict[str, ScriptInfo] = {
@@ -111,6 +134,20 @@ SCRIPTS: dict[str, ScriptInfo] = {
             ),
         ),
         False,
+    ),
+    # Wan2.1-T2V-1.3B: the diffusers-0.35 dependency set (run.depsets, docs/dependencies.md)
+    "wan": ScriptInfo(
+        "wan", "fastvideo/train_grpo_wan_2_1.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _WAN_INPUTS, True, WAN_RECIPE_GLOB,
+        depset="diffusers-0.35",
+    ),
+    "preprocess-wan": ScriptInfo(
+        "preprocess-wan",
+        "fastvideo/data_preprocess/preprocess_wan_2_1_embeddings.py",
+        PREPROCESS_WAN_DEFAULTS,
+        ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
+        (("--model_path", "wan-pipeline", "Wan2.1-T2V-1.3B weights"), _PREPROCESS_INPUTS_PROMPTS),
+        False,
+        depset="diffusers-0.35",
     ),
 }
 

@@ -67,7 +67,8 @@ OWN_FLAGS = {
 @dataclass(frozen=True)
 class SmokeOptions:
     nproc: int = 1
-    lora: bool = False
+    lora: bool = False  # the same as trainer="flux-lora"
+    trainer: str = ""  # TRAINERS' name; "" = flux, or flux-lora with lora
     device: str = "auto"
     verbose: bool = False  # stream the run's own output
     env: tuple[tuple[str, str], ...] = ()  # more environment for the job (wins over the smoke's)
@@ -86,6 +87,21 @@ class SmokeResult:
     steps: tuple[StepFigures, ...]
     checkpoint: CheckpointCheck
     wall_time_s: float
+    equal_weights: int | None = None  # tensors every rank holds equal after training (trainers that check it)
+
+
+@dataclass(frozen=True)
+class SmokeTrainer:
+    """One trainer the smoke runs: the launch script, how the first line names it, and its run
+    (fixtures, arguments, launch, checks) -> SmokeResult."""
+
+    script: str  # launch's script name (run.upstream_args.SCRIPTS)
+    title: str
+    run: object  # (project, options, start time) -> SmokeResult
+
+
+def trainer_of(options: SmokeOptions) -> str:
+    return options.trainer or ("flux-lora" if options.lora else "flux")
 
 
 def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS,
@@ -200,6 +216,11 @@ def _quiet(enabled: bool):
 def check_options(options: SmokeOptions) -> None:
     if options.nproc < 1:
         raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", "give a positive count", exit_code=2)
+    if options.trainer and options.trainer not in TRAINERS:
+        raise DancegrpoError(f"unknown trainer {options.trainer!r}", f"choose one of: {', '.join(TRAINERS)}", exit_code=2)
+    if options.lora and options.trainer not in ("", "flux-lora"):
+        raise DancegrpoError(f"--lora names the trainer flux-lora, not {options.trainer}",
+                             "give --trainer alone", exit_code=2)
     if options.device not in DEVICES:
         raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
     if options.steps < 1:
@@ -217,21 +238,30 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
+    if trainer_of(options) == "wan":
+        from dancegrpo_npu.smoke.fixtures import PROMPTS
+        from dancegrpo_npu.smoke.wan_smoke import steps_problem
+
+        problem = steps_problem(options.steps, options.nproc, len(PROMPTS))
+        if problem:
+            raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 
 
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.engine import treecheck
     from dancegrpo_npu.run.upstream_args import script_info
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     options = resumed_options(project, options)
     check_options(options)
     start = time.monotonic()
+    trainer = TRAINERS[trainer_of(options)]
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
-    treecheck.require_tree(project, script_info("flux-lora" if options.lora else "flux").relpath)
-    # with the tree: the dataset is also read back through the patched LatentDataset
-    fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-    record = _launch(project, options, fixtures)
+    treecheck.require_tree(project, script_info(trainer.script).relpath)
+    return trainer.run(project, options, start)
+
+
+def _ran(record):
+    """The run's record, or one error naming why the training run failed."""
     if record.returncode != 0:
         failure = record.summary.get("failure") or {}
         # the exception line (run.failure.error_line), not the log's last line: a progress bar
@@ -239,17 +269,55 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
         raise DancegrpoError(
             f"smoke: the training run failed (exit {record.returncode})" + (f": {why}" if why else ""),
             f"see {record.run_dir / failure.get('log', 'logs')}")
+    return record
+
+
+def _run_flux(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
+
+    # with the tree: the dataset is also read back through the patched LatentDataset
+    fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
+    record = _ran(_launch(project, options, all_trainer_args(options, fixtures)))
     steps = read_metrics(record.run_dir, options.steps)
     budget = decay_budget(all_trainer_args(options, fixtures), options.steps)
-    check = (check_lora_checkpoint if options.lora else check_full_checkpoint)(
+    lora = trainer_of(options) == "flux-lora"
+    check = (check_lora_checkpoint if lora else check_full_checkpoint)(
         record.run_dir / "outputs", fixtures.model_dir, options.steps, budget)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start)
 
 
+def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
+    from dancegrpo_npu.run.depsets import python_for
+    from dancegrpo_npu.run.upstream_args import script_info
+    from dancegrpo_npu.smoke import wan_smoke
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
+
+    python = python_for(script_info("wan").depset, needed_by="wan")
+    hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
+    wan = build_wan_fixtures(project.build_dir / "fixtures-wan", hps.prompts, python)
+    args = wan_smoke.trainer_args(wan, hps, options.steps, options.generations) + tuple(options.extra_args)
+    record = _ran(_launch(project, options, args))
+    steps = read_metrics(record.run_dir, options.steps)
+    equal = wan_smoke.check_equal_weights(record.run_dir, options.nproc)
+    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (wan_smoke)
+    check = wan_smoke.check_checkpoint(record.run_dir / "outputs", wan.model_dir, options.steps, budget, python)
+    check_training_moved(check)
+    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
+
+
+TRAINERS: dict[str, SmokeTrainer] = {
+    "flux": SmokeTrainer("flux", "full FLUX GRPO", _run_flux),
+    "flux-lora": SmokeTrainer("flux-lora", "LoRA FLUX GRPO", _run_flux),
+    "wan": SmokeTrainer("wan", "Wan2.1 GRPO (one frame)", _run_wan),
+}
+
+
 def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
     """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
-    return trainer_args(fixtures, options.lora, options.steps, options.generations,
+    lora = trainer_of(options) == "flux-lora"
+    return trainer_args(fixtures, lora, options.steps, options.generations,
                         options.checkpointing_steps) + tuple(options.extra_args)
 
 
@@ -265,7 +333,7 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
     try:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
-        return replace(options, lora=launch["script"] == "flux-lora", nproc=launch["nproc_per_node"],
+        return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
                        steps=int(v["--max_train_steps"]), generations=int(v["--num_generations"]),
                        checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
     except (OSError, ValueError, KeyError, TypeError):
@@ -273,7 +341,7 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
                              "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None
 
 
-def _launch(project: Project, options: SmokeOptions, fixtures):
+def _launch(project: Project, options: SmokeOptions, args):
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.run.resume import resume_spec
 
@@ -281,12 +349,13 @@ def _launch(project: Project, options: SmokeOptions, fixtures):
         with _quiet(not options.verbose):
             return launch(project, resume_spec(project, options.resume))
 
+    name = trainer_of(options)
     spec = LaunchSpec(
-        script="flux-lora" if options.lora else "flux",
-        args=all_trainer_args(options, fixtures),
+        script=TRAINERS[name].script,
+        args=tuple(args),
         nproc_per_node=options.nproc,
         device=options.device,
-        name="smoke-lora" if options.lora else "smoke",
+        name={"flux": "smoke", "flux-lora": "smoke-lora"}.get(name, f"smoke-{name}"),
         env=job_env(options.device, options.nproc) + tuple(options.env),
         upstream_defaults=False,
         strict=options.strict,
@@ -308,6 +377,8 @@ def format_result(result: SmokeResult) -> str:
         lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; it holds the starting weights (upstream "
                      "saves at the start of a step), so with 1 step only the grad norm shows that training "
                      "reached the model")
+    if result.equal_weights is not None:
+        lines.append(f"every rank holds the same weights after training ({result.equal_weights} tensors)")
     lines.append(f"smoke: passed in {result.wall_time_s:.1f} s; record: {result.run_dir}")
     return "\n".join(lines)
 
@@ -335,7 +406,8 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
     except DancegrpoError:
         return None
     code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
-    settings = (options.nproc, options.lora, options.device, options.steps, options.generations,
+    name = trainer_of(options)
+    settings = (options.nproc, name == "flux-lora" if name.startswith("flux") else name, options.device, options.steps, options.generations,
                 tuple(options.extra_args), str(project.workdir), options.strict)
     h = hashlib.sha256()
     for part in (*parts, params_sha256(), *code, repr(settings)):

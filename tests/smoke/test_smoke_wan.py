@@ -1,0 +1,253 @@
+"""``dancegrpo-npu smoke --trainer wan``: the patched stock Wan2.1 trainer on a tiny Wan built from
+diffusers' classes, with the diffusers-0.35 dependency set (docs/dependencies.md).
+
+The slow tests share their runs (each distinct run once, ``WanRuns``):
+
+- one 2-rank strict run at G = 4 with --rng cpu --record: the smoke passes (metrics, the
+  checkpoint loads with WanTransformer3DModel.from_pretrained and moved, every rank holds the
+  same weights after training);
+- the same with --sample_batch_size 4: ``compare`` against the first exits 0 and
+  clip_frac_first is 0 on every step of both (two --rng cpu --record runs aligned);
+- one 1-rank strict run of 1 step;
+- the tree without the FSDP patch (``apply --without 0023-wan-fsdp.patch``) at 2 ranks: the
+  smoke refuses it, because the ranks end with different weights (upstream's bug);
+- a bad --sample_batch_size is refused by the trainer at start, in one line.
+
+The others check the smoke's own refusals, the equal-weights check on hand-made digests and the
+float32 RoPE against diffusers' float64 one (in the set's interpreter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import copy_project, in_ci
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.smoke import runner as smoke
+from dancegrpo_npu.smoke.wan_smoke import check_equal_weights
+
+pytest.importorskip("torch")
+
+G = 4
+ALIGNED = ("--rng", "cpu", "--record")
+FSDP_PATCH = "0024-wan-fsdp.patch"
+
+
+def layer_python() -> str:
+    """The diffusers-0.35 set's interpreter; skipped without it (it fails under CI, where
+    scripts/test.sh installs it)."""
+    from dancegrpo_npu.run.depsets import python_for
+
+    try:
+        return python_for("diffusers-0.35")
+    except DancegrpoError as e:
+        if in_ci():
+            pytest.fail(f"CI: {e.message}")
+        pytest.skip(e.message)
+
+
+def options(nproc=2, steps=2, generations=G, extra=(), align=()) -> smoke.SmokeOptions:
+    from dancegrpo_npu.run.align_flags import AlignOptions
+
+    return smoke.SmokeOptions(nproc=nproc, trainer="wan", device="cpu", steps=steps, generations=generations,
+                              extra_args=tuple(extra), align=AlignOptions(rng="cpu", record=True) if align else AlignOptions())
+
+
+class WanRuns:
+    """Each distinct smoke run once: its SmokeResult, or the DancegrpoError it ended with."""
+
+    def __init__(self, projects):
+        self.projects, self.done = projects, {}
+
+    def __call__(self, tree="patched", **kw):
+        key = (tree, tuple(sorted(kw.items())))
+        if key not in self.done:
+            try:
+                self.done[key] = smoke.run_smoke(self.projects[tree](), options(**kw))
+            except DancegrpoError as e:
+                self.done[key] = e
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(patched_tree, upstream_source, tmp_path_factory):
+    layer_python()
+
+    def without_fsdp():
+        from dancegrpo_npu.engine.apply import apply_worktree
+        from dancegrpo_npu.engine.fetch import fetch
+        from dancegrpo_npu.project import find_project
+
+        project = find_project(copy_project(tmp_path_factory.mktemp("without-fsdp") / "project"))
+        fetch(project, source=upstream_source)
+        apply_worktree(project, without=(FSDP_PATCH,))
+        return project
+
+    return WanRuns({"patched": lambda: patched_tree.project, "without-fsdp": without_fsdp})
+
+
+def passed(result):
+    if isinstance(result, DancegrpoError):
+        raise AssertionError(f"the smoke failed: {result.message} ({result.hint})")
+    return result
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_two_ranks_strict_every_rank_holds_the_same_weights(runs):
+    result = passed(runs(align=True))
+    assert [s.step for s in result.steps] == [1, 2] and all(s.grad_norm > 0 for s in result.steps)
+    assert result.checkpoint.loaded_with == "WanTransformer3DModel.from_pretrained"
+    assert result.checkpoint.updates == 2 and result.checkpoint.changed == result.checkpoint.total > 0
+    assert result.equal_weights == result.checkpoint.total
+    assert sorted(p.name for p in (result.run_dir / "weights").iterdir()) == ["rank0.json", "rank1.json"]
+    assert len(list((result.run_dir / "videos").glob("wan_2_1_*.mp4"))) == 2 * G  # upstream's files, each rank
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_sample_batch_size_4_is_aligned_with_1(runs):
+    from dancegrpo_npu.cli import main
+
+    one = passed(runs(align=True))
+    batched = passed(runs(align=True, extra=("--sample_batch_size", str(G))))
+    assert main(["compare", str(one.run_dir), str(batched.run_dir)]) == 0
+    for m in metrics(one.run_dir) + metrics(batched.run_dir):
+        assert m["clip_frac_first"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_one_rank_strict(runs):
+    result = passed(runs(nproc=1, steps=1, generations=2))
+    assert result.checkpoint.updates == 0 and result.checkpoint.changed == 0  # checkpoint-0-0: the start
+    assert result.equal_weights == result.checkpoint.total
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_without_the_fsdp_patch_the_ranks_train_separate_copies(runs):
+    failed = runs(tree="without-fsdp", steps=1, generations=2)  # one update already parts the copies
+    assert isinstance(failed, DancegrpoError), "the tree without 0023 passed the equal-weights check"
+    assert "after training, rank 1 holds other weights than rank 0" in failed.message
+    assert "not synchronised" in failed.hint
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_a_bad_sample_batch_size_is_refused_at_start(runs):
+    failed = runs(nproc=1, steps=1, extra=("--sample_batch_size", "3"))
+    assert isinstance(failed, DancegrpoError)
+    assert ("train_grpo_wan_2_1.py: error: --sample_batch_size 3 does not divide --num_generations 4: "
+            "pick one of 1, 2, 4") in failed.message
+    assert "\n" not in failed.message
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"trainer": "wan", "steps": 4, "nproc": 2}, "--steps 4: the Wan trainer needs 5 prompts on each of the 2 rank(s)"),
+    ({"trainer": "wan", "lora": True}, "--lora names the trainer flux-lora, not wan"),
+    ({"trainer": "sdxl"}, "unknown trainer 'sdxl'"),
+])
+def test_the_smoke_refuses_at_start(kw, message):
+    with pytest.raises(DancegrpoError) as info:
+        smoke.check_options(smoke.SmokeOptions(**kw))
+    assert message in info.value.message and info.value.exit_code == 2
+
+
+def test_equal_weights_check(tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "rank0.json").write_text(json.dumps({"a": "1", "b": "2"}))
+    (weights / "rank1.json").write_text(json.dumps({"a": "1", "b": "2"}))
+    assert check_equal_weights(tmp_path, 2) == 2
+    (weights / "rank1.json").write_text(json.dumps({"a": "1", "b": "3"}))
+    with pytest.raises(DancegrpoError) as info:
+        check_equal_weights(tmp_path, 2)
+    assert "rank 1 holds other weights than rank 0: 1 of 2 tensors differ (first: b)" in info.value.message
+    with pytest.raises(DancegrpoError, match="rank 2 wrote no weights digest"):
+        check_equal_weights(tmp_path, 3)
+
+
+ROPE_CHECK = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from diffusers.models.transformers import transformer_wan
+from diffusers import WanTransformer3DModel
+from dancegrpo_port.models.wan_rope import Float32WanRotaryPosEmbed, use_float32_rope
+from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+class Float64Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.count += any(getattr(t, "dtype", None) == torch.float64 for t in (out if isinstance(out, (tuple, list)) else [out]))
+        return out
+
+with Float64Ops() as ref_ops:
+    ref = transformer_wan.WanRotaryPosEmbed(128, (1, 2, 2), 1024)  # Wan2.1-1.3B's head dim
+with Float64Ops() as our_ops:
+    ours = Float32WanRotaryPosEmbed(128, (1, 2, 2), 1024)
+table = max((ours.freqs_cos.double() - ref.freqs_cos).abs().max().item(),
+            (ours.freqs_sin.double() - ref.freqs_sin).abs().max().item())
+x = torch.randn(1, 16, 21, 60, 104)  # 81 frames at 480x832, latent grid
+rc, rs = ref(x)
+oc, os_ = ours(x)
+used = max((oc.double() - rc).abs().max().item(), (os_.double() - rs).abs().max().item())
+torch.manual_seed(0)
+model64 = WanTransformer3DModel(**TRANSFORMER_CONFIG)
+use_float32_rope()
+torch.manual_seed(0)
+model32 = WanTransformer3DModel(**TRANSFORMER_CONFIG)
+assert isinstance(model32.rope, Float32WanRotaryPosEmbed)
+h = torch.randn(1, 16, 1, 8, 8); t = torch.tensor([500]); e = torch.randn(1, 512, TRANSFORMER_CONFIG["text_dim"])
+with torch.no_grad():
+    a = model64(h, t, e, return_dict=False)[0]
+    b = model32(h, t, e, return_dict=False)[0]
+print(json.dumps({"table": table, "used": used, "dtype": str(ours.freqs_cos.dtype), "ref_float64_ops": ref_ops.count,
+                  "our_float64_ops": our_ops.count, "out": ((a - b).norm() / a.norm()).item()}))
+"""
+
+
+@pytest.mark.slow
+def test_float32_rope_is_diffusers_float64_rope_within_1e_5():
+    """The overlay's tables against diffusers' (built in float64; Wan2.1-1.3B's head dim), the part
+    an 81-frame 480x832 video uses, and a tiny transformer's output with each."""
+    from pathlib import Path
+
+    python = layer_python()
+    overlay = Path(__file__).resolve().parents[2] / "overlay"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([python, "-c", ROPE_CHECK, str(overlay)], capture_output=True, text=True, env=env,
+                         timeout=600, check=True).stdout.strip().splitlines()[-1]
+    found = json.loads(out)
+    # diffusers 0.35 builds its tables with float64 ops (then keeps float32 buffers); ours makes none
+    assert found["ref_float64_ops"] > 0 and found["our_float64_ops"] == 0 and found["dtype"] == "torch.float32"
+    assert found["table"] <= 1e-7 and found["used"] <= 1e-7
+    assert found["out"] <= 1e-5
+
+
+@pytest.mark.upstream
+def test_launch_wan_runs_upstreams_recipe_with_the_sets_interpreter(patched_tree, capsys):
+    from dancegrpo_npu.run.launch import LaunchSpec, launch
+    from dancegrpo_npu.run.upstream_args import split_flags
+
+    python = layer_python()
+    record = launch(patched_tree.project, LaunchSpec(script="wan", nproc_per_node=8, device="cuda"), dry_run=True)
+    assert record.command[0] == python
+    values = {flag: value for flag, value, _ in split_flags(record.command[record.command.index("--seed"):])}
+    # finetune_wan_2_1_grpo.sh: 512x512, one frame, 12 generations, 20 sampling steps, CFG 5.0, accumulation 24
+    assert (values["--h"], values["--w"], values["--t"], values["--num_generations"], values["--sampling_steps"],
+            values["--cfg_infer"], values["--gradient_accumulation_steps"]) == ("512", "512", "1", "12", "20", "5.0", "24")
+    assert "recipe 8gpus" in capsys.readouterr().out

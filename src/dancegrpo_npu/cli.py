@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "run.plot",
     "align.compare",
     "throughput.command",
+    "plan.command",
 )
 
 DESCRIPTION = """\

@@ -95,7 +95,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {model.blocks} blocks), "
         f"{options.world_size} ranks, {recipe.height}x{recipe.width}, {recipe.generations} generations, "
         f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
-        f"selective checkpointing {recipe.selective_checkpointing:g}"
+        f"selective checkpointing {recipe.selective_checkpointing}"
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
         f"  recipe: {script} ({recipe_world} ranks); an estimate from shapes, not a measurement",
         "",

@@ -45,7 +45,7 @@ def tree_without_float32_rope(tree: Path, dest: Path) -> Path:
 def run(project, fixtures, steps: int, nproc: int, size: int, name: str):
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run.launch import LaunchSpec, launch
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
 
     args = list(smoke.trainer_args(fixtures, lora=False))
     args[args.index("--max_train_steps") + 1] = str(steps)

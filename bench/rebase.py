@@ -91,7 +91,7 @@ def main() -> int:
     os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")
 
     from dancegrpo_npu.project import find_project
-    from dancegrpo_npu.rebase.command import start_rebase
+    from dancegrpo_npu.rebase.session import start_rebase
     from dancegrpo_npu.rebase.dry_run import dry_run
     from dancegrpo_npu.engine.series import load_series
     from dancegrpo_npu.rebase.upstream_log import upstream_log

@@ -1,7 +1,7 @@
 """The ``dancegrpo-npu`` command: argument parsing and error reporting only.
 
-Each verb lives in its own module, which adds its sub-parser in ``register`` and
-does its work in plain functions.  Modules keep heavy imports (torch, diffusers)
+Each verb lives in its own module of ``dancegrpo_npu.commands``, which adds its sub-parser in
+``register`` and turns the arguments into calls of plain functions in ``run``.  Modules keep heavy imports (torch, diffusers)
 inside functions, so ``--help`` and the patch-set verbs start fast.
 """
 
@@ -14,24 +14,25 @@ from dancegrpo_npu.errors import INTERRUPTED, DancegrpoError
 # Nothing else is imported at module level: the console script and ``python -m`` import only
 # this much before main() runs, and main() catches a Ctrl-C while the verbs' modules load.
 
-# Verb modules, in the order --help lists them.
+# The verbs' modules in dancegrpo_npu.commands, in the order --help lists them.
 COMMAND_MODULES = (
-    "engine.fetch",
-    "engine.apply",
-    "engine.status",
-    "engine.series",
-    "engine.lockfile",
-    "rebase.upstream_log",
-    "rebase.command",
-    "rebase.export",
-    "smoke.command",
-    "run.launch",
-    "doctor.command",
-    "run.runs",
-    "run.plot",
-    "align.compare",
-    "throughput.command",
-    "plan.command",
+    "fetch",
+    "apply",
+    "status",
+    "verify",
+    "series",
+    "lock",
+    "upstream_log",
+    "rebase",
+    "export",
+    "smoke",
+    "launch",
+    "doctor",
+    "runs",
+    "plot",
+    "compare",
+    "bench",
+    "plan",
 )
 
 DESCRIPTION = """\
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # sub-parsers are Parsers too
     common = common_options(for_subcommand=True)
     for name in COMMAND_MODULES:  # every one exists and registers its verb(s)
-        importlib.import_module(f"dancegrpo_npu.{name}").register(sub, common)
+        importlib.import_module(f"dancegrpo_npu.commands.{name}").register(sub, common)
     return parser
 
 

@@ -39,3 +39,20 @@ def __getattr__(name: str):
         return getattr(_load(), name)
     except AttributeError:
         raise AttributeError(f"the shared vocabulary ({CONTRACT_FILE.name}) defines no {name!r}") from None
+
+
+# The step lists as the tool's messages and errors use them: the contract's one parser, with its
+# refusal as the tool's one-line error.
+def parse_step_spec(spec: str, what: str = "--record-steps") -> tuple[int, ...] | None:
+    """A step list in the shared syntax (the trainers parse it the same way): ``"1-10,50"`` ->
+    (1, ..., 10, 50); ``"all"`` -> None (every step).  Bad text is one line, exit 2."""
+    try:
+        steps = _load().parse_steps(spec, what)
+    except ValueError as exc:
+        raise DancegrpoError(str(exc), f"write {_load().STEPS_SYNTAX}, e.g. 1-10,50", exit_code=2) from None
+    return None if steps is None else tuple(sorted(steps))
+
+
+def shown_steps(steps) -> str:
+    """A step list for messages: "1-3,7", or "none"."""
+    return _load().format_steps(steps) or "none"

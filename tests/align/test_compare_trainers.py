@@ -52,7 +52,7 @@ needs_trainer_side = pytest.mark.skipif(
 
 
 def smoke_run(project, nproc: int = 1, **align) -> Path:
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
 
     options = smoke.SmokeOptions(nproc=nproc, device="cpu", align=AlignOptions(**align))
     return smoke.run_smoke(project, options).run_dir

@@ -12,7 +12,7 @@ import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.doctor.command import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
+from dancegrpo_npu.doctor.report import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.doctor.versions import base_version, table_row
 from dancegrpo_npu.doctor.checks import torch_npu_suggestion
@@ -114,7 +114,7 @@ def test_version_helpers():
 DOCTOR_IN_CHILD = r"""
 import json, sys
 from pathlib import Path
-from dancegrpo_npu.doctor.command import DoctorOptions, run_checks
+from dancegrpo_npu.doctor.report import DoctorOptions, run_checks
 kw = json.loads(sys.argv[1])
 opts = DoctorOptions(environ=kw["environ"], dev_dir=Path(kw["dev"]), driver_file=Path(kw["driver"]), min_free_gb=0,
                      device=kw["device"], skip=tuple(kw["skip"]) + ("disk", "tree", "weights"), timeout=120)

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 from synthetic_upstream import dep3, setup, snapshot
 
-from dancegrpo_npu.engine.apply import apply_series_to_dir, touched_files
+from dancegrpo_npu.engine.apply import apply_series_to_dir
+from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import load_series
 from dancegrpo_npu.engine.status import inspect

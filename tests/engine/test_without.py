@@ -22,7 +22,7 @@ from dancegrpo_npu.engine.fetch import fetch
 from dancegrpo_npu.engine.status import inspect, verify_tree
 from dancegrpo_npu.engine.treecheck import tree_state
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import start_rebase
+from dancegrpo_npu.rebase.session import start_rebase
 from dancegrpo_npu.rebase.export import export_edits
 from dancegrpo_npu.run.fingerprint import upstream_facts
 

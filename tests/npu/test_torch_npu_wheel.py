@@ -251,7 +251,7 @@ def test_visible_devices_rule(wheel):
 
 
 def test_profiler_rules(wheel):
-    from dancegrpo_npu.run import ascend
+    from dancegrpo_npu.host import ascend
 
     paths = read(wheel, "utils/_path_manager.py")
     pattern = re.search(r"pattern = r'(.*)'", paths).group(1)
@@ -328,7 +328,7 @@ READ_NATIVELY = {"COMBINED_ENABLE", "CPU_AFFINITY_CONF", "HCCL_CONNECT_TIMEOUT",
 
 
 def test_launchs_npu_defaults_are_classified_and_those_read_in_python_are_there(wheel):
-    from dancegrpo_npu.run import ascend
+    from dancegrpo_npu.host import ascend
 
     names = {d.name for d in ascend.NPU_ENV_DEFAULTS}
     assert names == READ_IN_PYTHON | READ_NATIVELY

@@ -20,7 +20,7 @@ sys.path.insert(0, str(OVERLAY))
 from dancegrpo_port import contract  # noqa: E402
 
 import dancegrpo_npu.contract as tool_contract  # noqa: E402
-from dancegrpo_npu.run.align_flags import parse_step_spec  # noqa: E402
+from dancegrpo_npu.contract import parse_step_spec  # noqa: E402
 from dancegrpo_npu.errors import DancegrpoError  # noqa: E402
 
 

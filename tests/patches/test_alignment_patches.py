@@ -65,7 +65,7 @@ class Runs:
     @staticmethod
     def _launch(project, extra, nproc, lora):
         from dancegrpo_npu.run.launch import LaunchSpec, launch
-        from dancegrpo_npu.smoke import command as smoke
+        from dancegrpo_npu.smoke import runner as smoke
         from dancegrpo_npu.smoke.fixtures import build_fixtures
 
         fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)

@@ -90,7 +90,7 @@ def _assert_no_gloo_thread_at_exit(out: Path, nproc: int) -> None:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_no_trainer_rank_leaves_a_gloo_thread_to_interpreter_exit(patched_tree, tmp_path, lora):
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
 
     out, env = _probe_env(tmp_path)
     smoke.run_smoke(patched_tree.project, smoke.SmokeOptions(nproc=2, lora=lora, device="cpu", env=env))

@@ -65,7 +65,7 @@ def project(upstream_source, tmp_path_factory):
 def test_the_tree_without_it_builds_and_runs_the_smoke(project, patch):
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
 
     apply_worktree(project, without=(patch,), force=True)
     options = smoke.SmokeOptions(steps=1, device="cpu")

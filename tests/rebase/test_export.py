@@ -9,7 +9,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.rebase.export import export_edits, patch_file_name
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import start_rebase
+from dancegrpo_npu.rebase.session import start_rebase
 from dancegrpo_npu.engine.status import inspect
 from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, sha256_at, verified
 

@@ -12,7 +12,7 @@ from dancegrpo_npu.engine.apply import apply_series_to_dir, apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import abort_rebase, continue_rebase, skip_patch, start_rebase
+from dancegrpo_npu.rebase.session import abort_rebase, continue_rebase, skip_patch, start_rebase
 from dancegrpo_npu.rebase.dry_run import dry_run
 from dancegrpo_npu.engine.series import load_series
 from rebase_helpers import (

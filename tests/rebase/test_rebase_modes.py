@@ -9,7 +9,7 @@ import pytest
 
 from dancegrpo_npu.engine.status import inspect
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import start_rebase
+from dancegrpo_npu.rebase.session import start_rebase
 from dancegrpo_npu.rebase.export import export_edits
 from rebase_helpers import PatchSpec, base_history, git, make_project, set_line, verified
 

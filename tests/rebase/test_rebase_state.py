@@ -9,7 +9,7 @@ import pytest
 from dancegrpo_npu.engine.apply import apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import start_rebase
+from dancegrpo_npu.rebase.session import start_rebase
 from dancegrpo_npu.engine.rebase_state import describe_rebase, rebase_in_progress, refuse_mid_swap
 from dancegrpo_npu.engine.status import inspect
 from rebase_helpers import PatchSpec, base_history, make_project, project_state, run_cli, set_line, verified

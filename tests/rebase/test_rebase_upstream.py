@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from dancegrpo_npu.engine.apply import apply_worktree, touched_files
+from dancegrpo_npu.engine.apply import apply_worktree
+from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.rebase.export import export_edits
 from dancegrpo_npu.engine.fetch import fetch
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.rebase.command import abort_rebase, start_rebase
+from dancegrpo_npu.rebase.session import abort_rebase, start_rebase
 from dancegrpo_npu.engine.series import load_series
 from dancegrpo_npu.engine.status import inspect
 from dancegrpo_npu.rebase.upstream_log import format_log, upstream_log

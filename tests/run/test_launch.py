@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from synthetic_tree import make_project, recipe_args, trust_synthetic_tree, write_weights
 
-from dancegrpo_npu.run import ascend
+from dancegrpo_npu.host import ascend
 
-from dancegrpo_npu.run import records
+from dancegrpo_npu.run import directory
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.fingerprint import trainer_matmul_precision
@@ -422,7 +422,7 @@ def test_cli_options_before_or_after_the_script(project, capsys):
 
 
 def test_cli_starts_without_importing_torch():
-    code = "import sys; from dancegrpo_npu import cli; from dancegrpo_npu.run import launch, runner, runs, plot; from dancegrpo_npu.doctor import command; cli.build_parser(); print('torch' in sys.modules)"
+    code = "import sys; from dancegrpo_npu import cli; from dancegrpo_npu.run import launch, runner; from dancegrpo_npu.rundirs import listing, plot; from dancegrpo_npu.doctor import report; cli.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -537,8 +537,8 @@ def test_matmul_precision_report_missing_or_broken_says_why(tmp_path):
 
 
 def test_two_launches_in_the_same_second_get_two_directories(tmp_path):
-    a = records.create_run_dir(tmp_path, "flux", now=1_700_000_000)
-    b = records.create_run_dir(tmp_path, "flux", now=1_700_000_000)
+    a = directory.create_run_dir(tmp_path, "flux", now=1_700_000_000)
+    b = directory.create_run_dir(tmp_path, "flux", now=1_700_000_000)
     assert a != b and a.is_dir() and b.is_dir() and b.name == a.name + "-2"
 
 

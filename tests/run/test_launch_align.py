@@ -167,14 +167,14 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     """smoke hands its options to launch (which maps and checks them, as above)."""
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run import launch as launch_mod
-    from dancegrpo_npu.smoke import command
+    from dancegrpo_npu.smoke import runner
 
     seen = {}
     monkeypatch.setattr(launch_mod, "launch", lambda project, spec: seen.setdefault("spec", spec))
     fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
                                                      "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
     align = AlignOptions(rng="cpu", record_modules=True)
-    command._launch(find_project(make_project(tmp_path / "p")), command.SmokeOptions(align=align), fixtures)
+    runner._launch(find_project(make_project(tmp_path / "p")), runner.SmokeOptions(align=align), fixtures)
     assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
                                                                                      "--record_modules")  # fmt: skip
 

@@ -10,9 +10,9 @@ import pytest
 from test_runs import fake_run
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.run.plot import make_figure
-from dancegrpo_npu.run.records import load_run, read_metrics
-from dancegrpo_npu.run.runs import human_bytes
+from dancegrpo_npu.rundirs.plot import make_figure
+from dancegrpo_npu.rundirs.rundir import load_run, read_metrics
+from dancegrpo_npu.rundirs.listing import human_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 2**30

@@ -9,8 +9,8 @@ from test_runs import fake_run
 
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.plot import make_figure
-from dancegrpo_npu.run.records import load_run
+from dancegrpo_npu.rundirs.plot import make_figure
+from dancegrpo_npu.rundirs.rundir import load_run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ from synthetic_tree import make_project, trust_synthetic_tree
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.run import network, recipes
+from dancegrpo_npu.host import network
+from dancegrpo_npu.run import recipes
 from dancegrpo_npu.run.environment import shell_script
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan
 

@@ -13,8 +13,9 @@ import pytest
 
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.records import find_run, load_run, metrics_summary, read_metrics, write_json
-from dancegrpo_npu.run.runs import status_of
+from dancegrpo_npu.run.directory import write_json
+from dancegrpo_npu.rundirs.rundir import find_run, load_run, metrics_summary, read_metrics
+from dancegrpo_npu.rundirs.listing import status_of
 
 
 def fake_run(runs_dir, name, *, rewards=None, metrics=None, summary=None, environment=None):

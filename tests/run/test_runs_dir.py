@@ -20,7 +20,7 @@ from synthetic_tree import make_project, trust_synthetic_tree
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project, project_from_args
-from dancegrpo_npu.run import records, runner
+from dancegrpo_npu.run import directory, runner
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan
 
 
@@ -119,7 +119,7 @@ def test_compare_on_a_full_disk_is_one_line(project, monkeypatch, capsys):
 
 def _quick_plan(project, tmp_path, code: str):
     """A launch plan whose command is a short Python program instead of torchrun."""
-    run_dir = records.create_run_dir(project.runs_dir, "flux")
+    run_dir = directory.create_run_dir(project.runs_dir, "flux")
     plan = build_plan(project, LaunchSpec("flux", nproc_per_node=8, device="cpu"), run_dir, cwd=tmp_path)
     return replace(plan, command=(sys.executable, "-c", code, str(plan.script_path)))
 
@@ -130,7 +130,7 @@ def test_first_files_that_cannot_be_written_leave_no_half_made_record(project, t
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(records, "write_atomic", full)
+    monkeypatch.setattr(directory, "write_atomic", full)
     with pytest.raises(DancegrpoError) as e:
         runner.run_plan(project, plan)
     assert e.value.one_line().startswith(f"cannot write {plan.run_dir / 'launch.json'}: No space left on device")
@@ -140,7 +140,7 @@ def test_first_files_that_cannot_be_written_leave_no_half_made_record(project, t
 def test_a_run_that_dies_on_a_full_disk_is_listed_as_failed_with_the_reason(project, tmp_path, monkeypatch, capsys):
     code = "import sys; print('writing a checkpoint', flush=True); sys.exit(1)"
     plan = _quick_plan(project, tmp_path, code)
-    real = records.write_atomic
+    real = directory.write_atomic
     disk = {"full": False}
 
     def write_atomic(path, data):
@@ -154,7 +154,7 @@ def test_a_run_that_dies_on_a_full_disk_is_listed_as_failed_with_the_reason(proj
         return out
 
     real_stream = runner._stream
-    monkeypatch.setattr(records, "write_atomic", write_atomic)
+    monkeypatch.setattr(directory, "write_atomic", write_atomic)
     monkeypatch.setattr(runner, "_stream", fill_the_disk)
     record = runner.run_plan(project, plan)
     assert record.returncode == 1

@@ -19,7 +19,7 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from conftest import copy_project
 
-from dancegrpo_npu.smoke import command as smoke
+from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.checks import DecayBudget
 from dancegrpo_npu.errors import DancegrpoError
 

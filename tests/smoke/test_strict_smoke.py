@@ -18,7 +18,7 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu.run.launch import build_plan
 from dancegrpo_npu.run.plan import LaunchSpec
-from dancegrpo_npu.smoke import command as smoke
+from dancegrpo_npu.smoke import runner as smoke
 
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")

@@ -91,8 +91,8 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
     """The bench's run directory: the trainer's metrics.jsonl (one line per timed step, written
     by the seam's MetricsLog, with the PhaseTimer's figures) that the table was made from; the
     trainer's reward.txt and prints; and ``runs`` lists it like any launch."""
-    from dancegrpo_npu.run.records import list_runs, load_run
-    from dancegrpo_npu.run.runs import row
+    from dancegrpo_npu.rundirs.rundir import list_runs, load_run
+    from dancegrpo_npu.rundirs.listing import row
 
     [run] = list_runs(runs_dir)
     assert str(run.path) == facts["run_dir"] and run.name.endswith("-bench-tiny")
@@ -112,7 +112,7 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
     assert (listed["status"], listed["device"], listed["world_size"], listed["steps"]) == ("succeeded", "cpu", 1, 2)
     assert set(listed["phases_s"]) == PHASES and set(listed["peak_memory_bytes"]) == PHASES
     assert listed["health"]["clip_frac"] is not None and listed["health"]["grad_norm"] == lines[-1]["grad_norm"]
-    from dancegrpo_npu.run.plot import make_figure  # plot draws its phase panel from the same lines
+    from dancegrpo_npu.rundirs.plot import make_figure  # plot draws its phase panel from the same lines
 
     phase_panel = next(ax for ax in make_figure([run]).axes if ax.get_title() == "time per phase (s per step)")
     assert {line.get_label().rsplit(": ", 1)[1] for line in phase_panel.get_lines()} == PHASES
@@ -170,8 +170,8 @@ def test_running_out_of_memory_is_one_line_exit_2(patched_tree, tmp_path):
     assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
     assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last
     # the run directory says so, as a failed launch's does
-    from dancegrpo_npu.run.records import list_runs
-    from dancegrpo_npu.run.runs import failure_reason
+    from dancegrpo_npu.rundirs.rundir import list_runs
+    from dancegrpo_npu.rundirs.listing import failure_reason
 
     [run] = list_runs(tmp_path / "runs")
     assert run.summary["status"] == "failed" and run.summary["steps"] == 0
@@ -186,7 +186,7 @@ def test_fp32_switches_the_trainers_autocast_off():
 
     import torch
 
-    from dancegrpo_npu.throughput.command import precision_autocast, resolve_dtype
+    from dancegrpo_npu.throughput.bench import precision_autocast, resolve_dtype
 
     def original(dtype=None, enabled=True):
         return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=enabled)

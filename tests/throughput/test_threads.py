@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dancegrpo_npu.run.environment import cpu_threads
+from dancegrpo_npu.host.cpus import cpu_threads
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_an_explicit_omp_num_threads_wins(eight_cores):
 
 
 def test_smoke_ranks_get_the_same_rule(eight_cores, monkeypatch):
-    from dancegrpo_npu.smoke import command as smoke
+    from dancegrpo_npu.smoke import runner as smoke
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert ("OMP_NUM_THREADS", "4") in smoke.job_env("cpu", 2)
@@ -39,7 +39,7 @@ def test_smoke_ranks_get_the_same_rule(eight_cores, monkeypatch):
 
 def test_bench_sets_torchs_threads_and_says_how(eight_cores):
     torch = pytest.importorskip("torch")
-    from dancegrpo_npu.throughput.command import format_table, set_cpu_threads
+    from dancegrpo_npu.throughput.bench import format_table, set_cpu_threads
 
     before = torch.get_num_threads()
     try:

@@ -1,8 +1,6 @@
-"""Alignment: the same noise everywhere, recorded stages, replay, and ``compare``.
-
-The trainer side (patches to upstream's Flux trainers) writes what the alignment contract says;
-this package reads it: ``options`` turns the ``launch``/``smoke`` flags into trainer arguments
-and checks a replay before anything starts; ``records`` reads ``records/``; ``compare`` is the
-verb, with its tolerances (``tolerances``), metrics (``metrics``) and report (``report``).
-Heavy imports (numpy, safetensors, matplotlib) stay inside functions.
+"""Alignment: ``compare`` of two recorded runs, with its tolerances (``tolerances``), metrics
+(``metrics``, ``modules``) and report (``report``).  The trainer side (the overlay) writes what
+the alignment contract says; ``rundirs.records`` reads it, and ``run.align_flags`` turns the
+``launch``/``smoke`` flags into trainer arguments.  Heavy imports (numpy, safetensors,
+matplotlib) stay inside functions.
 """

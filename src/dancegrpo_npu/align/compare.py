@@ -17,16 +17,12 @@ comparison).  2: the runs cannot be compared (a one-line error), a run with itse
 
 from __future__ import annotations
 
-import argparse
-import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.modules import flag_standing_out, module_checks
-from dancegrpo_npu.run.align_flags import parse_step_spec
-from dancegrpo_npu.align.records import (
-    MODULE_GROUPS,
+from dancegrpo_npu.contract import parse_step_spec
+from dancegrpo_npu.rundirs.records import (
     RunRecords,
     check_comparable,
     common_steps,
@@ -36,7 +32,6 @@ from dancegrpo_npu.align.records import (
 )
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import writing
-from dancegrpo_npu.project import project_from_args
 
 NOISE = ("noise.init", "noise.sde", "noise.perms")
 # stage -> (tensor, metric label, tolerance name); latents are per sampling step, below
@@ -234,9 +229,6 @@ def _splice_modules(stage_rows: list, modules: list) -> list:
     return sorted(stage_rows + modules, key=_when)
 
 
-# ---------------------------------------------------------------- command line
-
-
 def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_spec: str | None) -> int:
     from dancegrpo_npu.align import report
 
@@ -265,7 +257,7 @@ def compare(project, ref_a: str, ref_b: str, tol_items: list[str] | None, steps_
 def metrics_notes(*runs: RunRecords) -> tuple[str, ...]:
     """What compare.png's curves lack: a metrics.jsonl that stops at a line that is no record, or
     that cannot be read (the records, which the verdict is made of, are read separately)."""
-    from dancegrpo_npu.run.records import read_metrics
+    from dancegrpo_npu.rundirs.rundir import read_metrics
 
     notes = []
     for run in runs:
@@ -273,37 +265,3 @@ def metrics_notes(*runs: RunRecords) -> tuple[str, ...]:
         if problem:
             notes.append(f"{problem}; compare.png's curves of {run.name} miss what it does not hold")
     return tuple(notes)
-
-
-EPILOG = textwrap.dedent(
-    """\
-    RUN_A is the reference (the GPU or CPU run), RUN_B the run under test (the NPU run); both must
-    have been launched with --record (docs/alignment.md).  compare.json and compare.png are written
-    into RUN_B.  Exit 0: aligned; 1: not aligned; 2: cannot compare (a run with itself too).
-
-    examples:
-      dancegrpo-npu compare 20260101-100000-gpu 20260101-110000-npu
-      dancegrpo-npu compare gpu npu --steps 1-5 --tol rewards_rel_pct=0.05
-    """
-)
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "compare",
-        parents=[common],
-        help="compare two recorded runs stage by stage; name the first divergence",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("run_a", metavar="RUN_A", help="the reference run: a directory under runs/, a unique part of its name, or a path")
-    p.add_argument("run_b", metavar="RUN_B", help="the run under test (compare.json and compare.png go here)")
-    p.add_argument("--tol", action="append", metavar="NAME=VALUE",
-                   help=f"override a tolerance (repeatable); NAME is one of: {', '.join(tolerances_mod.BY_NAME)}")
-    p.add_argument("--steps", metavar="SPEC", help="compare only these of the common recorded steps, e.g. 1-10,50")
-    p.set_defaults(func=_cmd_compare)
-
-
-def _cmd_compare(args) -> int:
-    return compare(project_from_args(args), args.run_a, args.run_b, args.tol, args.steps)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dancegrpo_npu.align.records import RunRecords, open_pair
+from dancegrpo_npu.rundirs.records import RunRecords, open_pair
 
 # dtype -> the tolerance holding its relative-error threshold
 REL_TOLERANCE = {"bf16": "module_rel_bf16", "fp16": "module_rel_fp16", "fp32": "module_rel_fp32"}

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
-from dancegrpo_npu.run.align_flags import shown_steps
-from dancegrpo_npu.align.records import module_group
+from dancegrpo_npu.contract import shown_steps
+from dancegrpo_npu.rundirs.records import module_group
 from dancegrpo_npu.files import write_atomic
 
 MAX_MODULE_ROWS = 40  # more modules than this (a real FLUX): the table shows a summary and the failures
@@ -220,7 +220,7 @@ def write_reports(result) -> dict:
 
 
 def _curves(run, key: str, fallback: dict | None = None):
-    from dancegrpo_npu.run.records import read_metrics
+    from dancegrpo_npu.rundirs.rundir import read_metrics
 
     m = read_metrics(run.run_dir)
     column = {"reward_mean": m.reward, "loss": m.loss}.get(key) or m.health.get(key) or ()

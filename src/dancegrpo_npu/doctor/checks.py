@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run import ascend
+from dancegrpo_npu.host import ascend
 from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, TORCH_NPU_TABLE, base_version, table_row
 
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"  # WARN: worth reading, training can start

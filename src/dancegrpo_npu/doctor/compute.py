@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from dancegrpo_npu.doctor.checks import FAIL, PASS, SKIP, Check, DoctorOptions, Facts
-from dancegrpo_npu.run.launch import free_port
+from dancegrpo_npu.host.network import free_port
 
 # One rank of the all_reduce check, run as `python -c ALLREDUCE_WORKER BACKEND KIND` with
 # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set.  Self-contained: the child imports only torch

@@ -9,8 +9,6 @@ the work tree's git objects at the locked commit, never from patched files.
 
 from __future__ import annotations
 
-import argparse
-import textwrap
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, ls_tree, rev_parse
@@ -95,37 +93,3 @@ def describe_change(old: dict[str, str], new: dict[str, str]) -> str:
     changed = sorted(r for r in set(old) & set(new) if old[r] != new[r])
     parts = [f"+{r}" for r in added] + [f"-{r}" for r in removed] + [f"~{r}" for r in changed]
     return shorten(parts) if parts else "no change"
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "lock",
-        parents=[common],
-        help="record in upstream.lock the sha256 of every upstream file the series touches",
-        description=textwrap.dedent(
-            """\
-            Rewrite [files] of upstream.lock: the sha256 of every upstream file the series
-            touches, at the locked commit, before patching (from the work tree's git objects,
-            so run `dancegrpo-npu fetch` first).  Run it whenever a patch starts or stops
-            touching a file.  The lock is replaced atomically; url and commit are kept.
-
-            --check changes nothing and exits non-zero if [files] is stale (for CI)."""
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--check", action="store_true", help="only check; exit 1 if [files] is stale")
-    p.set_defaults(func=_cmd_lock)
-
-
-def _cmd_lock(args) -> int:
-    from dancegrpo_npu.project import project_from_args
-
-    project = project_from_args(args)
-    old, new = refresh_lock(project, check=args.check)
-    if args.check:
-        print(f"upstream.lock [files] is up to date ({len(new)} files)")
-    elif old == new:
-        print(f"upstream.lock [files] already up to date ({len(new)} files)")
-    else:
-        print(f"upstream.lock [files] rewritten ({len(new)} files: {describe_change(old, new)})")
-    return 0

@@ -16,7 +16,6 @@ expected tree afresh (it does not trust applied.json).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from dancegrpo_npu.engine.apply import check_head, upstream_from_git
@@ -27,7 +26,7 @@ from dancegrpo_npu.engine.lock import Lock, load_lock
 from dancegrpo_npu.engine.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.rebase_state import describe_rebase
-from dancegrpo_npu.engine.series import TODO_MARK, is_todo, load_series, series_label, todo_warning
+from dancegrpo_npu.engine.series import load_series, series_label, todo_warning
 from dancegrpo_npu.engine.stage import build, read_overlay, touched_files
 from dancegrpo_npu.engine.worktree import Fetched, display_path, load_applied, session, shorten
 
@@ -190,67 +189,6 @@ def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
     return out
 
 
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "status",
-        parents=[common],
-        help="show the locked commit, each patch, the overlay and local edits",
-        description="Show the locked upstream commit, each patch of the series (applied / not "
-        "applied / drifted), the overlay (present / missing / modified) and every local edit in "
-        "the work tree, file by file; first, a rebase in progress and what to run to go on.",
-    )
-    p.set_defaults(func=_cmd_status)
-    v = sub.add_parser(
-        "verify",
-        parents=[common],
-        help="exit 0 only if the work tree is exactly lock + series + overlay",
-        description="Check that the work tree is exactly upstream at the locked commit, with the "
-        "series and the overlay applied, and nothing else (no local edit, no untracked file git "
-        "does not ignore).  Exit 0 if so; otherwise exit 1 with a one-line reason.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    v.set_defaults(func=_cmd_verify)
-
-
-def _cmd_status(args) -> int:
-    from dancegrpo_npu.project import project_from_args
-
-    project = project_from_args(args)
-    r = inspect(project, mid_swap_ok=True)
-    where = display_path(project.workdir)
-    if r.rebase:
-        print(f"rebase     {r.rebase}")
-    print(f"upstream   {r.lock.commit} ({r.lock.url}); lock records {len(r.lock.files)} file(s)")
-    f = r.fetched
-    extra = ", archive commit " + f.head[:12] if f.kind == "archive" else ""
-    print(f"work tree  {where}: fetched from {f.source}{extra}; assets/ {'included' if f.with_assets else 'left out'}")
-    if r.problem:
-        print(f"problem    {r.problem}")
-    print(f"patches    {len(r.patches)} in patches/series")
-    width = max((len(p.name) for p in r.patches), default=0)
-    for p in r.patches:
-        detail = f"  [{p.detail}]" if p.detail else ""
-        todo = f"  {TODO_MARK}" if is_todo(p.description) else ""
-        print(f"  {p.state:<12} {p.name:<{width}}  {p.description}{detail}{todo}")
-    if r.todo:
-        print(r.todo)
-    for name in r.dropped:
-        print(f"  {'dropped':<12} {name}  (applied last time, no longer in the series; `apply` removes it)")
-    print(f"overlay    {r.overlay}")
-    for line in r.overlay_detail:
-        print(f"  {line}")
-    blocking = [e for e in r.edits if e.blocking]
-    print(f"local edits {len(blocking) or 'none'}")
-    for e in blocking:
-        print(f"  {e.kind:<12} {e.path}")
-    if r.untracked:
-        print(f"untracked  {len(r.untracked)} file(s) git does not ignore, not part of the tree")
-        for path in r.untracked:
-            print(f"  {path}")
-    print("verdict    " + (f"exactly {r.what}" if r.exact else f"NOT exactly {r.what} (see above; `dancegrpo-npu verify` says why)"))
-    return 0
-
-
 DIFFERS_HINT = "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact"
 
 
@@ -266,17 +204,3 @@ def verify_tree(project: Project) -> Report:
     if r.differences:
         raise DancegrpoError(f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}", DIFFERS_HINT)
     return r
-
-
-def _cmd_verify(args) -> int:
-    from dancegrpo_npu.project import project_from_args
-
-    project = project_from_args(args)
-    r = verify_tree(project)
-    where = display_path(project.workdir)
-    if r.without:
-        kept = len(r.patches) - len(r.without)
-        print(f"{where}: exactly upstream {r.lock.commit[:12]} + {kept} of {len(r.patches)} patches ({series_label(r.without)}) + overlay")
-    else:
-        print(f"{where}: exactly upstream {r.lock.commit[:12]} + {len(r.patches)} patches + overlay")
-    return 0

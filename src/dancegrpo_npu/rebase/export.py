@@ -34,7 +34,7 @@ from dancegrpo_npu.rebase.queue import (
     DEFAULT_CONTEXT, build_queue, changed_files, context_lines, diff_between, index_abbrev,
     patch_text, snapshot_worktree, today,
 )
-from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase.finish import apply_with_engine, overlay_files
 from dancegrpo_npu.engine.rebase_state import RebasePaths
 from dancegrpo_npu.engine.series import Patch, format_header, load_series, parse_header, read_series_names, split_patch
@@ -226,50 +226,6 @@ def check_with_engine(git: Git, base: str, patches: list[Patch], workdir: Path) 
                     f"the exported patch would not reproduce {rel} exactly when applied (nothing was written)",
                     "check the file for a missing final newline or CRLF line ends, which patches cannot carry reliably",
                 )
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "export",
-        parents=[common],
-        help="save hand edits in the patched tree as a new patch at the end of the series",
-        description="Turn your edits in the patched tree (changed, new and deleted upstream files) into "
-        "patches/NNNN-NAME.patch, appended to patches/series with a DEP-3 header stub, and add the hashes "
-        "of newly touched upstream files to upstream.lock. Edited overlay files are copied back to overlay/. "
-        "Afterwards `dancegrpo-npu verify` passes. Edit the TODO lines of the new patch's Description: "
-        "before you commit it.",
-    )
-    p.add_argument("name", metavar="NAME", help="what the patch does, e.g. fix-hccl-timeout (numbered like the series)")
-    p.add_argument("-m", "--description", metavar="TEXT", help="the Description: first line (default: a TODO to edit)")
-    p.add_argument("-U", "--context", type=int, metavar="N", help="lines of context (default: what the series uses)")
-    p.add_argument("--include", action="append", default=[], metavar="PATH",
-                   help="also take this new file (or the new files under this directory) into the patch; "
-                   "new files that neither upstream, the series nor the overlay has are otherwise listed and left "
-                   "in the tree; repeatable")
-    p.set_defaults(func=_cmd_export)
-
-
-def _cmd_export(args) -> int:
-    project = project_from_args(args)
-    if args.context is not None and not 0 <= args.context <= 20:
-        raise DancegrpoError(f"--context {args.context} is out of range", "use 0 to 20 lines (Debian style: 3 or fewer)",
-                             exit_code=2)
-    result = export_edits(project, args.name, args.description, args.context, tuple(args.include))
-    if result.patch is not None:
-        rel = result.patch.relative_to(project.root)
-        print(f"exported {len(result.files)} file(s) to {rel} (appended to patches/series):")
-        print("\n".join(f"  {f}" for f in result.files))
-    for rel in result.overlay:
-        print(f"copied back to overlay/: {rel}")
-    for note in result.notes:
-        print(f"note: {note}")
-    if result.left_out:
-        print("left in the tree, not exported (new files that neither upstream, the series nor the overlay has; "
-              "--include PATH takes one into the patch):")
-        print("\n".join(f"  ? {path}" for path in result.left_out))
-    if result.patch is not None and "TODO" in result.patch.read_text(encoding="utf-8").split("\n---\n", 1)[0]:
-        print(f"now edit the TODO lines of the Description: in {rel}, then commit patches/ and upstream.lock")
-    return 0
 
 
 __all__ = ["export_edits", "ExportResult", "patch_file_name"]

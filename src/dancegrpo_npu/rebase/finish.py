@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dancegrpo_npu.engine.apply import apply_series_to_dir, apply_worktree, touched_files
+from dancegrpo_npu.engine.apply import apply_series_to_dir, apply_worktree
+from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.engine.fetch import move_for_rebase
 from dancegrpo_npu.engine.status import inspect
 from dancegrpo_npu.engine.worktree import WorkTree, display_path, load_applied, load_fetched

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dancegrpo_npu.engine.apply import touched_files
+from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitcmd import Git, choose_source, default_branch, fetch_commit, open_workdir_repo
 from dancegrpo_npu.engine.lock import load_lock
-from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.series import Patch, load_series
 
 LOG_REF = "refs/dancegrpo-npu/upstream-log"
@@ -116,25 +116,3 @@ def format_log(log: UpstreamLog, touching_only: bool = False) -> str:
                 lines.append(f"      {f.status} {f.path}  <- {', '.join(f.patches)}")
     lines.append(f"next: dancegrpo-npu rebase --onto {log.ref} --dry-run")
     return "\n".join(lines) + "\n"
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "upstream-log",
-        parents=[common],
-        help="upstream commits since the locked one, marking those that touch patched files",
-        description="List the upstream commits between the locked commit (upstream.lock) and REF "
-        "(default: the upstream's default branch, fetched now), newest first. Commits that touch a "
-        "file the series patches are marked with * and the patches are named: those are where a "
-        "`dancegrpo-npu rebase --onto REF` can conflict.",
-    )
-    p.add_argument("ref", nargs="?", metavar="REF", help="an upstream branch, tag or commit (default: the default branch)")
-    p.add_argument("--touching", action="store_true", help="list only the commits that touch patched files")
-    p.add_argument("--source", metavar="URL|DIR", help="fetch from here (default: $DANCEGRPO_SOURCE, else the lock's url)")
-    p.set_defaults(func=_cmd_upstream_log)
-
-
-def _cmd_upstream_log(args) -> int:
-    log = upstream_log(project_from_args(args), args.ref, args.source)
-    print(format_log(log, args.touching), end="")
-    return 0

@@ -1,4 +1,5 @@
-"""Running the stock upstream scripts: ``launch`` plans (``plan``, ``environment``,
-``upstream_args``, ``ascend``) and ``runner`` runs under torchrun into a run directory
-(``records``, ``fingerprint``); ``runs`` and ``plot`` read those directories back.
+"""Running the stock upstream scripts and writing their run directories: ``launch`` plans
+(``plan``, ``recipes``, ``upstream_args``, ``environment``, ``align_flags``) and ``runner`` runs
+under torchrun into a new run directory (``directory``, ``fingerprint``, ``failure``).
+``rundirs`` reads those directories back.
 """

@@ -24,28 +24,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.contract import (
-    MSPROBE_ENV, MSPROBE_TASKS, RECORDS_FORMAT, REPLAY_FIT, RNG_CHOICES, STEPS_SYNTAX, format_steps, parse_steps,
-)
+from dancegrpo_npu.contract import MSPROBE_ENV, MSPROBE_TASKS, REPLAY_FIT, RNG_CHOICES, parse_step_spec, shown_steps
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.rundirs.records import records_index
 
 ALIGN_SCRIPTS = ("flux", "flux-lora")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
-
-
-def parse_step_spec(spec: str, what: str = "--record-steps") -> tuple[int, ...] | None:
-    """A step list in the shared syntax (the trainers parse it the same way): ``"1-10,50"`` ->
-    (1, ..., 10, 50); ``"all"`` -> None (every step).  Bad text is one line, exit 2."""
-    try:
-        steps = parse_steps(spec, what)
-    except ValueError as exc:
-        raise DancegrpoError(str(exc), f"write {STEPS_SYNTAX}, e.g. 1-10,50", exit_code=2) from None
-    return None if steps is None else tuple(sorted(steps))
-
-
-def shown_steps(steps) -> str:
-    """A step list for messages: "1-3,7", or "none"."""
-    return format_steps(steps) or "none"
 
 
 @dataclass(frozen=True)
@@ -142,29 +126,6 @@ def options_from_args(args) -> AlignOptions:
 
 
 # ---------------------------------------------------------------- replay
-
-
-def records_index(run_dir: Path, what: str = "--replay") -> dict:
-    """``<run>/records/index.json``, or a one-line refusal naming what is missing."""
-    index_path = run_dir / "records" / "index.json"
-    try:
-        index = json.loads(index_path.read_text())
-    except FileNotFoundError:
-        raise DancegrpoError(
-            f"{what}: run {run_dir.name} has no records ({index_path} does not exist)",
-            "record a run first: launch or smoke with --record",
-            exit_code=2,
-        ) from None
-    except (OSError, ValueError) as e:
-        raise DancegrpoError(f"{what}: {index_path} is not readable JSON ({e})", "record the run again", 2) from None
-    if not isinstance(index, dict) or index.get("format") != RECORDS_FORMAT:
-        raise DancegrpoError(
-            f"{what}: {index_path} is not a format-{RECORDS_FORMAT} records index",
-            f"this dancegrpo-npu reads format {RECORDS_FORMAT} (docs/alignment.md); record the run again",
-            exit_code=2,
-        )
-    return index
-
 
 
 def check_replay(run_dir: Path, planned: dict) -> Path:

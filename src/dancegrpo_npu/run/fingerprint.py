@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dancegrpo_npu import __version__
 
-from dancegrpo_npu.run import ascend
+from dancegrpo_npu.host import ascend
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import rev_parse
 from dancegrpo_npu.project import Project

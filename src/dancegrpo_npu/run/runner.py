@@ -25,7 +25,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dancegrpo_npu.run import records
+from dancegrpo_npu.run import directory
+from dancegrpo_npu.rundirs.rundir import metrics_summary
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import cannot_write
 from dancegrpo_npu.run.fingerprint import fingerprint, trainer_matmul_precision
@@ -104,7 +105,7 @@ def _summary(plan, status: str, returncode: int | None, start: float, end: float
         "end": _iso(end) if end else None,
         "wall_time_s": round(end - start, 3) if end else None,
     }
-    summary.update(records.metrics_summary(plan.run_dir))
+    summary.update(metrics_summary(plan.run_dir))
     summary["rank_logs"] = [str(p.relative_to(plan.run_dir)) for p in rank_logs(plan.run_dir)]
     summary.update(extra)
     return summary
@@ -157,7 +158,7 @@ def run_plan(project: Project, plan):
     try:
         (run_dir / "logs").mkdir(exist_ok=True)
         (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
-        records.write_json(run_dir / "launch.json", _launch_json(plan))
+        directory.write_json(run_dir / "launch.json", _launch_json(plan))
         (run_dir / "command.sh").write_text(shell_script(plan))
         os.chmod(run_dir / "command.sh", 0o755)
         _reserve_summary(run_dir / "summary.json", _summary(plan, "running", None, start, None))
@@ -208,12 +209,12 @@ def run_plan(project: Project, plan):
 def _reserve_summary(path: Path, summary: dict) -> None:
     """summary.json with SUMMARY_RESERVE bytes (JSON allows the trailing blanks)."""
     text = json.dumps(summary, indent=2, default=str) + "\n"
-    records.write_atomic(path, text + " " * max(0, SUMMARY_RESERVE - len(text.encode())))
+    directory.write_atomic(path, text + " " * max(0, SUMMARY_RESERVE - len(text.encode())))
 
 
 def _write_or_note(path: Path, data: dict) -> None:
     try:
-        records.write_json(path, data)
+        directory.write_json(path, data)
     except OSError:
         pass  # a full disk: the final summary, written into its reserved room, says so
 
@@ -222,7 +223,7 @@ def _final_summary(path: Path, summary: dict) -> dict:
     """Write the final summary; when the disk takes no new file, into the room summary.json
     has had since the start, with the reason, shortened to fit.  Returns the summary (in full)."""
     try:
-        records.write_json(path, summary)
+        directory.write_json(path, summary)
         return summary
     except OSError as e:
         reason = f"{path.name}: {e.strerror or e}"

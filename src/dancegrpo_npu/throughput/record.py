@@ -1,4 +1,4 @@
-"""The bench's run directory: a run record as a launch writes one (``run/records.py``), so
+"""The bench's run directory: a run record as a launch writes one (``run/directory.py``), so
 ``runs`` and ``plot`` read a bench like a training run (``compare`` reads records, which a bench
 does not write).
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import write_atomic
-from dancegrpo_npu.run import records
+from dancegrpo_npu.run import directory
+from dancegrpo_npu.rundirs.rundir import metrics_summary
 
 
 def _iso(t: float) -> str:
@@ -34,15 +35,15 @@ def _iso(t: float) -> str:
 
 def start(project, facts: dict, start_time: float) -> Path:
     """A new run directory with launch.json and a "running" summary.json."""
-    run_dir = records.create_run_dir(project.runs_dir, f"bench-{facts['preset']}", start_time)
+    run_dir = directory.create_run_dir(project.runs_dir, f"bench-{facts['preset']}", start_time)
     try:
         (run_dir / "logs").mkdir()
-        records.write_json(run_dir / "launch.json", {
+        directory.write_json(run_dir / "launch.json", {
             "verb": "bench", "script": "bench", "device": facts["device_kind"], "world_size": 1,
             "bench": {k: v for k, v in facts.items() if k != "tree"}, "cwd": str(run_dir),
             "launched_from": os.getcwd(), "tree": facts.get("tree"),
         })  # fmt: skip
-        records.write_json(run_dir / "summary.json", summary(run_dir, "running", start_time, None, facts))
+        directory.write_json(run_dir / "summary.json", summary(run_dir, "running", start_time, None, facts))
     except OSError as e:
         raise DancegrpoError(f"bench: cannot write the run directory {run_dir}: {e.strerror or e}",
                              "give a writable --runs-dir (or DANCEGRPO_RUNS)") from None
@@ -60,7 +61,7 @@ def summary(run_dir: Path, status: str, start_time: float, end_time: float | Non
         "start": _iso(start_time),
         "end": _iso(end_time) if end_time else None,
         "wall_time_s": round(end_time - start_time, 3) if end_time else None,
-        **records.metrics_summary(run_dir),
+        **metrics_summary(run_dir),
         **extra,
     }
 
@@ -73,10 +74,10 @@ def finish(run_dir: Path, status: str, start_time: float, facts: dict, fingerpri
     extra = {"failure": {"error": error}} if error else {}
     try:
         if fingerprint is not None:
-            records.write_json(run_dir / "environment.json", fingerprint)
+            directory.write_json(run_dir / "environment.json", fingerprint)
         if document is not None:
             write_atomic(run_dir / "bench.json", json.dumps(document, indent=2) + "\n")
-        records.write_json(run_dir / "summary.json", summary(run_dir, status, start_time, time.time(), facts, **extra))
+        directory.write_json(run_dir / "summary.json", summary(run_dir, status, start_time, time.time(), facts, **extra))
     except OSError as e:
         return f"the run directory {run_dir} could not be written to the end: {e.strerror or e}"
     return None

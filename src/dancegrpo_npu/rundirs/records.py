@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dancegrpo_npu.run.align_flags import records_index, shown_steps
-from dancegrpo_npu.contract import MODULE_GROUPS
+from dancegrpo_npu.contract import MODULE_GROUPS, RECORDS_FORMAT, shown_steps
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.records import find_run
+from dancegrpo_npu.rundirs.rundir import find_run
 
 # What two runs must share to be compared at all (else exit 2), with the words the error uses.
 MUST_MATCH = (
@@ -31,6 +30,28 @@ MUST_MATCH = (
     ("num_generations", "generations"),
     ("sampling_steps", "sampling steps"),
 )
+
+def records_index(run_dir: Path, what: str = "--replay") -> dict:
+    """``<run>/records/index.json``, or a one-line refusal naming what is missing."""
+    index_path = run_dir / "records" / "index.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except FileNotFoundError:
+        raise DancegrpoError(
+            f"{what}: run {run_dir.name} has no records ({index_path} does not exist)",
+            "record a run first: launch or smoke with --record",
+            exit_code=2,
+        ) from None
+    except (OSError, ValueError) as e:
+        raise DancegrpoError(f"{what}: {index_path} is not readable JSON ({e})", "record the run again", 2) from None
+    if not isinstance(index, dict) or index.get("format") != RECORDS_FORMAT:
+        raise DancegrpoError(
+            f"{what}: {index_path} is not a format-{RECORDS_FORMAT} records index",
+            f"this dancegrpo-npu reads format {RECORDS_FORMAT} (docs/alignment.md); record the run again",
+            exit_code=2,
+        )
+    return index
+
 
 def module_group(name: str) -> str:
     """transformer | vae | reward: the model a module record belongs to ("reward/visual", and

@@ -32,6 +32,12 @@ class Host:
     addresses: frozenset[str]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def interfaces() -> tuple[str, ...]:
     try:
         return tuple(name for _, name in socket.if_nameindex())

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 
-from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.records import HEALTH_COLUMNS, PHASES, RunInfo, list_runs, read_metrics
+from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, PHASES, RunInfo, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -103,32 +101,3 @@ def format_table(rows: list[dict]) -> str:
 
 def reason_lines(r: dict) -> list[str]:
     return [f"    {r['status']}: {r['reason']}"] if r.get("reason") else []
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "runs",
-        parents=[common],
-        help="list the run records with their reward trend and GRPO health",
-        description=(
-            "List runs/<time>-<name>/ records: status, device, world size, steps, reward first -> last, the last "
-            "clip fraction and log-prob difference before the first update (metrics.jsonl; should be 0), wall time; "
-            "under a run that timed its phases (rollout, decode, reward, train), the mean time per step of each "
-            "and its peak memory. --json adds the last value of every GRPO health key."
-        ),
-    )
-    p.add_argument("--json", action="store_true", help="one JSON object per run, for scripts")
-    p.set_defaults(func=_cmd_runs)
-
-
-def _cmd_runs(args) -> int:
-    project = project_from_args(args)
-    rows = [row(run) for run in list_runs(project.runs_dir)]
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
-    elif not rows:
-        print(f"no runs in {project.runs_dir} yet (`dancegrpo-npu launch` makes them)")
-    else:
-        print(format_table(rows))
-    return 0

@@ -27,7 +27,6 @@ holds the starting weights, so only the grad norm shows that training reached th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -36,10 +35,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args, records_index
+from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu.project import Project
 from dancegrpo_npu.smoke.checks import (
     CheckpointCheck,
     DecayBudget,
@@ -59,18 +58,6 @@ OWN_FLAGS = {
     "--num_generations": "use --generations",
     "--output_dir": "the smoke reads the checkpoint from the run's outputs/",
 }
-EXAMPLES = """\
-examples:
-  dancegrpo-npu smoke                    # 1 process, full fine-tuning, device auto
-  dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
-  dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
-  dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
-                                         # longer, bigger groups, 128x128 (later arguments win)
-  dancegrpo-npu smoke --workdir /tmp/tree-without-0006   # the tree at DIR instead of build/DanceGRPO
-
-The run directory (runs/<time>-smoke/) keeps the command, every rank's log, metrics.jsonl,
-reward.txt, images/ and the checkpoint; `dancegrpo-npu runs` lists it.
-"""
 
 
 @dataclass(frozen=True)
@@ -168,7 +155,7 @@ def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
     env = [("WANDB_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")]
     if device == "cpu" or (device == "auto" and not _accelerator_visible()):
         # The ranks share the CPU: one thread each when there are fewer cores than ranks.
-        from dancegrpo_npu.run.environment import cpu_threads
+        from dancegrpo_npu.host.cpus import cpu_threads
 
         env.append(("OMP_NUM_THREADS", str(cpu_threads(nproc, dict(os.environ))[0])))
     return tuple(env)
@@ -340,77 +327,3 @@ def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
         passes = {k: v for k, v in _passes(project).items() if Path(v, "summary.json").is_file()}
         passes[key] = str(result.run_dir)
         write_atomic(project.build_dir / PASSED_NAME, json.dumps(passes, indent=1))
-
-
-def align_options(args, project: Project) -> AlignOptions:
-    """The smoke's alignment options (launch turns them into trainer arguments and checks a
-    replay against the planned run).  A replay source is looked up here already, so that one
-    without records is refused before the fixtures are built."""
-    from dancegrpo_npu.run.records import find_run
-
-    align = options_from_args(args)
-    if align.given() and args.if_needed:
-        raise DancegrpoError(f"--if-needed skips the run, so it does not combine with {', '.join(align.given())}",
-                             "drop --if-needed", exit_code=2)
-    if align.replay is not None:
-        records_index(find_run(project.runs_dir, align.replay))
-    return align
-
-
-def _cmd_smoke(args) -> int:
-    project = project_from_args(args)
-    options = SmokeOptions(nproc=args.nproc, lora=args.lora, device=args.device, verbose=args.verbose,
-                           steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
-                           align=align_options(args, project), strict=not args.no_strict)
-    check_options(options)
-    key = inputs_sha256(project, options)
-    if args.if_needed:
-        earlier = previous_pass(project, key)
-        if earlier:
-            print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
-                  "`dancegrpo-npu smoke` runs it again")
-            return 0
-    what = "LoRA" if options.lora else "full"
-    print(f"smoke: {what} FLUX GRPO, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
-          f"generations, HPSv2 reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
-          f"tree {project.workdir}", flush=True)
-    if options.extra_args:
-        print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)
-    result = run_smoke(project, options)
-    print(format_result(result))
-    record_pass(project, key, result)
-    return 0
-
-
-def register(sub, common) -> None:
-    p = sub.add_parser(
-        "smoke",
-        parents=[common],
-        help="a few GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
-        description=__doc__,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="dancegrpo-npu smoke [options] [-- trainer args]",
-    )
-    p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
-    p.add_argument("--lora", action="store_true", help="run train_grpo_flux_lora.py instead of the full trainer")
-    p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
-    p.add_argument("--steps", type=int, default=STEPS, metavar="N",
-                   help=f"GRPO steps (default {STEPS}); the checkpoint of step N (the weights after step N-1) "
-                   "is checked, so the weight check needs 2 or more")
-    p.add_argument("--generations", type=int, default=GENERATIONS, metavar="G",
-                   help=f"images per prompt, GRPO's group (default {GENERATIONS}, at least 2); one optimizer "
-                   "update a step, on the whole group")
-    p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
-    p.add_argument("--if-needed", action="store_true",
-                   help="do nothing if a smoke run with the same options already passed on this exact tree, "
-                   "series, overlay and fixtures (what ./scripts/bootstrap.sh uses to stay idempotent)")
-    p.add_argument("trainer_args", nargs="*", metavar="-- ARGS",
-                   help="more trainer arguments, after the smoke's own: the later wins (not --max_train_steps, "
-                   "--checkpointing_steps, --num_generations, --output_dir: the checks depend on them)")
-    p.add_argument("--no-strict", action="store_true",
-                   help="run without strict mode (DANCEGRPO_NPU_STRICT): for a tree that runs float64 on purpose, "
-                   "e.g. one applied --without 0006-float32-rope.patch, diffusers' float64 RoPE")
-    add_align_options(p)
-    p.set_defaults(func=_cmd_smoke)

@@ -1,0 +1,85 @@
+"""``dancegrpo-npu bench``: GRPO steps of the trainer, timed phase by phase."""
+
+from __future__ import annotations
+
+import argparse
+
+from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.throughput import presets
+from dancegrpo_npu.throughput.bench import say_progress, bench_fingerprint, format_table, run_bench, write_json
+from dancegrpo_npu.throughput import bench
+
+
+EXAMPLES = """\
+presets (explicit size flags win over the preset's):
+  full   FLUX.1-dev (11.9e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 16 sampling steps,
+         12 generations, timestep fraction 0.6, eta 0.3, shift 3, 512 text tokens (upstream's recipe)
+  cpu    full width, 1 double + 1 single block, HPS with 1 + 1 layers; 128x128, 4 steps,
+         4 generations, 64 text tokens, 1 timed step (minutes on a 2-core CPU)
+  tiny   the smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
+
+examples:
+  dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
+  dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
+  dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
+
+The run directory (runs/<time>-bench-<preset>/) holds metrics.jsonl (one line per timed step,
+the trainer's phase times), summary.json, the fingerprint, bench.json and the trainer's log.
+
+rollout samples/s = G / (rollout + decode + reward seconds); step samples/s = G / all four.
+Peak memory: the device allocator's max_memory_allocated in the phase; on the CPU the
+process's peak RSS in the phase (weights included).
+"""
+
+
+def options_from_args(args) -> dict:
+    options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
+    options.update(
+        preset=args.preset, sample_batch_sizes=args.sample_batch_sizes, vae_decode_chunk=args.vae_decode_chunk,
+        device=args.device, dtype=args.dtype,
+    )  # fmt: skip
+    return options
+
+
+def run(args) -> int:
+    config = presets.resolve(options_from_args(args))
+    project = project_from_args(args)
+    results, facts = run_bench(project, config)
+    print(format_table(results, facts), flush=True)
+    if args.json:
+        write_json(args.json, results, bench_fingerprint(project, facts))
+        say_progress(f"wrote {args.json}")
+    return 0
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="time GRPO steps of FLUX.1-dev's architecture (random weights) phase by phase",
+        description=bench.__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Names are checked in presets.resolve, so a wrong one is a one-line error, not argparse's usage.
+    p.add_argument("--preset", default="full", help=f"one of {', '.join(presets.PRESETS)} (default full)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | npu (default auto: npu, else cuda, else cpu)")
+    p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 (default auto: bf16 on npu/cuda, fp32 on cpu)")
+    p.add_argument("--sample-batch-sizes", default="1", metavar="N,N,...",
+                   help="samples per transformer call in the rollout, each measured in turn; each must divide "
+                   "--generations (default 1: upstream's)")
+    p.add_argument("--vae-decode-chunk", type=int, default=None, metavar="K", help="images per VAE decode call (default N)")
+    p.add_argument("--height", type=int, default=None, help="image height (multiple of 16)")
+    p.add_argument("--width", type=int, default=None, help="image width (multiple of 16)")
+    p.add_argument("--sampling-steps", type=int, default=None, help="denoising steps of the rollout")
+    p.add_argument("--generations", type=int, default=None, metavar="G", help="samples of one prompt in a GRPO step")
+    p.add_argument("--timestep-fraction", type=float, default=None, help="share of the timesteps trained")
+    p.add_argument("--eta", type=float, default=None, help="the SDE sampler's noise level")
+    p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
+    p.add_argument("--text-tokens", type=int, default=None, help="T5 prompt-embedding length (upstream: 512)")
+    p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
+                   help="samples per optimizer step (must divide G)")
+    p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="untimed GRPO steps before them (default 1)")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the results and the fingerprint here")
+    p.set_defaults(func=run)

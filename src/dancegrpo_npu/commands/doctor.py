@@ -1,0 +1,71 @@
+"""``dancegrpo-npu doctor``: can training start on this host?"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dancegrpo_npu.doctor.checks import FAIL, DoctorOptions
+from dancegrpo_npu.contract import DEVICE_CHOICES
+from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.doctor.report import CHECK_NAMES, format_report, run_checks
+from dancegrpo_npu.doctor import report
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check that training can start here (NPU stack, devices, HCCL, disk, tree, weights)",
+        description=report.__doc__.split("\n\n")[0].split(": ", 1)[1],
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default="auto",
+        help="what training will run on (npu: the NPU checks must pass)",
+    )
+    p.add_argument(
+        "--flux", type=Path, metavar="DIR", help="FLUX.1-dev directory (default: <tree>/data/flux, upstream's)"
+    )
+    p.add_argument("--hps-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt")
+    p.add_argument(
+        "--hps-open-clip-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/open_clip_pytorch_model.bin"
+    )
+    p.add_argument(
+        "--min-free-gb", type=float, default=50.0, metavar="GB", help="free disk the check asks for (default 50)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=180.0, metavar="S", help="seconds the all_reduce may take (default 180)"
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        choices=CHECK_NAMES,
+        default=None,
+        metavar="CHECK",
+        help=f"skip a check ({', '.join(CHECK_NAMES)}); repeatable",
+    )
+    p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    project = project_from_args(args)
+    here = Path.cwd()
+    resolve = lambda p: None if p is None else (p if p.is_absolute() else here / p).resolve()  # noqa: E731
+    opts = DoctorOptions(
+        device=args.device,
+        flux_dir=resolve(args.flux),
+        hps_ckpt=resolve(args.hps_ckpt),
+        hps_open_clip_ckpt=resolve(args.hps_open_clip_ckpt),
+        min_free_gb=args.min_free_gb,
+        timeout=args.timeout,
+        skip=tuple(args.skip or ()),
+    )
+    checks = run_checks(project, opts)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        print(format_report(checks))
+    return 1 if any(c.status == FAIL for c in checks) else 0

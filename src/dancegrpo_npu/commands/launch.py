@@ -1,0 +1,195 @@
+"""``dancegrpo-npu launch``: a stock upstream script from the patched tree under torchrun, with a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
+from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.environment import parse_env_assignment
+from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.run.plan import LaunchSpec
+from dancegrpo_npu.run.upstream_args import SCRIPTS
+from dancegrpo_npu.run.launch import launch
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        raise DancegrpoError(f"launch: {message}", "see `dancegrpo-npu launch --help`", exit_code=2)
+
+
+def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=d(1),
+        metavar="N",
+        help="processes on this node: one per NPU/GPU (default 1)",
+    )
+    p.add_argument("--nnodes", type=int, default=d(1), metavar="N", help="nodes in the job (default 1)")
+    p.add_argument(
+        "--node-rank", type=int, default=d(0), metavar="K", help="this node's number, 0..nnodes-1 (0 is the master)"
+    )
+    p.add_argument("--master-addr", default=d(None), metavar="ADDR",
+                   help="node 0's address; needed with --nnodes > 1, where a node other than 0 must name another host "
+                   "(default 127.0.0.1, one node)")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=d(None),
+        metavar="PORT",
+        help="node 0's port, 1024-65535 (default: a free port; 29500 with several nodes)",
+    )
+    p.add_argument("--recipe", default=d(None), metavar="NAME",
+                   help="upstream's recipe for flux / flux-lora: the trainer arguments of its script "
+                   "scripts/finetune/finetune_flux_grpo_NAME.sh in the patched tree (8gpus, 2nodes, 8gpus-lora); "
+                   "default: the one for the launch's world size, else the nearest one, scaled")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=d("auto"),
+        help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        default=d(False),
+        help="DANCEGRPO_NPU_STRICT=1: stop at the first op anywhere in the run (forward, the math between modules, backward, optimizer) that makes a complex or float64 tensor on the device (the NPU runs neither), naming the op and where it ran; slow, for checking",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=d(None),
+        metavar="NAME=VALUE",
+        help="set a variable in the job's environment (wins over launch's defaults and yours); repeatable",
+    )
+    p.add_argument(
+        "--ifname",
+        default=d(None),
+        metavar="IFACE",
+        help="this host's network interface between the nodes: sets HCCL_SOCKET_IFNAME (npu), NCCL_SOCKET_IFNAME (cuda) and GLOO_SOCKET_IFNAME",
+    )
+    p.add_argument("--name", default=d(None), help="run directory suffix (default: the script's name)")
+    p.add_argument(
+        "--no-upstream-defaults",
+        dest="upstream_defaults",
+        action="store_false",
+        default=d(True),
+        help="pass only the arguments after --, not upstream's recipe and the port's defaults",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=d(False),
+        help="check every input and print the plan as a script (environment, torchrun command, what is missing), "
+        "start nothing; works on a login node; exit 0 when the job could start here, 1 when not",
+    )
+    add_align_options(p, d)
+    p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
+                   help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
+                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; flux and flux-lora only")
+
+
+EPILOG = textwrap.dedent(
+    """\
+    flux and flux-lora start from upstream's own recipe: the trainer arguments of its launch
+    script in the patched tree, read from scripts/finetune/finetune_flux_grpo*.sh (8gpus: the
+    one-node script, 2nodes: finetune_flux_grpo.sh, 8gpus-lora for flux-lora).  The default
+    is the recipe for the launch's world size; a world size no recipe has runs the nearest one
+    scaled to it (the same prompts per step and effective batch where it divides them), and
+    says so.  The port adds the HPS reward paths; preprocess gets the arguments of
+    scripts/preprocess/preprocess_flux_rl_embeddings.sh.  Arguments after -- override these.
+    Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
+    patched tree; relative paths you type, in the current directory.  Without --output_dir,
+    training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every
+    value that differs from its script.
+
+    Each launch gets <runs>/<YYYYmmdd-HHMMSS>-<name>/ (runs/ in the project, or --runs-dir /
+    $DANCEGRPO_RUNS) with the command, environment fingerprint, every rank's log, reward.txt,
+    images/, metrics.jsonl and summary.json.
+
+    examples:
+      dancegrpo-npu launch preprocess --nproc-per-node 8
+      dancegrpo-npu launch flux --nproc-per-node 8 --device npu            # recipe 8gpus
+      dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
+      dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
+      dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
+    """
+)
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "launch",
+        parents=[common],
+        help="run flux | flux-lora | preprocess under torchrun, with a run record",
+        description="Run a stock upstream script from the patched tree under torchrun.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="dancegrpo-npu launch {flux,flux-lora,preprocess} [options] [-- upstream args]",
+    )
+    _add_options(p, suppress=False)
+    # The script name and everything after it, verbatim: argparse would drop a "--" that
+    # directly follows a positional, so options given after the script are parsed below.
+    p.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def _parse_words(args) -> tuple[str, list[str]]:
+    words = list(args.words)
+    if not words or words[0].startswith("-"):
+        raise DancegrpoError("launch: name the script", f"one of: {', '.join(SCRIPTS)}", exit_code=2)
+    script, rest = words[0], words[1:]
+    upstream: list[str] = []
+    if "--" in rest:
+        i = rest.index("--")
+        rest, upstream = rest[:i], rest[i + 1 :]
+    inner = _Parser(prog="dancegrpo-npu launch", add_help=False)
+    _add_options(inner, suppress=True)
+    inner.add_argument("-C", dest="project_dir", default=argparse.SUPPRESS)
+    inner.add_argument("--workdir", default=argparse.SUPPRESS)
+    inner.add_argument("--runs-dir", dest="runs_dir", default=argparse.SUPPRESS)
+    _, unknown = inner.parse_known_args(rest, namespace=args)
+    if unknown:
+        raise DancegrpoError(
+            f"launch: unknown option {unknown[0]!r}",
+            "put the script's own arguments after --, e.g. `launch flux -- --max_train_steps 10`",
+            exit_code=2,
+        )
+    return script, upstream
+
+
+def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
+    names = {"npu": ["HCCL_SOCKET_IFNAME"], "cuda": ["NCCL_SOCKET_IFNAME"], "cpu": []}
+    chosen = names.get(device, ["HCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
+    return [(n, ifname) for n in chosen + ["GLOO_SOCKET_IFNAME"]]
+
+
+def run(args) -> int:
+    script, upstream = _parse_words(args)
+    env = [parse_env_assignment(text) for text in args.env or []]
+    if args.ifname:
+        env = _ifname_env(args.ifname, args.device) + env
+    spec = LaunchSpec(
+        script=script,
+        args=tuple(upstream),
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        device=args.device,
+        name=args.name,
+        env=tuple(env),
+        upstream_defaults=args.upstream_defaults,
+        strict=args.strict,
+        align=options_from_args(args),
+        profile_steps=args.profile_steps,
+        recipe=args.recipe,
+        ifname=args.ifname,
+    )
+    record = launch(project_from_args(args), spec, dry_run=args.dry_run)
+    return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

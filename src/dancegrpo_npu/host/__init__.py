@@ -1,0 +1,4 @@
+"""Facts about this host that ``launch`` and ``doctor`` both use, read without importing torch:
+the Ascend environment, CANN and driver, the NPUs there are (``ascend``), the network
+interfaces and ports (``network``), and the CPU cores a job's processes share (``cpus``).
+"""

@@ -4,12 +4,18 @@
 #   ./scripts/bootstrap.sh              .venv + dependencies, fetch + patch upstream, smoke run
 #   ./scripts/bootstrap.sh --deps-only  .venv + dependencies only (what ./scripts/test.sh needs)
 #   ./scripts/bootstrap.sh --no-smoke   everything but the smoke run
+#   ./scripts/bootstrap.sh --with diffusers-0.35
+#                                       also the diffusers-0.35 dependency set (Wan2.1,
+#                                       Qwen-Image), layered on .venv (docs/dependencies.md)
 #
 # Idempotent: a second run with nothing to do skips every step in seconds.
 #
 # Environment (all optional):
 #   PYTHON=python3.10          the interpreter for .venv (3.10 or 3.11; default: the first found)
 #   DANCEGRPO_VENV=DIR         where the virtualenv lives (default: .venv)
+#   DANCEGRPO_VENV_DIFFUSERS_0_35=DIR
+#                              where the diffusers-0.35 set lives (default: DANCEGRPO_VENV
+#                              with -diffusers-0.35 appended); the tool looks there too
 #   DANCEGRPO_TORCH="torch==X torchvision==Y [torch-npu==Z]"
 #                              the torch pair to install instead of the platform default
 #   DANCEGRPO_PIP_ARGS="..."   extra pip arguments (e.g. --index-url of a local mirror)
@@ -21,13 +27,27 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${DANCEGRPO_VENV:-$ROOT/.venv}
 MODE=all
+LAYERS=()
+want_layer=no
 for arg in "$@"; do
+  if [ "$want_layer" = yes ]; then
+    LAYERS+=("$arg")
+    want_layer=no
+    continue
+  fi
   case "$arg" in
     --deps-only) MODE=deps ;;
     --no-smoke) MODE=nosmoke ;;
+    --with) want_layer=yes ;;
+    --with=*) LAYERS+=("${arg#--with=}") ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bootstrap.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
+done
+[ "$want_layer" = yes ] && { echo "bootstrap.sh: --with needs a dependency set: diffusers-0.35" >&2; exit 2; }
+for layer in "${LAYERS[@]+"${LAYERS[@]}"}"; do
+  [ -f "scripts/deps/$layer.txt" ] ||
+    { echo "bootstrap.sh: no dependency set $layer (one of: $(cd scripts/deps && ls | sed 's/\.txt$//' | tr '\n' ' '))" >&2; exit 2; }
 done
 
 say() { printf '==> %s\n' "$*"; }
@@ -132,8 +152,51 @@ install_deps() {
   echo "$want" >"$stamp_file"
 }
 
+# --- 3. A dependency set layered on .venv ---------------------------------------------------
+# A second virtualenv holding only the set's packages (and what they need newer); a .pth file
+# appends the first virtualenv's site-packages to its path, so torch and the rest come from
+# there and are not installed twice.  Its own packages come first on sys.path, so they win.
+layer_dir() {
+  local var="DANCEGRPO_VENV_$(echo "$1" | tr 'a-z.-' 'A-Z__')"
+  echo "${!var:-$VENV-$1}"
+}
+install_layer() {
+  local name=$1 dir req stamp_file want base_site
+  dir=$(layer_dir "$name")
+  req="scripts/deps/$name.txt"
+  stamp_file="$dir/.dancegrpo-npu-setup"
+  want=$( { setup_stamp; sha256sum "$req"; } | sha256sum | cut -c1-64)
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$want" ]; then
+    say "dependency set $name up to date ($dir)"
+    return
+  fi
+  [ -x "$dir/bin/python" ] || { say "creating $dir (the $name set, layered on $VENV)"; "$VENV/bin/python" -m venv "$dir"; }
+  base_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$dir/bin/python" - "$base_site" <<'PY'
+import sys, sysconfig, pathlib
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+(site / "zz-dancegrpo-base-venv.pth").write_text(f"import site; site.addsitedir({sys.argv[1]!r})\n")
+PY
+  say "installing the $name set into $dir"
+  # pip sees the first virtualenv's packages through the .pth: it installs here only what the
+  # set pins or needs newer, and never uninstalls there ("outside environment").
+  # shellcheck disable=SC2086
+  "$dir/bin/python" -m pip --disable-pip-version-check install -q ${DANCEGRPO_PIP_ARGS:-} -r "$req" 2>&1 |
+    grep -v "^hpsv2 \|dependency conflicts\|is ignored: it is neither" >&2 || true
+  local pins
+  pins=$(grep -v '^#' "$req" | sed 's/==/ /' | awk 'NF {print $1 "=" $2}' | tr '\n' ' ')
+  PYTHONWARNINGS=ignore "$dir/bin/python" - $pins <<'PY' || die "the $name set does not import as pinned (see above)"
+import importlib.metadata as md, sys
+import torch, diffusers, transformers, peft, hpsv2.src.open_clip  # noqa: F401  the layered stack imports
+bad = [f"{n} {md.version(n)} (wants {v})" for n, v in (a.split("=") for a in sys.argv[1:]) if md.version(n) != v]
+sys.exit(f"not as pinned: {', '.join(bad)}" if bad else 0)
+PY
+  echo "$want" >"$stamp_file"
+}
+
 say "dancegrpo-npu bootstrap in $ROOT"
 install_deps
+for layer in "${LAYERS[@]+"${LAYERS[@]}"}"; do install_layer "$layer"; done
 [ "$MODE" = deps ] && exit 0
 
 DG=("$VENV/bin/dancegrpo-npu" -C "$ROOT")

@@ -4,8 +4,8 @@
 #   ./scripts/test.sh                 every test
 #   ./scripts/test.sh -m "not slow"   extra arguments go to pytest
 #
-# Installs what the tests need first (./scripts/bootstrap.sh --deps-only, a no-op when
-# up to date).  Tests that need the real upstream DanceGRPO fetch it from the locked URL
+# Installs what the tests need first (./scripts/bootstrap.sh --deps-only --with
+# diffusers-0.35, a no-op when up to date).  Tests that need the real upstream DanceGRPO fetch it from the locked URL
 # (git's url.<base>.insteadOf mirrors apply) or from DANCEGRPO_SOURCE, and are skipped
 # with the reason when it cannot be fetched; the count of those is printed at the end.
 # Under CI (CI=true, as CI services set it) they fail instead: a CI run that skipped the
@@ -14,7 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DANCEGRPO_VENV:-$PWD/.venv}
 
-./scripts/bootstrap.sh --deps-only
+# both dependency sets: the default (FLUX) and diffusers-0.35 (Wan2.1, Qwen-Image), whose tests
+# run the trainers with it (docs/dependencies.md)
+./scripts/bootstrap.sh --deps-only --with diffusers-0.35
 
 mkdir -p build
 results=build/test-results.xml

@@ -61,7 +61,7 @@ def test_port_guide_names_every_patch_in_series_order():
 
 def test_hints_point_at_pages_that_exist():
     named = set()
-    for path in [*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*")]:
+    for path in [*(ROOT / "src").rglob("*.py"), *(p for p in (ROOT / "scripts").rglob("*") if p.is_file())]:
         named |= set(re.findall(r"docs/[\w.-]+\.md", path.read_text(errors="replace")))
     assert named, "no hint names a docs/ page (the search is broken)"
     missing = sorted(n for n in named if not (ROOT / n).exists())

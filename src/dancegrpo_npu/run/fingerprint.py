@@ -75,7 +75,28 @@ print(json.dumps(out))
 """
 
 
-def package_versions() -> dict[str, str | None]:
+_VERSIONS_PROBE = r"""
+import importlib.metadata as md, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = md.version(name)
+    except md.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+def package_versions(python: str | None = None) -> dict[str, str | None]:
+    """The versions the job imports: another interpreter's (a layered dependency set,
+    run.depsets) are asked of it."""
+    if python and python != sys.executable:
+        try:
+            proc = subprocess.run([python, "-c", _VERSIONS_PROBE, *PACKAGES], capture_output=True, text=True,
+                                  timeout=120)
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+            return {"error": f"{python}: {e}"}
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -85,11 +106,11 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def probe_devices(env: dict[str, str], timeout: float = 180.0) -> dict:
+def probe_devices(env: dict[str, str], timeout: float = 180.0, python: str | None = None) -> dict:
     """The device kind and names the job will see, from a child process with its environment."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", DEVICE_PROBE],
+            [python or sys.executable, "-c", DEVICE_PROBE],
             env=env,
             capture_output=True,
             text=True,
@@ -184,18 +205,20 @@ def left_out_patches(project: Project) -> list[str] | None:
     return list(applied.without) if applied is not None else None
 
 
-def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True) -> dict:
+def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True,
+                python: str | None = None) -> dict:
+    """``python``: the job's interpreter (a dependency set's, run.depsets), default the tool's."""
     home = ascend.cann_home(env)
     cann_version, cann_file = ascend.cann_version(home) if home else (None, None)
-    devices = probe_devices(env) if probe else {"skipped": True}
+    devices = probe_devices(env, python=python) if probe else {"skipped": True}
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "python_executable": sys.executable,
+        "python_executable": python or sys.executable,
         "dancegrpo_npu": __version__,
-        "packages": package_versions(),
+        "packages": package_versions(python),
         "devices": devices,
         "cann": {
             "home": str(home) if home else None,

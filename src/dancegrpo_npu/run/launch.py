@@ -28,7 +28,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
-from dancegrpo_npu.run import recipes
+from dancegrpo_npu.run import depsets, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
@@ -177,8 +177,16 @@ def build_plan(
     port = spec.master_port
     if port is None:
         port = network.free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
+    if python is None:
+        try:
+            python = depsets.python_for(info.depset, environ, needed_by=info.name)
+        except DancegrpoError as e:
+            if not dry_run:
+                raise
+            problems.append(f"{e.message}: {e.hint}")
+            python = str(depsets.venv_dir(info.depset, environ) / "bin" / "python")
     command = (
-        python or sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nnodes", str(spec.nnodes),

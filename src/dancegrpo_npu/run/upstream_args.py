@@ -73,6 +73,8 @@ class ScriptInfo:
     # upstream's launch scripts holding this script's recipes (run.recipes), None: no recipes.
     # A trainer the port adds gets its recipes by naming its scripts here.
     recipe_glob: str | None = None
+    # The dependency set it runs with (run.depsets): the interpreter launch starts it with.
+    depset: str = "diffusers-0.32"
 
 
 _TRAIN_INPUTS = (

@@ -163,3 +163,22 @@ def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens():
     doubled = memory.estimate(edit, edit_recipe, memory.Options(world_size=8))
     single = memory.estimate(base, edit_recipe, memory.Options(world_size=8))
     assert doubled.parts[-2][1] > single.parts[-2][1]
+
+
+@pytest.mark.upstream
+def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
+    """Every trainer flag a launch line prints is one its script's argparse defines."""
+    import re
+
+    from dancegrpo_npu.run.upstream_args import SCRIPTS
+
+    for model in ("flux", "qwenimage", "qwenimage-edit"):
+        for extra in ([], ["--lora-rank", "128"]):
+            _, out, _ = _plan(capsys, model, *extra)
+            for line in re.findall(r"dancegrpo-npu launch (\S+) [^\n]*? -- ([^\n;)]*)", out):
+                trainer, flags = line
+                script = {"qwenimage": "fastvideo/train_grpo_qwenimage.py",
+                          "qwenimage-edit": "fastvideo/train_grpo_qwenimage_edit.py"}.get(trainer) or SCRIPTS[trainer].relpath
+                source = (patched_tree.tree / script).read_text()
+                for flag in re.findall(r"--\w+", flags):
+                    assert f'"{flag}"' in source, (trainer, flag)

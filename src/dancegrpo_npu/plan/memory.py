@@ -147,9 +147,10 @@ def transformer_parameters(model: Model) -> int:
 
 
 def lora_parameters(model: Model, rank: int) -> int:
-    """LoRA of rank r on the attention projections (q, k, v, out; both streams of a dual block)."""
+    """LoRA of rank r on upstream's targets (train_grpo_flux_lora.py): to_q, to_k, to_v, to_out.0
+    (a single block has no to_out)."""
     d = model.hidden
-    per_dual, per_single = 8 * rank * 2 * d, 3 * rank * 2 * d
+    per_dual, per_single = 4 * rank * 2 * d, 3 * rank * 2 * d
     return model.transformer["num_layers"] * per_dual + model.transformer.get("num_single_layers", 0) * per_single
 
 
@@ -258,6 +259,8 @@ def alternatives(model: Model, recipe: Recipe, options: Options) -> list[Choice]
         ("LoRA rank 64", lora, recipe),
         ("LoRA rank 64, selective checkpointing 1.0", lora, full_ckpt),
     ]
+    if options.lora_rank:  # asked for LoRA already: not a remedy to offer again at another rank
+        candidates = [c for c in candidates if not c[0].startswith("LoRA")]
     seen, out = set(), []
     for label, opts, rec in candidates:
         key = (opts, rec)

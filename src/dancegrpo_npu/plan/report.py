@@ -22,7 +22,7 @@ OFFLOAD = {
     "qwenimage": None,
     "qwenimage-edit": None,
 }
-LORA = {"flux": ("flux-lora", "--use_lora --lora_rank {rank} --lora_alpha {alpha}")}
+LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
 NO_OFFLOAD = "upstream's Qwen-Image trainers hard-code FSDP's cpu_offload=False (their --use_cpu_offload is ignored)"
 NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
 

@@ -18,13 +18,9 @@ EXPECTED = 5  # the checks in qwen_rope_checks.py
 
 
 def test_the_real_rope_checks_pass_with_diffusers_035(tmp_path):
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.run import depsets
+    from depset_035 import diffusers_035_python
 
-    try:
-        python = depsets.python_for("diffusers-0.35")
-    except DancegrpoError as e:
-        pytest.skip(e.message)
+    python = diffusers_035_python()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DANCEGRPO_")}
     env.update(PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1] / "src")]), OMP_NUM_THREADS="1")
     proc = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "-s", str(CHECKS)],

@@ -41,13 +41,9 @@ CODE = """
 def test_rmsnorm_follows_the_run_device_with_diffusers_035(tmp_path):
     import os
 
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.run import depsets
+    from depset_035 import diffusers_035_python
 
-    try:
-        python = depsets.python_for("diffusers-0.35")
-    except DancegrpoError as e:
-        pytest.skip(e.message)
+    python = diffusers_035_python()
     script = tmp_path / "snippet.py"
     script.write_text(textwrap.dedent(CODE))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DANCEGRPO_", "ASCEND_RT_VISIBLE_DEVICES", "FAKE_TORCH_NPU"))}

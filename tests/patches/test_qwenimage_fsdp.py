@@ -45,14 +45,10 @@ def _run(python: str, tree, port: int):
 
 @pytest.mark.upstream
 def test_the_qwen_image_fsdp_wrapper_runs_on_the_cpu(patched_tree):
-    from dancegrpo_npu.errors import DancegrpoError
     from dancegrpo_npu.host.network import free_port
-    from dancegrpo_npu.run import depsets
+    from depset_035 import diffusers_035_python
 
-    try:
-        python = depsets.python_for("diffusers-0.35")
-    except DancegrpoError as e:
-        pytest.skip(e.message)
+    python = diffusers_035_python()
     r = _run(python, patched_tree.tree, free_port())
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[:2] == ["wrapped FULL_SHARD cpu", "wrapped HYBRID_SHARD cpu"]

@@ -43,13 +43,9 @@ def test_qwen_image_counts_are_the_real_classes():
     """Built on the meta device by the diffusers-0.35 set's interpreter (the suite's has 0.32)."""
     import json
 
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.run import depsets
+    from depset_035 import diffusers_035_python
 
-    try:
-        python = depsets.python_for("diffusers-0.35")
-    except DancegrpoError as e:
-        pytest.skip(e.message)
+    python = diffusers_035_python()
     model, *_ = models.load("qwenimage")
     snippet = (
         "import json, sys, torch\n"

@@ -4,8 +4,12 @@
 #   ./scripts/test.sh                 every test
 #   ./scripts/test.sh -m "not slow"   extra arguments go to pytest
 #
-# Installs what the tests need first (./scripts/bootstrap.sh --deps-only --with
-# diffusers-0.35, a no-op when up to date).  Tests that need the real upstream DanceGRPO fetch it from the locked URL
+# The tests run on one pytest-xdist worker a core, at most DANCEGRPO_TEST_WORKERS (default 2;
+# 0 runs them in this process).  A test file stays on one worker (--dist loadfile), so the
+# runs a file shares are launched once.
+#
+# Installs what the tests need first (./scripts/bootstrap.sh --deps-only --with diffusers-0.35, a
+# no-op when up to date).  Tests that need the real upstream DanceGRPO fetch it from the locked URL
 # (git's url.<base>.insteadOf mirrors apply) or from DANCEGRPO_SOURCE, and are skipped
 # with the reason when it cannot be fetched; the count of those is printed at the end.
 # Under CI (CI=true, as CI services set it) they fail instead: a CI run that skipped the
@@ -21,7 +25,9 @@ VENV=${DANCEGRPO_VENV:-$PWD/.venv}
 mkdir -p build
 results=build/test-results.xml
 set +e
-"$VENV/bin/python" -m pytest -p no:cacheprovider --durations=25 --junitxml="$results" "$@"
+max_workers=${DANCEGRPO_TEST_WORKERS:-2}
+workers=$("$VENV/bin/python" -c "import os, sys; print(min(int(sys.argv[1]), len(os.sched_getaffinity(0))))" "$max_workers")
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$workers" --dist loadfile --durations=25 --junitxml="$results" "$@"
 status=$?
 set -e
 

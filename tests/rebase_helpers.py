@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from projects import write_project
+
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
 GIT_ENV = {
@@ -124,13 +126,11 @@ class PatchSpec:
     edits: dict  # path -> callable(old text or None) -> new text, or None to delete
 
 
-def make_series(history: History, base: str, specs: list[PatchSpec], dest: Path, context: int = 3) -> list[str]:
-    """Write each spec as a patch (made with git diff, DEP-3 header) into ``dest``; returns names."""
-    scratch = dest.parent / (dest.name + ".scratch")
-    git(dest.parent, "clone", "-q", str(history.path), str(scratch))
+def make_series(history: History, base: str, specs: list[PatchSpec], scratch: Path, context: int = 3) -> dict[str, str]:
+    """Each spec as a patch (made with git diff in ``scratch``, DEP-3 header): name -> text."""
+    git(scratch.parent, "clone", "-q", str(history.path), str(scratch))
     git(scratch, "checkout", "-q", "--detach", base)
-    dest.mkdir(parents=True, exist_ok=True)
-    names = []
+    patches = {}
     for spec in specs:
         for rel, fn in spec.edits.items():
             p = scratch / rel
@@ -148,11 +148,9 @@ def make_series(history: History, base: str, specs: list[PatchSpec], dest: Path,
             f"Description: {spec.description}\n Why: tests.\nAuthor: Test <t@example.com>\n"
             "Forwarded: not-needed\nLast-Update: 2025-01-01\n"
         )
-        (dest / spec.name).write_text(header + "---\n" + diff)
-        names.append(spec.name)
-    (dest / "series").write_text("# test series\n" + "".join(n + "\n" for n in names))
+        patches[spec.name] = header + "---\n" + diff
     shutil.rmtree(scratch)
-    return names
+    return patches
 
 
 def sha256_at(history: History, commit: str, rel: str) -> str | None:
@@ -162,16 +160,14 @@ def sha256_at(history: History, commit: str, rel: str) -> str | None:
 
 def make_project(root: Path, history: History, commit: str, specs: list[PatchSpec], overlay: dict | None = None,
                  context: int = 3) -> Path:
-    """Project at ``root`` (lock, patches, overlay) and its work tree ``root/build/DanceGRPO``,
-    fetched and patched by the engine."""
-    from dancegrpo_npu.engine.lock import Lock, save_lock
+    """Project at ``root`` (lock, patches, overlay: ``projects.write_project``) and its work tree
+    ``root/build/DanceGRPO``, fetched and patched by the engine."""
+    from dancegrpo_npu.engine.lock import Lock
 
     root.mkdir(parents=True)
-    make_series(history, commit, specs, root / "patches", context)
-    for rel, text in (overlay or {}).items():
-        (root / "overlay" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / "overlay" / rel).write_text(text)
-    save_lock(Lock(str(history.path), commit, lock_files(root, history, commit)), root / "upstream.lock")
+    patches = make_series(history, commit, specs, root / "patches.scratch", context)
+    write_project(root, lambda root: Lock(str(history.path), commit, lock_files(root, history, commit)), patches,
+                  overlay, series_header="# test series\n")
     refetch(root)
     return root
 

@@ -10,11 +10,12 @@ environment launch sets, and writes what upstream's trainer writes in its workin
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from projects import write_project
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,11 +133,9 @@ def write_weights(flux: Path) -> None:
 
 
 def make_project(root: Path, *, weights: bool = True) -> Path:
-    """A project directory with a synthetic patched tree at build/DanceGRPO."""
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "upstream.lock", root / "upstream.lock")
-    (root / "patches").mkdir(exist_ok=True)
-    (root / "patches" / "series").write_text("")
+    """A project directory (``projects.write_project``: the real lock, no patch) with a
+    synthetic patched tree at build/DanceGRPO."""
+    write_project(root, REPO / "upstream.lock")
     tree = root / "build" / "DanceGRPO"
     (tree / "fastvideo" / "data_preprocess").mkdir(parents=True, exist_ok=True)
     (tree / "fastvideo" / "__init__.py").write_text("")

@@ -1,5 +1,5 @@
 """Builders for engine tests: small synthetic upstream git repositories, patches made
-with git itself, and dancegrpo-npu project directories around them.
+with git itself, and dancegrpo-npu project directories around them (``projects``).
 
 Everything is built in temporary directories; nothing is downloaded.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dancegrpo_npu.engine.lock import Lock, save_lock, sha256_bytes
 from dancegrpo_npu.project import Project, find_project
+from projects import write_file, write_project, write_series
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Upstream",
@@ -56,17 +57,6 @@ class Upstream:
         return run_git(self.path, "show", f"{rev or self.commit}:{rel}")
 
 
-def _write(root: Path, rel: str, content: bytes | str | None, executable: bool = False) -> None:
-    dest = root / rel
-    if content is None:
-        if dest.is_symlink() or dest.exists():
-            dest.unlink()
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_bytes(content.encode() if isinstance(content, str) else content)
-    os.chmod(dest, 0o755 if executable else 0o644)
-
-
 def make_upstream(
     root: Path,
     files: dict[str, bytes | str] | None = None,
@@ -79,7 +69,7 @@ def make_upstream(
     files = DEFAULT_FILES if files is None else files
     executable = EXECUTABLE if executable is None else executable
     for rel, content in files.items():
-        _write(root, rel, content, rel in executable)
+        write_file(root, rel, content, rel in executable)
     for rel, target in (symlinks or {}).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(target, root / rel)
@@ -90,7 +80,7 @@ def make_upstream(
 
 def add_commit(up: Upstream, changes: dict[str, bytes | str | None], message: str = "upstream: next") -> Upstream:
     for rel, content in changes.items():
-        _write(up.path, rel, content)
+        write_file(up.path, rel, content)
     run_git(up.path, "add", "-A")
     run_git(up.path, "commit", "-q", "-m", message)
     return Upstream(up.path, run_git(up.path, "rev-parse", "HEAD").decode().strip())
@@ -103,7 +93,7 @@ def diff_of(up: Upstream, changes: dict[str, bytes | str | None], scratch: Path,
     run_git(up.path.parent, "clone", "-q", os.fspath(up.path), os.fspath(scratch))
     run_git(scratch, "checkout", "-q", "--detach", rev or up.commit)
     for rel, content in changes.items():
-        _write(scratch, rel, content, os.access(scratch / rel, os.X_OK) if (scratch / rel).exists() else False)
+        write_file(scratch, rel, content, os.access(scratch / rel, os.X_OK) if (scratch / rel).exists() else False)
     run_git(scratch, "add", "-A")
     out = run_git(scratch, "diff", "--cached", "--no-renames", f"-U{context}")
     shutil.rmtree(scratch)
@@ -124,28 +114,13 @@ def make_project(
     commit: str | None = None,
     archive_sha256: str | None = None,
 ) -> Project:
-    """A project directory: upstream.lock (files: the touched upstream files' hashes
-    unless given), patches/series and overlay/."""
-    root.mkdir(parents=True, exist_ok=True)
-    write_series(root, patches or {})
-    for rel, content in (overlay or {}).items():
-        _write(root / "overlay", rel, content)
-    (root / "overlay").mkdir(exist_ok=True)
+    """A project directory (``projects.write_project``): upstream.lock (files: the touched
+    upstream files' hashes unless given), patches/series and overlay/."""
     commit = commit or up.commit
     if lock_files is None:
         lock_files = touched_hashes(up, patches or {}, commit)
-    save_lock(Lock(up.url(), commit, lock_files, archive_sha256), root / "upstream.lock")
+    write_project(root, Lock(up.url(), commit, lock_files, archive_sha256), patches, overlay or {})
     return find_project(root)
-
-
-def write_series(root: Path, patches: dict[str, bytes]) -> None:
-    pdir = root / "patches"
-    if pdir.exists():
-        shutil.rmtree(pdir)
-    pdir.mkdir(parents=True)
-    for name, data in patches.items():
-        (pdir / name).write_bytes(data)
-    (pdir / "series").write_text("".join(f"{n}\n" for n in patches))
 
 
 def touched_hashes(up: Upstream, patches: dict[str, bytes], commit: str) -> dict[str, str]:
@@ -222,7 +197,7 @@ class Setup:
         shutil.rmtree(self.project.overlay_dir, ignore_errors=True)
         self.project.overlay_dir.mkdir()
         for rel, content in files.items():
-            _write(self.project.overlay_dir, rel, content)
+            write_file(self.project.overlay_dir, rel, content)
 
     def fetch(self, **kw):
         from dancegrpo_npu.engine.fetch import fetch

@@ -20,6 +20,23 @@ def test_help_lists_verbs():
     assert "series" in r.stdout and "upstream.lock" in r.stdout
 
 
+def test_each_verb_is_one_module_of_commands():
+    """cli lists every module of commands/, once; each registers its verb and runs it in ``run``."""
+    import ast
+
+    from dancegrpo_npu import cli
+
+    modules = sorted(p.stem for p in (ROOT / "src" / "dancegrpo_npu" / "commands").glob("*.py") if p.stem != "__init__")
+    assert sorted(cli.COMMAND_MODULES) == modules and len(set(cli.COMMAND_MODULES)) == len(modules)
+    for name in modules:
+        tree = ast.parse((ROOT / "src" / "dancegrpo_npu" / "commands" / f"{name}.py").read_text())
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"register", "run"} <= functions, name
+    verbs = [line.split()[0] for line in run("--help").stdout.split("positional arguments:")[1].split("options:")[0]
+             .splitlines()[2:] if line.startswith("    ") and not line.startswith("     ")]
+    assert verbs == [m.replace("_", "-") for m in cli.COMMAND_MODULES]  # one verb each, in the listed order
+
+
 def test_series_lists_patches_in_order():
     r = run("series")
     assert r.returncode == 0, r.stderr

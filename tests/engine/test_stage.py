@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import patch_ng
 import pytest
 from synthetic_upstream import refused, setup, snapshot
 
-from dancegrpo_npu.engine.diffs import apply_exact, parse_diff, split_lines
+from dancegrpo_npu.engine.diffs import check_hunks, parse_diff, split_lines
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import Patch
 from dancegrpo_npu.engine.stage import FileState, Upstream, build
@@ -76,11 +78,16 @@ def test_patch_ng_failure_on_a_real_tree_leaves_it_untouched(tmp_path, monkeypat
     assert snapshot(s.tree) == before
 
 
-def test_dry_build_needs_no_patch_ng(monkeypatch):
-    monkeypatch.setattr(patch_ng, "fromstring", None)
+def test_a_build_without_a_stage_applies_with_patch_ng_too(monkeypatch):
+    """One applier: a build that only computes the tree (status, verify) runs patch-ng as well,
+    in a directory of its own that goes."""
+    calls = []
+    real = patch_ng.PatchSet.apply
+    monkeypatch.setattr(patch_ng.PatchSet, "apply", lambda self, **kw: calls.append(kw["root"]) or real(self, **kw))
     built = build(_upstream({"f.txt": b"a\nb\nc\n"}), [_patch("p", EDIT)], {}, None)
     assert built.files["f.txt"].data == b"a\nB\nc\n"
     assert built.created == {"n.txt"} and built.touched_by == {"p": ("f.txt", "n.txt")}
+    assert len(calls) == 2 and not any(os.path.exists(root) for root in calls)
 
 
 def test_split_lines_only_on_lf():
@@ -92,9 +99,10 @@ def test_no_newline_markers_on_both_sides():
     diff = b"--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n"
     (change,) = parse_diff(diff.replace(b"--- a/x\n+++ b/x", b"--- x\n+++ x"), "p")
     assert change.hunks[0].old == (b"a\n", b"b") and change.hunks[0].new == (b"a\n", b"c")
-    assert apply_exact(b"a\nb", change, "p") == b"a\nc"
+    plain = diff.replace(b"--- a/x\n+++ b/x", b"--- x\n+++ x")
+    assert build(_upstream({"x": b"a\nb"}), [_patch("p", plain)], {}, None).files["x"].data == b"a\nc"  # patch-ng's gap
     with pytest.raises(DancegrpoError, match="final newline"):
-        apply_exact(b"a\nb\n", change, "p")
+        check_hunks(b"a\nb\n", change, "p")
 
 
 def test_multiple_hunks_and_overlap():
@@ -103,18 +111,19 @@ def test_multiple_hunks_and_overlap():
     )
     (change,) = parse_diff(diff, "p")
     text = b"".join(b"%d\n" % i for i in range(1, 8))
-    assert apply_exact(text, change, "p") == b"one\n2\n3\n4\n5\nsix\nseven\n7\n"
+    assert build(_upstream({"x": text}), [_patch("p", diff)], {}, None).files["x"].data == b"one\n2\n3\n4\n5\nsix\nseven\n7\n"
     overlapping = diff.replace(b"@@ -5,2 +5,3 @@", b"@@ -2,2 +2,3 @@")
     with pytest.raises(DancegrpoError, match="overlaps"):
-        apply_exact(b"1\n2\n6\n", parse_diff(overlapping, "p")[0], "p")
+        check_hunks(b"1\n2\n6\n", parse_diff(overlapping, "p")[0], "p")
 
 
 def test_deleting_a_file_needs_its_whole_content():
     (change,) = parse_diff(b"--- a\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-x\n-y\n", "p")
     assert change.kind == "delete"
-    assert apply_exact(b"x\ny\n", change, "p") is None
+    built = build(_upstream({"a": b"x\ny\n"}), [_patch("p", b"--- a\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-x\n-y\n")], {}, None)
+    assert built.files["a"] is None
     with pytest.raises(DancegrpoError, match="do not cover the whole file"):
-        apply_exact(b"x\ny\nz\n", change, "p")
+        check_hunks(b"x\ny\nz\n", change, "p")
 
 
 def test_same_file_twice_in_one_patch_is_refused():

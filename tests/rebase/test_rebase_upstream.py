@@ -178,7 +178,7 @@ def test_the_series_is_what_the_tool_writes(tmp_path, upstream_source):
     parent, stale = locked, []
     for patch, commit in zip(patches, build_queue(repo, locked, patches, tmp_path / "queue-index")):
         assert index_abbrev(patch.diff), f"{patch.name} has no index lines"
-        if diff_between(repo, parent, commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff)) != patch.diff:
+        if diff_between(repo, parent, commit, context_lines(patch), patch.name, index_abbrev(patch.diff)) != patch.diff:
             stale.append(patch.name)
         parent = commit
     assert not stale, f"not what export writes (re-export them): {stale}"

@@ -96,7 +96,7 @@ def test_replay_without_records(project, capsys):
     (run / "summary.json").write_text("{}")
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--replay", "plain", "--", *SMALL)
     assert rc == 2 and "--replay: run 20260101-100000-plain has no records" in err
-    assert "launch or smoke with --record" in err and err.count("\n") == 1
+    assert "launch, smoke or bench with --record" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

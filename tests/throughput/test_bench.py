@@ -36,7 +36,7 @@ def bench(project_root, *args, timeout=1200):
 def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     out = tmp_path / "bench.json"
     r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--preset", "tiny", "--device", "cpu",
-              "--sample-batch-sizes", "1,2", "--steps", "1", "--json", str(out))  # fmt: skip
+              "--sample-batch-sizes", "1,2", "--steps", "1", "--json", str(out), "--record")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     document = json.loads(out.read_text())
     assert set(document) == {"results", "fingerprint"}
@@ -66,6 +66,7 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     assert r.stdout.splitlines()[0].endswith("warm-up; 1 CPU thread(s) (OMP_NUM_THREADS=1, yours)")
     assert facts["torch_threads"] == 1 and facts["torch_threads_from"] == "OMP_NUM_THREADS=1, yours"
     check_run_directory(patched_tree, tmp_path / "runs", facts, results)
+    check_compare(patched_tree, tmp_path / "runs", facts)
     check_memory_plan(facts, results)
 
 
@@ -120,6 +121,22 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
                         "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert run.name in r.stdout and "succeeded" in r.stdout and "time per step (mean): rollout" in r.stdout
+
+
+def check_compare(patched_tree, runs_dir, facts):
+    """With --record the bench's run directory holds records/ as a launch's does, so `compare`
+    reads two bench runs: a second one at N=1 repeats the first one's step 1 exactly."""
+    first = os.path.basename(facts["run_dir"])
+    index = json.loads((runs_dir / first / "records" / "index.json").read_text())
+    assert (index["steps"], index["world_size"], index["h"], index["num_generations"]) == ([1, 2], 1, 64, 4)
+    r = bench(patched_tree.project.root, "--runs-dir", str(runs_dir), "--preset", "tiny", "--device", "cpu",
+              "--sample-batch-sizes", "1", "--steps", "1", "--record")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = next(p.name for p in runs_dir.iterdir() if p.is_dir() and p.name != first)
+    r = subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "compare",
+                        "--runs-dir", str(runs_dir), first, second], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "steps compared: 1\n" in r.stdout and "verdict: aligned: " in r.stdout
 
 
 @pytest.mark.parametrize("error, expected", [

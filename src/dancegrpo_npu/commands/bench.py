@@ -36,7 +36,7 @@ def options_from_args(args) -> dict:
     options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
     options.update(
         preset=args.preset, sample_batch_sizes=args.sample_batch_sizes, vae_decode_chunk=args.vae_decode_chunk,
-        device=args.device, dtype=args.dtype,
+        device=args.device, dtype=args.dtype, record=args.record,
     )  # fmt: skip
     return options
 
@@ -82,4 +82,7 @@ def register(sub, common) -> None:
     p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")
     p.add_argument("--warmup-steps", type=int, default=None, help="untimed GRPO steps before them (default 1)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results and the fingerprint here")
+    p.add_argument("--record", action="store_true",
+                   help="record every timed step's stages into <run>/records/ as `launch --record` does, so that "
+                   "`dancegrpo-npu compare` reads two bench runs (docs/alignment.md)")
     p.set_defaults(func=run)

@@ -1,12 +1,12 @@
 """Unified diffs, read strictly: which files a patch changes, with which hunks, and
-what each file is after the hunks apply *exactly* (no fuzz, no offset).
+whether the hunks apply to a file *exactly* (no fuzz, no offset).
 
 This is the engine's own reading of a patch, mode lines included (a new executable,
-a mode change, a new symlink: git's extended headers).  patch-ng writes the files (see
-``stage.py``), but it strips ``../`` and absolute prefixes, follows symlinks, applies
-fuzzed hunks, ignores modes and drops "\\ No newline at end of file", so every path
-(``treepaths``) and every hunk is checked first, and patch-ng's output is compared with
-``apply_exact``.
+a mode change, a new symlink: git's extended headers).  patch-ng, the one applier, writes
+the files (see ``stage.py``), but it strips ``../`` and absolute prefixes, follows symlinks,
+compares lines without their endings, takes an already patched file as done, ignores modes
+and drops "\\ No newline at end of file", so every path (``treepaths``) and every hunk
+(``check_hunks``) is checked before it runs, and what it wrote after (``check_result``).
 
 Lines are split on LF only and kept with their endings, so a CRLF file and a CRLF
 patch match byte for byte, and a patch whose line endings differ from its target's
@@ -61,6 +61,7 @@ class Hunk:
     tgt_len: int
     old: tuple[bytes, ...]  # the lines it expects, with their endings as in the file
     new: tuple[bytes, ...]  # the lines it leaves
+    body: tuple[bytes, ...] = ()  # its lines after the @@ line, as the patch writes them
 
     @property
     def label(self) -> str:
@@ -82,6 +83,7 @@ class FileChange:
     new_mode: int | None = None  # the mode it leaves (a created file's, or a mode change's)
     no_newline: bool = False  # the patch marks a missing final newline
     old_mode: int | None = None  # the mode it expects (a deleted file's, or a mode change's)
+    header: tuple[bytes, ...] = ()  # its lines before the first hunk, as the patch writes them
 
     @property
     def path(self) -> str:
@@ -134,19 +136,20 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
     changes: list[FileChange] = []
     seen: set[str] = set()
     i, section, modes = 0, None, {}  # section: the open "diff --git" line, whose change is still to come
+    start = 0  # where the open file's header lines begin
 
-    def add(change: FileChange) -> None:
+    def add(change: FileChange, end: int) -> None:
         if change.path in seen:
             raise _fail(patch, f"changes {change.path} twice", "merge the two parts into one diff of the file")
         seen.add(change.path)
-        changes.append(_checked_modes(change, patch))
+        changes.append(_checked_modes(replace(change, header=tuple(lines[start:end])), patch))
 
     while i < len(lines):
         line = lines[i]
         if line.startswith(b"diff --git "):
             if section is not None:
-                add(_headers_only(section, modes, patch))
-            section, modes = line.rstrip(b"\r\n"), {}
+                add(_headers_only(section, modes, patch), i)
+            section, modes, start = line.rstrip(b"\r\n"), {}, i
             i += 1
             continue
         for marker, what in _UNSUPPORTED.items():
@@ -157,6 +160,8 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             modes[m.group(1).decode()] = int(m.group(2), 8)
         if line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
             git_style = section is not None
+            if not git_style:
+                start = i
             old = _name(line[4:], patch, i + 1)
             new = _name(lines[i + 1][4:], patch, i + 2)
             if old is None and new is None:
@@ -165,17 +170,18 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             new = check_patch_path(new, patch, "b/" if git_style else "") if new is not None else None
             if old is not None and new is not None and old != new:
                 raise _fail(patch, f"diff line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
-            i, hunks, no_newline = _parse_hunks(lines, i + 2, patch, new or old)
+            end = i + 2
+            i, hunks, no_newline = _parse_hunks(lines, end, patch, new or old)
             if not hunks:
                 raise _fail(patch, f"{new or old} has no hunks")
-            add(_change(old, new, tuple(hunks), modes, no_newline, patch))
+            add(_change(old, new, tuple(hunks), modes, no_newline, patch), end)
             section, modes = None, {}
             continue
         if line.startswith(b"@@ "):
             raise _fail(patch, f"diff line {i + 1}: a hunk without ---/+++ file names before it")
         i += 1
     if section is not None:
-        add(_headers_only(section, modes, patch))
+        add(_headers_only(section, modes, patch), i)
     if not changes:
         raise _fail(patch, "contains no file changes (an empty file?)", "add the diff, or drop the patch from patches/series")
     return changes
@@ -250,6 +256,7 @@ def _parse_hunks(lines: list[bytes], i: int, patch: str, path: str) -> tuple[int
         src_len = int(m.group(2)) if m.group(2) is not None else 1
         tgt_len = int(m.group(4)) if m.group(4) is not None else 1
         number = len(hunks) + 1
+        first = i + 1
         old: list[bytes] = []
         new: list[bytes] = []
         last: str | None = None
@@ -276,7 +283,7 @@ def _parse_hunks(lines: list[bytes], i: int, patch: str, path: str) -> tuple[int
             i += 1
         if len(old) != src_len or len(new) != tgt_len:
             raise _fail(patch, f"{path} {_label(number, header)} is malformed: it has {len(old)} old and {len(new)} new lines, its header says {src_len} and {tgt_len}")
-        hunks.append(Hunk(number, header, src_start, src_len, tgt_start, tgt_len, tuple(old), tuple(new)))
+        hunks.append(Hunk(number, header, src_start, src_len, tgt_start, tgt_len, tuple(old), tuple(new), tuple(lines[first:i])))
     return i, hunks, no_newline
 
 
@@ -322,7 +329,7 @@ def place_hunks(content: bytes, change: FileChange) -> tuple[FileChange, tuple[t
     never fuzz: the context must match in full).  For a tree the series makes without
     some of its patches (``apply --without``): what a left-out patch added above a later
     hunk moves it.  Returns the placed change and the (hunk, offset) of each moved hunk;
-    a hunk found nowhere stays, and ``apply_exact`` says why it does not apply."""
+    a hunk found nowhere stays, and ``check_hunks`` says why it does not apply."""
     lines = split_lines(content)
     placed: list[Hunk] = []
     moved: list[tuple[Hunk, int]] = []
@@ -352,9 +359,13 @@ def _nearest(lines: list[bytes], old: tuple[bytes, ...], want: int, lowest: int)
     return None
 
 
-def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes | None:
-    """The file after ``change`` applies exactly to ``content`` (None: absent), or a
-    DancegrpoError naming the patch, file and hunk; "already applied" is said as such."""
+def check_hunks(content: bytes | None, change: FileChange, patch: str) -> None:
+    """Refuse, naming the patch, file and hunk, a ``change`` that does not apply *exactly* to
+    ``content`` (None: absent): every hunk's lines at its stated line, byte for byte with their
+    endings, in order, a deletion covering the whole file, a creation of a path that is not
+    there; "already applied" is said as such.  patch-ng compares lines without their endings,
+    treats an already patched file as done and deletes without looking: this is what it
+    does not check.  The content itself is patch-ng's to write (``stage.py``)."""
     path = change.path
     if change.kind == "create":
         created = b"".join(change.hunks[0].new) if change.hunks else b""  # no hunk: an empty file
@@ -364,13 +375,12 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
             raise _fail(patch, f"creates {path}, which already exists", misfit_hint(patch))
         if change.hunks and (len(change.hunks) != 1 or change.hunks[0].src_len != 0):
             raise _fail(patch, f"creates {path} but its hunks are not a single '@@ -0,0 ...' hunk")
-        return created
+        return
     if content is None:
         if change.kind == "delete":
             raise _fail(patch, f"is already applied: it deletes {path}, which does not exist", _already_applied_hint("upstream or an earlier patch did it"))
         raise _fail(patch, f"changes {path}, which does not exist", misfit_hint(patch))
     lines = split_lines(content)
-    out: list[bytes] = []
     pos = 0
     problems: list[str] = []
     for h in change.hunks:
@@ -383,8 +393,6 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
         if why:
             problems.append(f"{h.label} does not apply to {path}: {why}")
             continue
-        out += lines[pos:start]
-        out += h.new
         pos = start + len(h.old)
     if problems:
         if _already_applied(lines, change):
@@ -394,13 +402,22 @@ def apply_exact(content: bytes | None, change: FileChange, patch: str) -> bytes 
             hint = "regenerate the patch with `git diff` against the locked tree, which keeps the file's line endings"
         more = f" (and {len(problems) - 1} more hunk(s))" if len(problems) > 1 else ""
         raise _fail(patch, problems[0] + more, hint)
-    out += lines[pos:]
-    result = b"".join(out)
-    if change.kind == "delete":
-        if result:
-            raise _fail(patch, f"deletes {path} but its hunks do not cover the whole file", misfit_hint(patch))
-        return None
-    return result
+    if change.kind == "delete" and (sum(len(h.old) for h in change.hunks) != len(lines) or any(h.new for h in change.hunks)):
+        raise _fail(patch, f"deletes {path} but its hunks do not cover the whole file", misfit_hint(patch))
+
+
+def check_result(content: bytes, before: bytes, change: FileChange) -> str | None:
+    """Why ``content`` is not what ``change`` makes of ``before`` (None: it is): each hunk's
+    new lines at its target line, and the lines outside the hunks, as many as before."""
+    lines = split_lines(content)
+    for h in change.hunks:
+        why = _mismatch(lines, _start(h, src=False), h.new, change.path)
+        if why:
+            return f"{h.label}: {why}"
+    kept = len(split_lines(before)) - sum(len(h.old) for h in change.hunks)
+    if len(lines) != kept + sum(len(h.new) for h in change.hunks):
+        return f"{change.path} has {len(lines)} lines, the patch leaves {kept + sum(len(h.new) for h in change.hunks)}"
+    return None
 
 
 def _already_applied(lines: list[bytes], change: FileChange) -> bool:

@@ -1,13 +1,16 @@
-"""Build the patched files in a staging directory: the series with patch-ng, each
-file checked against the exact hunks (``diffs.apply_exact``), then the overlay.
+"""Build the patched files in a staging directory: the series with patch-ng, the one
+applier, then the overlay.
 
 Nothing here touches the work tree.  The result is the content of every path the
 series or the overlay decides (None for a deleted file); ``apply`` swaps it in.
 
-patch-ng 1.19.1 is wrapped, not trusted: paths are checked before it runs, it runs
-one file at a time in a scratch directory holding only the files of the series, its
-output is compared with the exact result, and its two known gaps are corrected and
-nothing else: a missing final newline gains one, and an empty file cannot be patched.
+patch-ng 1.19.1 is wrapped, not trusted: paths and hunks are checked before it runs
+(``diffs.check_hunks``: exact, no fuzz, no offset), it runs one file at a time in a
+scratch directory holding only the files of the series, and what it wrote is checked
+(``diffs.check_result``).  Its known gaps are handled here, in ``_patch_ng_gaps``, and
+nothing else: it ends a file whose patch says "\\ No newline at end of file" with one,
+cannot patch an empty file, and ignores modes; symlinks, mode changes and empty files it
+finds nothing in are the engine's to write.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from dancegrpo_npu.engine.diffs import (
-    EXECUTABLE, REGULAR, SYMLINK, FileChange, apply_exact, misfit_hint, mode_name, parse_diff, place_hunks,
+    EXECUTABLE, REGULAR, SYMLINK, FileChange, check_hunks, check_result, misfit_hint, mode_name, parse_diff, place_hunks,
 )
 from dancegrpo_npu.engine.treepaths import check_symlinks, resolve_link
 from dancegrpo_npu.errors import DancegrpoError
@@ -124,13 +128,16 @@ def build(
     stage_dir: Path | None,
     place: bool = False,
 ) -> Built:
-    """Apply the series then the overlay.  With ``stage_dir`` (an empty directory), the
-    files are written there by patch-ng and checked; without, only computed exactly.
+    """Apply the series then the overlay.  The files are written by patch-ng into
+    ``stage_dir`` (an empty directory), or without one into a temporary directory that goes.
 
     ``place``: for a series with patches left out (``apply --without``), a hunk whose
     lines are not at its stated line is placed at the nearest line where they all are
     (``diffs.place_hunks``; never fuzz), and ``Built.moved`` lists it.  The series as
     written is always applied at its stated lines."""
+    if stage_dir is None:
+        with tempfile.TemporaryDirectory(prefix="dancegrpo-npu-build-") as tmp:
+            return build(upstream, patches, overlay, Path(tmp), place)
     parsed = [(p, parse_patch(p)) for p in patches]
     touched: list[str] = []
     for patch, changes in parsed:
@@ -142,9 +149,8 @@ def build(
     updirs = upstream.dirs
     state: dict[str, FileState | None] = {t: pristine.get(t) for t in touched}
     links = dict(upstream.symlinks)  # upstream's, then those the series creates
-    if stage_dir is not None:
-        for path, fs in pristine.items():
-            write_file(stage_dir, path, fs)
+    for path, fs in pristine.items():
+        write_file(stage_dir, path, fs)
     created: set[str] = set()
     moved: list[str] = []
     for patch, changes in parsed:
@@ -152,23 +158,22 @@ def build(
             changes = _placed(patch.name, changes, state, moved)
         # patch-ng only for what it does: hunks of regular files (it finds nothing in a
         # patch of mode lines and empty files, and would write a symlink as a file)
-        needs_ng = stage_dir is not None and any(c.hunks and not c.is_link for c in changes)
+        needs_ng = any(c.hunks and not c.is_link for c in changes)
         ng_items = _patch_ng_items(patch) if needs_ng else {}
-        results: list[tuple[FileChange, FileState | None]] = []
         for c in changes:  # check the whole patch before any of it is written
             who = f"patch {patch.name}"
             check_symlinks(c.path, links, who)  # not through a symlink an earlier patch created
-            before = state[c.path]
             if c.kind == "create":
                 _check_new_path(c.path, state, upstream.paths, updirs, who)
-            results.append((c, _result(before, c, patch.name, links)))
-        for c, after in results:
-            if stage_dir is not None:
-                if c.hunks and not (after is not None and after.link):
-                    _shift_ng_hunks(ng_items.get(c.path), c)
-                    _patch_ng_one(stage_dir, patch.name, ng_items.get(c.path), c, state[c.path], after)
-                else:  # a symlink, a mode change or an empty file: nothing for patch-ng to do
-                    _write_or_remove(stage_dir, c.path, after)
+            _check(state[c.path], c, patch.name, links)
+        for c in changes:
+            before = state[c.path]
+            if c.hunks and not c.is_link:
+                _shift_ng_hunks(ng_items.get(c.path), c)
+                after = _patch_ng_one(stage_dir, patch.name, ng_items.get(c.path), c, before)
+            else:  # a symlink, a mode change or an empty file: nothing for patch-ng to do
+                after = _without_hunks(before, c)
+                _write_or_remove(stage_dir, c.path, after)
             state[c.path] = after
             if after is not None and after.link:
                 links[c.path] = after.data.decode("utf-8", "surrogateescape")
@@ -184,10 +189,8 @@ def build(
         check_symlinks(rel, links, "overlay")
         _check_new_path(rel, state, upstream.paths, updirs, f"overlay/{rel}")
         state[rel] = fs
-        if stage_dir is not None:
-            write_file(stage_dir, rel, fs)
-    if stage_dir is not None:
-        _check_stage(stage_dir, state)
+        write_file(stage_dir, rel, fs)
+    _check_stage(stage_dir, state)
     return Built(
         files=state,
         pristine=pristine,
@@ -221,10 +224,9 @@ def _shift_ng_hunks(item, change: FileChange) -> None:
             h.starttgt += shift
 
 
-def _result(before: FileState | None, change: FileChange, patch: str, links: dict[str, str]) -> FileState | None:
-    """What ``change`` makes of ``before``: contents by the exact hunks, mode as the patch
-    states it (a file it does not give a mode to keeps its own); refused, naming the
-    patch and the path, where the tree is not what the patch says it changes from."""
+def _check(before: FileState | None, change: FileChange, patch: str, links: dict[str, str]) -> None:
+    """Refused, naming the patch and the path, where the tree is not what the patch says it
+    changes from: its mode, its lines (``check_hunks``), a new symlink's target."""
     path = change.path
     if before is not None and change.old_mode is not None and change.old_mode != before.git_mode:
         already = " (already applied?)" if change.new_mode == before.git_mode else ""
@@ -232,20 +234,30 @@ def _result(before: FileState | None, change: FileChange, patch: str, links: dic
             f"patch {patch}: {path} is mode {mode_name(before.git_mode)}, the patch expects {mode_name(change.old_mode)}{already}",
             misfit_hint(patch),
         )
-    data = apply_exact(before.data if before else None, change, patch)
-    if data is None:
-        return None
+    check_hunks(before.data if before else None, change, patch)
     if change.kind == "create" and change.is_link:
-        target = data.decode("utf-8", "surrogateescape")
-        where = resolve_link(path, target, links)
-        if where is None:
+        target = change.hunks[0].new[0].decode("utf-8", "surrogateescape")
+        if resolve_link(path, target, links) is None:
             raise DancegrpoError(
                 f"patch {patch}: refusing to create the symlink {path} -> {target}: its target does not resolve inside the tree",
                 "a patch may add a symlink only to a path inside the upstream tree (relative, not into .git)",
             )
-        return FileState(data, link=True)
+
+
+def _mode(before: FileState | None, change: FileChange) -> bool:
+    """Whether the file is executable after ``change``: as the patch states it, else as it was."""
     mode = change.new_mode if change.new_mode is not None else before.git_mode if before else REGULAR
-    return FileState(data, mode == EXECUTABLE)
+    return mode == EXECUTABLE
+
+
+def _without_hunks(before: FileState | None, change: FileChange) -> FileState | None:
+    """What a change patch-ng has nothing to do for leaves: a new symlink (its one line is the
+    target), a new empty file, a deleted one, or a mode change."""
+    if change.kind == "delete":
+        return None
+    if change.is_link:
+        return FileState(change.hunks[0].new[0], link=True)
+    return FileState(before.data if before else b"", _mode(before, change))
 
 
 def _check_new_path(path: str, state: dict[str, FileState | None], paths: frozenset[str], dirs: frozenset[str], who: str) -> None:
@@ -331,7 +343,7 @@ def _patch_ng_items(patch: Patch) -> dict[str, object]:
     return {_ng_path(it): it for it in patchset.items}
 
 
-def _patch_ng_one(stage: Path, name: str, item, change: FileChange, before: FileState | None, after: FileState | None) -> None:
+def _patch_ng_one(stage: Path, name: str, item, change: FileChange, before: FileState | None) -> FileState | None:
     """Let patch-ng apply one file's part of a patch in ``stage``; check what it wrote."""
     import patch_ng
 
@@ -349,23 +361,40 @@ def _patch_ng_one(stage: Path, name: str, item, change: FileChange, before: File
             ok = False
             log.messages.append(f"{type(e).__name__}: {e}")
     dest = stage / change.path
-    if after is None:
+    if change.kind == "delete":
         if not ok or dest.exists() or dest.is_symlink():
             raise DancegrpoError(f"{where}: patch-ng did not delete the file", "report this as an engine bug; the work tree is unchanged")
-        return
-    got = dest.read_bytes() if dest.is_file() else None
-    known_gap = (
-        # patch-ng drops "\ No newline at end of file" and always ends the file with one
-        (got is not None and change.no_newline and got in (after.data + b"\n", after.data + b"\r\n"))
-        # patch-ng cannot patch an empty file ("premature end of source file")
-        or (before is not None and before.data == b"" and got == b"")
-    )
-    if not known_gap and (not ok or got != after.data):
-        detail = "; ".join(log.messages[-2:]) if not ok else "its output differs from the exact hunks"
+        return None
+    got = _patch_ng_gaps(dest.read_bytes() if dest.is_file() else None, change, before)
+    why = check_result(got, before.data if before else b"", change) if got is not None else "it wrote no file"
+    if not ok and not (before is not None and before.data == b""):
+        why = "; ".join(log.messages[-2:])
+    if why:
+        detail = why if not ok else f"its output differs from the exact hunks: {why}"
         raise DancegrpoError(f"{where}: patch-ng failed ({detail})", "report this as an engine bug; the work tree is unchanged")
-    if got != after.data:
-        write_file(stage, change.path, after)
-    os.chmod(dest, after.mode)
+    after = FileState(got, _mode(before, change))
+    write_file(stage, change.path, after)
+    return after
+
+
+def _patch_ng_gaps(got: bytes | None, change: FileChange, before: FileState | None) -> bytes | None:
+    """patch-ng's output with its known gaps made good, and nothing else:
+
+    - it cannot patch an empty file ("premature end of source file"): the file is then the
+      hunks' new lines, which is all a patch of an empty file can say;
+    - it drops "\\ No newline at end of file" and ends the file with a newline: where the
+      patch leaves the last line without one, that newline goes.
+    """
+    if before is not None and before.data == b"":
+        return b"".join(line for h in change.hunks for line in h.new)
+    if got is None:
+        return None
+    last = change.hunks[-1].new if change.hunks else ()
+    if change.no_newline and last and not last[-1].endswith(b"\n"):
+        for ending in (b"\r\n", b"\n"):
+            if got.endswith(ending):
+                return got[: -len(ending)]
+    return got
 
 
 def _ng_path(item) -> str:

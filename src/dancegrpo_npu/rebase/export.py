@@ -89,7 +89,7 @@ def stub_header(project: Project, files: list[str], description: str | None) -> 
 
 def series_context(patches: list[Patch]) -> int:
     """The context most patches of the series use (Debian's style: keep it uniform)."""
-    counts = collections.Counter(context_lines(p.diff) for p in patches)
+    counts = collections.Counter(context_lines(p) for p in patches)
     return counts.most_common(1)[0][0] if counts else DEFAULT_CONTEXT
 
 

@@ -78,7 +78,7 @@ def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> S
         if step.outcome == "skipped":
             continue
         patch = old[step.name]
-        diff = diff_between(tree, parent, step.commit, context_lines(patch.diff), patch.name, index_abbrev(patch.diff))
+        diff = diff_between(tree, parent, step.commit, context_lines(patch), patch.name, index_abbrev(patch.diff))
         if diff == patch.diff:
             texts.append((patch.path.name, patch.path.read_bytes()))
         else:

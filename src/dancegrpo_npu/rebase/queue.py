@@ -20,6 +20,7 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitcmd import Git, last_line
 from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs
+from dancegrpo_npu.engine.diffs import parse_diff
 from dancegrpo_npu.engine.series import Patch
 
 DEFAULT_CONTEXT = 3
@@ -31,7 +32,6 @@ JUNK_PATHSPECS = (
     ":(exclude,glob)**/.ipynb_checkpoints/**",
     ":(exclude,glob)**/.pytest_cache/**",
 )
-_HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 def today() -> str:
@@ -52,7 +52,7 @@ def strip_level(diff: bytes) -> int:
     return 1
 
 
-def context_lines(diff: bytes, default: int = DEFAULT_CONTEXT) -> int:
+def context_lines(patch: Patch, default: int = DEFAULT_CONTEXT) -> int:
     """How many lines of context the patch was made with (``diff -U<n>``).
 
     A hunk that does not start at line 1 has exactly n lines of leading context
@@ -60,11 +60,10 @@ def context_lines(diff: bytes, default: int = DEFAULT_CONTEXT) -> int:
     leading or trailing context seen is the best lower bound.
     """
     exact, bound = [], 0
-    for section in parse_diff(diff):
-        for hunk in section.hunks:
-            m = _HUNK.match(hunk[0].rstrip(b"\r\n"))
-            old_start, old_len = int(m.group(1)), int(m.group(2) or 1)
-            kinds = [ln[:1] for ln in hunk[1:] if ln[:1] in (b" ", b"+", b"-")]
+    for change in parse_diff(patch.diff, patch.name):
+        for hunk in change.hunks:
+            old_start, old_len = hunk.src_start, hunk.src_len
+            kinds = [ln[:1] for ln in hunk.body if ln[:1] in (b" ", b"+", b"-")]
             if old_len == 0 or all(k == b" " for k in kinds):
                 continue  # a new file, or no change: says nothing about context
             lead = next(k for k, c in enumerate(kinds) if c != b" ")
@@ -108,9 +107,9 @@ def commit_message(patch: Patch) -> bytes:
     return f"{patch.name}: {patch.description}\n\n{patch.header_text.rstrip()}\n\n{TRAILER}: {patch.name}\n".encode("utf-8")
 
 
-def apply_args(diff: bytes) -> list[str]:
-    args = [f"-p{strip_level(diff)}", "--whitespace=nowarn"]
-    if context_lines(diff) == 0:
+def apply_args(patch: Patch) -> list[str]:
+    args = [f"-p{strip_level(patch.diff)}", "--whitespace=nowarn"]
+    if context_lines(patch) == 0:
         args.append("--unidiff-zero")
     return args
 
@@ -121,7 +120,7 @@ def build_queue(git: Git, base: str, patches: list[Patch], index: Path) -> list[
     g.run("read-tree", base)
     parent, commits = base, []
     for patch in patches:
-        r = g.run("apply", "--cached", *apply_args(patch.diff), "-", input=patch.diff, check=False)
+        r = g.run("apply", "--cached", *apply_args(patch), "-", input=patch.diff, check=False)
         if r.returncode != 0:
             raise DancegrpoError(
                 f"patch {patch.name} does not apply to {base[:12]} ({last_line(r.stderr)})",
@@ -236,72 +235,6 @@ def all_paths(git: Git, commit: str) -> set[str]:
 
 
 @dataclass(frozen=True)
-class FileDiff:
-    """One file of a unified diff: its header lines and its hunks (each the @@ line + body)."""
-
-    path: str  # after the patch (before it, for a deletion); a/ b/ stripped
-    header: tuple[bytes, ...]
-    hunks: tuple[tuple[bytes, ...], ...]
-
-
-def _diff_path(line: bytes) -> str:
-    raw = line[4:].split(b"\t")[0].rstrip(b"\r\n").decode("utf-8", "replace")
-    return raw[2:] if raw[:2] in ("a/", "b/") else raw
-
-
-def parse_diff(diff: bytes) -> list[FileDiff]:
-    """Split a unified diff into files and hunks, counting hunk lines from the @@ header."""
-    lines = diff.splitlines(keepends=True)
-    files: list[FileDiff] = []
-    header: list[bytes] = []
-    hunks: list[tuple[bytes, ...]] = []
-    path = None
-    i = 0
-
-    def close() -> None:
-        if path is not None:
-            files.append(FileDiff(path, tuple(header), tuple(hunks)))
-
-    while i < len(lines):
-        line = lines[i]
-        m = _HUNK.match(line.rstrip(b"\r\n"))
-        if m and path is not None:
-            old_left, new_left = int(m.group(2) or 1), int(m.group(4) or 1)
-            body = [line]
-            i += 1
-            while i < len(lines) and (old_left > 0 or new_left > 0 or lines[i].startswith(b"\\")):
-                kind = lines[i][:1]
-                if kind in (b" ", b"\n", b"\r"):
-                    old_left, new_left = old_left - 1, new_left - 1
-                elif kind == b"-":
-                    old_left -= 1
-                elif kind == b"+":
-                    new_left -= 1
-                elif kind != b"\\":
-                    break
-                body.append(lines[i])
-                i += 1
-            hunks.append(tuple(body))
-            continue
-        if line.startswith(b"diff --git ") or (
-            line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")
-            and (hunks or not any(h.startswith(b"diff --git ") for h in header))
-        ):
-            close()
-            header, hunks, path = [], [], None
-        header.append(line)
-        if line.startswith(b"+++ "):
-            target = _diff_path(line)
-            if target != "/dev/null":
-                path = target
-        elif line.startswith(b"--- ") and b"/dev/null" not in line:
-            path = _diff_path(line)
-        i += 1
-    close()
-    return files
-
-
-@dataclass(frozen=True)
 class Hunk:
     path: str
     number: int  # 1-based within the file
@@ -310,20 +243,20 @@ class Hunk:
     body: tuple[bytes, ...] = ()  # its lines after the @@ line
 
 
-def hunks_by_file(diff: bytes) -> dict[str, list[Hunk]]:
-    """Each file's hunks, by path."""
+def hunks_by_file(patch: Patch) -> dict[str, list[Hunk]]:
+    """Each file's hunks, by path (a file without hunks, a mode change, has none)."""
     out: dict[str, list[Hunk]] = {}
-    for f in parse_diff(diff):
+    for f in parse_diff(patch.diff, patch.name):
         n = len(f.hunks)
-        out.setdefault(f.path, []).extend(
-            Hunk(f.path, k, n, h[0].decode("utf-8", "replace").rstrip(), h[1:]) for k, h in enumerate(f.hunks, 1)
-        )
+        if n:
+            out.setdefault(f.path, []).extend(Hunk(f.path, h.number, n, h.header, h.body) for h in f.hunks)
     return out
 
 
-def single_hunk_patch(diff: bytes, hunk: Hunk) -> bytes:
+def single_hunk_patch(patch: Patch, hunk: Hunk) -> bytes:
     """The file header of ``hunk.path`` plus that one hunk (to test hunks one by one)."""
-    for f in parse_diff(diff):
+    for f in parse_diff(patch.diff, patch.name):
         if f.path == hunk.path and len(f.hunks) >= hunk.number:
-            return b"".join(f.header) + b"".join(f.hunks[hunk.number - 1])
+            h = f.hunks[hunk.number - 1]
+            return b"".join(f.header) + (h.header + "\n").encode() + b"".join(h.body)
     return b""

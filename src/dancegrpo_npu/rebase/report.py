@@ -130,7 +130,7 @@ def upstream_commits(git: Git, old: str, new: str, paths: list[str], limit: int 
 
 def hunk_lines(tree: Git, index: Path, tip: str, patch: Patch, paths: list[str], regions: tuple[Region, ...]) -> list[str]:
     """Each hunk of ``patch`` in ``paths``: does it still apply on its own to the rebased tree?"""
-    by_file = hunks_by_file(patch.diff)
+    by_file = hunks_by_file(patch)
     g = tree.with_index(index)
     g.run("read-tree", tip)
     lines = []
@@ -140,8 +140,8 @@ def hunk_lines(tree: Git, index: Path, tip: str, patch: Patch, paths: list[str],
             if not exists:
                 lines.append(f"    hunk {hunk.number}/{hunk.of} {hunk.header}  -- its file is gone from the new upstream")
                 continue
-            piece = single_hunk_patch(patch.diff, hunk)
-            ok = g.ok("apply", "--cached", "--check", *apply_args(patch.diff), "-", input=piece)
+            piece = single_hunk_patch(patch, hunk)
+            ok = g.ok("apply", "--cached", "--check", *apply_args(patch), "-", input=piece)
             verdict = hunk_verdict(hunk, regions, ok)
             lines.append(f"    hunk {hunk.number}/{hunk.of} {hunk.header}  -- {verdict}")
     index.unlink(missing_ok=True)
@@ -176,7 +176,7 @@ def why_stopped(
     if empty:
         return lines + ["The patch makes no change on the new upstream: upstream seems to already do what it did."]
     lines.append(f"It does not apply to {short(state.new_commit)}, and git's 3-way merge left conflicts:")
-    patch_paths = list(hunks_by_file(patch.diff))
+    patch_paths = list(hunks_by_file(patch))
     for c in conflicts:
         where = ", ".join(f"lines {r.first}-{r.last}" for r in c.regions) or "no markers (a whole-file conflict)"
         lines += ["", f"  {c.path}: {c.kind}; {where}"]

@@ -41,7 +41,7 @@ def paths_for(project: Project) -> tuple[Git, RebasePaths]:
 
 def move_patch(tree: Git, patch: Patch, queued: str, onto: str) -> Step | Stop:
     """Apply ``patch`` on the rebase tree's HEAD and commit it, or stop."""
-    r = tree.run("apply", "--index", "--verbose", *apply_args(patch.diff), "-", input=patch.diff, check=False)
+    r = tree.run("apply", "--index", "--verbose", *apply_args(patch), "-", input=patch.diff, check=False)
     if r.returncode == 0:
         offsets = [int(x) for x in re.findall(r"\(offset (-?\d+) lines?\)", r.stderr)]
         outcome, detail = ("moved", "by " + ", ".join(f"{o:+d}" for o in offsets) + " lines") if offsets else ("applied", "")

@@ -39,7 +39,7 @@ def records_index(run_dir: Path, what: str = "--replay") -> dict:
     except FileNotFoundError:
         raise DancegrpoError(
             f"{what}: run {run_dir.name} has no records ({index_path} does not exist)",
-            "record a run first: launch or smoke with --record",
+            "record a run first: launch, smoke or bench with --record",
             exit_code=2,
         ) from None
     except (OSError, ValueError) as e:

@@ -10,7 +10,8 @@ generations go through the transformer N at a time (the trainer's --sample_batch
 Before building anything it estimates the memory the preset needs and refuses, with what
 to do instead, when the device (or, on the CPU, the host) has less free; running out of
 memory anyway ends the same way, never with a traceback.  Then it writes a run directory
-under runs/ like a launch (``record``): ``runs`` and ``plot`` read it.
+under runs/ like a launch (``record``): ``runs`` and ``plot`` read it, and with --record
+(the timed steps' stages in records/, as ``launch --record`` writes them) ``compare`` too.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
             float32_inputs(built.transformer)
         prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype)
         with phases.single_rank_group():
-            bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir)
+            recorded = config.sizes.steps * len(config.sample_batch_sizes) if config.record else 0
+            bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded)
             for n in config.sample_batch_sizes:
                 results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
         facts["rewards_finite"] = all(r.rewards_finite for r in results)

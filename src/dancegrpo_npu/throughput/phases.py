@@ -137,7 +137,7 @@ class FailedPhase:
 class Bench:
     """The models, prompt, optimizer and seam features shared by every step at every N."""
 
-    def __init__(self, trainer, models, prompt, sizes, kind, device, run_dir: Path):
+    def __init__(self, trainer, models, prompt, sizes, kind, device, run_dir: Path, recorded_steps: int = 0):
         import torch
         from dancegrpo_port import phases as port_phases
 
@@ -148,9 +148,15 @@ class Bench:
         self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
         self.lr_scheduler = trainer.get_scheduler("constant", optimizer=self.optimizer)
         self.timer = FailedPhase(port_phases.PhaseTimer(kind))
-        from dancegrpo_port import alignment  # main's run_start: upstream's noise, GRPO health, nothing recorded
+        from dancegrpo_port import alignment  # main's run_start: upstream's noise, GRPO health
 
-        self.alignment = alignment.Alignment(alignment.start(trainer_args(sizes, 1, 1), 0, 1, device))
+        # Nothing recorded, unless ``recorded_steps``: then the timed steps 1..recorded_steps (the
+        # warm-up steps are step 0) go to records/ in the run directory, as a launch's with --record.
+        args = trainer_args(sizes, 1, 1)
+        if recorded_steps:
+            args = SimpleNamespace(**vars(args), record=True, record_steps=f"1-{recorded_steps}")
+        with self.in_run_dir():
+            self.alignment = alignment.Alignment(alignment.start(args, 0, 1, device))
         self.logged_steps = 0
 
     def features(self, n: int, logged: bool) -> list:
@@ -172,14 +178,14 @@ class Bench:
         args = trainer_args(self.sizes, n, decode_chunk)
         m = self.models
         start = time.time()
-        hooks.step_begin(step)
-        with self.in_run_dir():
+        with self.in_run_dir():  # records/ (with --record) is written relative to it, as in a launch
+            hooks.step_begin(step)
             loss, grad_norm, reward_mean = self.trainer.train_one_step(
                 args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
                 iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
-        figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm, reward_mean=reward_mean,
-                                 step_time=time.time() - start, lr=self.lr_scheduler.get_last_lr()[0],
-                                 sample_batch_size=n, vae_decode_chunk=decode_chunk)
+            figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm, reward_mean=reward_mean,
+                                     step_time=time.time() - start, lr=self.lr_scheduler.get_last_lr()[0],
+                                     sample_batch_size=n, vae_decode_chunk=decode_chunk)
         self.logged_steps += int(logged)
         return figures
 

@@ -109,6 +109,7 @@ class BenchConfig:
     vae_decode_chunk: int | None  # None: N, the sample batch size
     device: str
     dtype: str
+    record: bool = False  # the timed steps' stages into <run>/records/, as launch --record writes them
 
     def decode_chunk(self, n: int) -> int:
         return self.vae_decode_chunk or n
@@ -125,6 +126,7 @@ class BenchConfig:
             "sample_batch_sizes": list(self.sample_batch_sizes),
             "vae_decode_chunk": self.vae_decode_chunk or "N",
             "gradient_checkpointing": True,
+            "record": self.record,
         }
 
 
@@ -206,7 +208,7 @@ def resolve(options: dict) -> BenchConfig:
         raise _bad(f"unknown device {device!r}", f"choose one of: {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         raise _bad(f"unknown dtype {dtype!r}", f"choose one of: {', '.join(DTYPES)}")
-    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype)
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")))
 
 
 def divisors(n: int) -> list[int]:

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "plot",
     "compare",
     "bench",
+    "plan",
 )
 
 DESCRIPTION = """\

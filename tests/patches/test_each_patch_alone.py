@@ -31,6 +31,7 @@ WITHOUT = {
     "0018-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
     "0019-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
     "0020-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
+    "0027-qwenimage-fsdp-device.patch": None,  # the FLUX smoke does not wrap a Qwen-Image model
 }
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan

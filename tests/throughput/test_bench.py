@@ -67,6 +67,25 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     assert facts["torch_threads"] == 1 and facts["torch_threads_from"] == "OMP_NUM_THREADS=1, yours"
     check_run_directory(patched_tree, tmp_path / "runs", facts, results)
     check_compare(patched_tree, tmp_path / "runs", facts)
+    check_memory_plan(facts, results)
+
+
+def check_memory_plan(facts, results):
+    """``plan``'s estimate of this bench (one process, float32 on the CPU) is within 25% of the
+    largest peak it measured.  At the tiny preset the peak is the runtime (4 MB of models):
+    this checks the plan's CPU runtime, not its per-parameter or activation counts."""
+    from dancegrpo_npu.plan import memory, models as plan_models
+    from dancegrpo_npu.throughput import models as bench_models
+    from dancegrpo_npu.throughput.presets import PRESETS
+
+    configs = bench_models.model_configs(PRESETS["tiny"])
+    model = plan_models.from_bench("tiny", configs, bench_models.count_parameters(configs))
+    recipe = memory.Recipe(height=facts["height"], width=facts["width"], generations=facts["generations"],
+                           sampling_steps=facts["sampling_steps"], text_tokens=facts["text_tokens"],
+                           selective_checkpointing=1.0, sample_batch_size=max(facts["sample_batch_sizes"]))
+    estimate = memory.estimate(model, recipe, memory.bench_on_cpu()).total
+    measured = max(max(x["peak_memory_bytes"].values()) for x in results)
+    assert abs(estimate - measured) <= 0.25 * measured, (estimate, measured)
 
 
 def check_run_directory(patched_tree, runs_dir, facts, results):

@@ -1,0 +1,74 @@
+"""``dancegrpo-npu plan``: the memory one rank needs for a GRPO run, before the run.
+
+For a model (Qwen-Image, Qwen-Image-Edit, FLUX.1-dev: shapes shipped with the tool), a world
+size, the device's memory and upstream's recipe sizes, it estimates per rank: the fp32
+master weights, gradients and AdamW moments sharded over the ranks (FSDP FULL_SHARD), FSDP's
+gathered blocks, the HPSv2 reward and the VAE, the activations of the largest phase (from the
+model's config, the recipe's sizes and how many blocks --selective-checkpointing
+checkpoints) and a runtime reserve.  Then it sets the ways to make it smaller side by side
+- selective checkpointing 1.0, more ranks, FSDP CPU offload, LoRA - each against 64 GiB
+(910B3 and the like) and 32 GiB (910B4) cards, with the launch arguments for it.
+
+A configuration that does not fit --device-memory is refused in one line (exit 1) naming the
+options that would fit.  It is an estimate from shapes, not a measurement: see
+docs/memory-plan.md for how it compares with the peaks bench measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dancegrpo_npu.plan import models
+from dancegrpo_npu.plan.report import plan
+
+EXAMPLES = """\
+examples:
+  dancegrpo-npu plan qwenimage                       # upstream's recipe: 8 ranks, 720x720, 0.5 checkpointing
+  dancegrpo-npu plan qwenimage --device-memory 32    # a 910B4
+  dancegrpo-npu plan qwenimage --world-size 16 --selective-checkpointing 1.0
+  dancegrpo-npu plan qwenimage-edit --cpu-offload
+  dancegrpo-npu plan flux --lora-rank 128
+"""
+
+
+def run(args) -> int:
+    overrides = {"height": args.height, "width": args.width, "generations": args.generations,
+                 "sampling_steps": args.sampling_steps, "text_tokens": args.text_tokens,
+                 "selective_checkpointing": args.selective_checkpointing, "sample_batch_size": args.sample_batch_size}
+    text, refusal = plan(args.model, args.world_size, args.device_memory, args.ranks_per_node, overrides,
+                         args.cpu_offload, args.lora_rank, args.reserve)
+    print(text)
+    if refusal is not None:
+        sys.stdout.flush()
+        raise refusal
+    return 0
+
+
+def register(sub, common) -> None:
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="estimate the memory a rank needs for a GRPO run (Qwen-Image, FLUX) and what fits on 64/32 GiB cards",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help=f"one of {', '.join(models.names())}")
+    p.add_argument("--world-size", type=int, default=None, metavar="N", help="ranks of the job (default: the recipe's, 8)")
+    p.add_argument("--ranks-per-node", type=int, default=8, metavar="N", help="NPUs a node (default 8), for the launch lines")
+    p.add_argument("--device-memory", type=float, default=64.0, metavar="GIB",
+                   help="memory of one card in GiB (default 64; a 910B4 has 32); refused above it")
+    p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of weights, gradients and AdamW")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R", help="LoRA of rank R instead of full fine-tuning")
+    p.add_argument("--reserve", type=float, default=3.0, metavar="GIB",
+                   help="runtime reserve a rank: device runtime, collective buffers, allocator slack (default 3, assumed)")
+    p.add_argument("--selective-checkpointing", type=float, default=None, metavar="P",
+                   help="fraction of blocks checkpointed (default: the recipe's)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--generations", type=int, default=None, metavar="G")
+    p.add_argument("--sampling-steps", type=int, default=None)
+    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding tokens (default 256 for Qwen-Image)")
+    p.add_argument("--sample-batch-size", type=int, default=None, metavar="N", help="samples a transformer call in the rollout (default 1)")
+    p.set_defaults(func=run)

@@ -1,0 +1,130 @@
+"""The memory plan as the tool prints it: the estimate, the options side by side, the refusal.
+
+``dancegrpo-npu plan`` (dancegrpo_npu.commands.plan) calls :func:`plan`.
+
+What it counts is in :mod:`dancegrpo_npu.plan.memory`; docs/memory-plan.md says how it
+compares with the peaks bench measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.plan import memory, models
+from dancegrpo_npu.plan.memory import GiB
+
+CARDS = ((64, "64 GiB"), (32, "32 GiB (910B4)"))
+
+# What each trainer takes for an option: (launch verb, its trainer arguments), or the reason it has none.
+OFFLOAD = {
+    "flux": ("flux", "--use_cpu_offload"),
+    "qwenimage": None,
+    "qwenimage-edit": None,
+}
+LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
+NO_OFFLOAD = "upstream's Qwen-Image trainers hard-code FSDP's cpu_offload=False (their --use_cpu_offload is ignored)"
+NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
+
+
+def _bad(message: str, hint: str) -> DancegrpoError:
+    return DancegrpoError(f"plan: {message}", hint, exit_code=2)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f}"
+
+
+def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int) -> str:
+    """The launch command for a choice, or why there is none."""
+    trainer, extra = model.trainer, []
+    opts, recipe = choice.options, choice.recipe
+    if opts.cpu_offload:
+        offload = OFFLOAD.get(model.trainer)
+        if offload is None:
+            return f"(none: {NO_OFFLOAD})"
+        extra.append(offload[1])
+    if opts.lora_rank:
+        lora = LORA.get(model.trainer)
+        if lora is None:
+            return f"(none: {NO_LORA})"
+        trainer = lora[0]
+        extra.append(lora[1].format(rank=opts.lora_rank, alpha=2 * opts.lora_rank))
+    extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
+    per_node = min(ranks_per_node, opts.world_size)
+    nodes = -(-opts.world_size // per_node)
+    where = f"--nproc-per-node {per_node}" + (f" --nnodes {nodes}" if nodes > 1 else "")
+    return f"dancegrpo-npu launch {trainer} {where} -- " + " ".join(extra)
+
+
+def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_node: int, overrides: dict,
+         cpu_offload: bool, lora_rank: int, reserve_gib: float) -> tuple[str, DancegrpoError | None]:
+    """(the printed plan, the refusal when the asked configuration does not fit, else None)."""
+    if name not in models.names():
+        raise _bad(f"unknown model {name!r}", f"choose one of: {', '.join(models.names())}")
+    model, recipe, recipe_world, script = models.load(name)
+    recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
+    _check(recipe, world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib)
+    options = memory.Options(world_size=world_size or recipe_world, cpu_offload=cpu_offload, lora_rank=lora_rank,
+                             reserve_bytes=int(reserve_gib * GiB))
+    choices = memory.alternatives(model, recipe, options)
+    asked = choices[0]
+    device_bytes = int(device_memory_gib * GiB)
+    params = memory.transformer_parameters(model)
+
+    lines = [
+        f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {model.blocks} blocks), "
+        f"{options.world_size} ranks, {recipe.height}x{recipe.width}, {recipe.generations} generations, "
+        f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
+        f"selective checkpointing {recipe.selective_checkpointing}"
+        + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
+        f"  recipe: {script} ({recipe_world} ranks); an estimate from shapes, not a measurement",
+        "",
+        f"  {'per rank, as asked':<72} {'GiB':>7}",
+    ]
+    lines += [f"  {what:<72} {_gib(size):>7}" for what, size in asked.estimate.parts]
+    lines.append(f"  {'total':<72} {_gib(asked.estimate.total):>7}")
+    if asked.estimate.host_bytes_per_rank:
+        lines.append(f"  {'host memory (CPU offload), per node of ' + str(min(ranks_per_node, options.world_size)) + ' ranks':<72} "
+                     f"{_gib(asked.estimate.host_bytes_per_rank * min(ranks_per_node, options.world_size)):>7}")
+    lines += ["", f"  {'options':<52} {'GiB/rank':>9}  " + "  ".join(f"{label:>15}" for _, label in CARDS)]
+    for c in choices:
+        marks = ["fits" if memory.fits(c.estimate, gib * GiB) else "no" for gib, _ in CARDS]
+        lines.append(f"  {c.label:<52} {_gib(c.estimate.total):>9}  " + "  ".join(f"{m:>15}" for m in marks))
+    lines += ["", "  launch arguments:"]
+    lines += [f"  {c.label + ':':<52} {launch_line(model, c, ranks_per_node)}" for c in choices]
+
+    if memory.fits(asked.estimate, device_bytes):
+        return "\n".join(lines), None
+    would = [c for c in choices[1:] if memory.fits(c.estimate, device_bytes) and not launch_line(model, c, ranks_per_node).startswith("(none")]
+    message = (f"{name} at {options.world_size} ranks needs about {_gib(asked.estimate.total)} GiB a rank "
+               f"but the device has {device_memory_gib:g} GiB")
+    if would:
+        hint = "these fit: " + "; ".join(f"{c.label} ({_gib(c.estimate.total)} GiB: {launch_line(model, c, ranks_per_node)})" for c in would[:3])
+    else:
+        hint = "none of the options fits alone: combine them (e.g. --world-size 32 --selective-checkpointing 1.0), or use larger cards"
+    return "\n".join(lines), DancegrpoError(f"plan: {message}", hint, exit_code=1)
+
+
+def _check(recipe, world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib) -> None:
+    if world_size is not None and world_size < 1:
+        raise _bad(f"--world-size {world_size} is below 1", "give the number of ranks (NPUs) of the job")
+    if ranks_per_node < 1:
+        raise _bad(f"--ranks-per-node {ranks_per_node} is below 1", "an Atlas 800T A2 node has 8")
+    if device_memory_gib <= 0:
+        raise _bad(f"--device-memory {device_memory_gib:g} is not positive", "give the card's memory in GiB: 64, or 32 for a 910B4")
+    if lora_rank < 0 or reserve_gib < 0:
+        raise _bad("--lora-rank and --reserve cannot be negative", "give 0 or more")
+    for flag, value in (("--height", recipe.height), ("--width", recipe.width)):
+        if value < 16 or value % 16:
+            raise _bad(f"{flag} {value} is not a positive multiple of 16", f"use e.g. {max(16, value // 16 * 16)}")
+    for flag, value in (("--generations", recipe.generations), ("--sampling-steps", recipe.sampling_steps),
+                        ("--text-tokens", recipe.text_tokens), ("--sample-batch-size", recipe.sample_batch_size)):
+        if value < 1:
+            raise _bad(f"{flag} {value} is below 1", f"give {flag} 1 or more")
+    if not 0 <= recipe.selective_checkpointing <= 1:
+        raise _bad(f"--selective-checkpointing {recipe.selective_checkpointing:g} is not in [0, 1]",
+                   "the fraction of blocks checkpointed: upstream's Qwen-Image recipe uses 0.5, 1.0 checkpoints all")
+    if recipe.generations % recipe.sample_batch_size:
+        raise _bad(f"--sample-batch-size {recipe.sample_batch_size} does not divide {recipe.generations} generations",
+                   "give a divisor of --generations")

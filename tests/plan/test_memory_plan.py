@@ -1,0 +1,188 @@
+"""``dancegrpo-npu plan``: the per-rank memory estimate, its counts, and its refusals.
+
+The counts are checked against the real classes built on the meta device; the upstream rule
+for which blocks are checkpointed against upstream's own function; the estimate against the
+peaks ``bench`` measured (the live tiny run is in tests/throughput/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dancegrpo_npu.cli import main
+from dancegrpo_npu.plan import memory, models
+from dancegrpo_npu.plan.memory import GiB
+
+
+def _plan(capsys, *argv):
+    status = main(["plan", *argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _meta_count(cls, config: dict) -> int:
+    import torch
+
+    with torch.device("meta"):
+        built = cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    return sum(p.numel() for p in built.parameters())
+
+
+def test_flux_counts_are_the_real_classes():
+    from diffusers import FluxTransformer2DModel
+
+    model, *_ = models.load("flux")
+    assert memory.transformer_parameters(model) == _meta_count(FluxTransformer2DModel, model.transformer) == 11_901_408_320
+
+
+def test_qwen_image_counts_are_the_real_classes():
+    """Built on the meta device by the diffusers-0.35 set's interpreter (the suite's has 0.32)."""
+    import json
+
+    from depset_035 import diffusers_035_python
+
+    python = diffusers_035_python()
+    model, *_ = models.load("qwenimage")
+    snippet = (
+        "import json, sys, torch\n"
+        "from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel\n"
+        "cfg = {k: v for k, v in json.loads(sys.argv[1]).items() if not k.startswith('_')}\n"
+        "with torch.device('meta'):\n"
+        "    t, v = QwenImageTransformer2DModel(**cfg), AutoencoderKLQwenImage()\n"
+        "print(json.dumps([sum(p.numel() for p in m.parameters()) for m in (t, v)]))\n"
+    )
+    r = subprocess.run([python, "-c", snippet, json.dumps(model.transformer)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    transformer, vae = json.loads(r.stdout.splitlines()[-1])
+    assert memory.transformer_parameters(model) == transformer == 20_430_401_088
+    assert model.vae["parameters"] == vae
+
+
+@pytest.mark.upstream
+def test_checkpointed_blocks_follow_upstreams_rule(patched_tree):
+    """upstream's apply_fsdp_checkpointing on a toy model: how many blocks it wraps, per fraction."""
+    snippet = """
+import sys, torch
+from fastvideo.utils.fsdp_util import apply_fsdp_checkpointing
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+class Block(torch.nn.Linear):
+    pass
+out = []
+for blocks, p in ((60, 0.5), (60, 1.0), (60, 0.0), (57, 1/3), (7, 0.25)):
+    model = torch.nn.Sequential(*[Block(2, 2) for _ in range(blocks)])
+    apply_fsdp_checkpointing(model, Block, p)
+    out.append(sum(isinstance(m, CheckpointWrapper) for m in model.modules()))
+print(out)
+"""
+    r = subprocess.run([sys.executable, "-c", snippet], cwd=patched_tree.tree, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(patched_tree.tree)), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs = eval(r.stdout.strip().splitlines()[-1])
+    ours = [memory.checkpointed_blocks(b, p) for b, p in ((60, 0.5), (60, 1.0), (60, 0.0), (57, 1 / 3), (7, 0.25))]
+    assert ours == theirs and theirs[:3] == [30, 60, 0]
+
+
+# The peaks bench measured on the CPU (float32, peak RSS, the largest phase), as docs/throughput.md
+# and docs/memory-plan.md give them: (preset, bench's sizes, measured GiB).
+MEASURED_ON_CPU = (
+    ("cpu", dict(height=128, width=128, generations=4, sampling_steps=4, text_tokens=64), 10.13),
+    ("tiny", dict(height=64, width=64, generations=4, sampling_steps=4, text_tokens=512), 0.894),
+)
+
+
+@pytest.mark.parametrize("preset,sizes,measured_gib", MEASURED_ON_CPU, ids=[m[0] for m in MEASURED_ON_CPU])
+def test_estimate_against_the_peaks_bench_measured(preset, sizes, measured_gib):
+    pytest.importorskip("hpsv2", reason="the bench's HPS model is built from hpsv2's open_clip")
+    from dancegrpo_npu.throughput import models as bench_models
+    from dancegrpo_npu.throughput.presets import PRESETS
+
+    configs = bench_models.model_configs(PRESETS[preset])
+    model = models.from_bench(preset, configs, bench_models.count_parameters(configs))
+    recipe = memory.Recipe(selective_checkpointing=1.0, **sizes)
+    estimate = memory.estimate(model, recipe, memory.bench_on_cpu())
+    assert abs(estimate.total / GiB - measured_gib) <= 0.25 * measured_gib, (estimate.total / GiB, measured_gib)
+
+
+def test_sharding_divides_the_weights_and_checkpointing_shrinks_the_activations():
+    model, recipe, _, _ = models.load("qwenimage")
+    at8 = dict(memory.estimate(model, recipe, memory.Options(world_size=8)).parts)
+    at16 = dict(memory.estimate(model, recipe, memory.Options(world_size=16)).parts)
+    assert at8["fp32 master weights"] == 4 * 20_430_401_088 // 8 and at16["AdamW moments (2 x fp32)"] * 2 == at8["AdamW moments (2 x fp32)"]
+    half = memory.estimate(model, recipe, memory.Options(world_size=8))
+    full = memory.estimate(model, memory.Recipe(**{**recipe.__dict__, "selective_checkpointing": 1.0}), memory.Options(world_size=8))
+    assert (half.checkpointed_blocks, full.checkpointed_blocks) == (30, 60)
+    assert half.parts[-2][1] > 8 * full.parts[-2][1] > 0  # activations: 30 blocks kept against none
+    offload = memory.estimate(model, recipe, memory.Options(world_size=8, cpu_offload=True))
+    assert offload.host_bytes_per_rank == 16 * 20_430_401_088 // 8 and offload.total < half.total - 35 * GiB
+
+
+def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(capsys):
+    status, out, err = _plan(capsys, "qwenimage")
+    assert status == 0 and err == ""
+    assert "20.43e9 parameters, 60 blocks), 8 ranks, 720x720, 12 generations" in out
+    assert "30 of 60 blocks checkpointed" in out and "runtime reserve (assumed" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("16 ranks, selective"))
+    assert row[-2:] == ["fits", "fits"]
+    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in out
+
+
+def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
+    status, out, err = _plan(capsys, "qwenimage", "--device-memory", "32")
+    assert status == 1 and out  # the plan itself is printed, then the refusal
+    [line] = err.strip().splitlines()
+    assert line.startswith("dancegrpo-npu: error: plan: qwenimage at 8 ranks needs about 57.") and "the device has 32 GiB" in line
+    assert "these fit: 16 ranks, selective checkpointing 1.0 (29." in line
+    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in line
+    # options the Qwen-Image trainers do not have are not offered as a way out
+    assert "CPU offload" not in line and "LoRA" not in line
+    status, _, err = _plan(capsys, "flux", "--device-memory", "32")
+    assert status == 1 and "FSDP CPU offload (" in err and "launch flux --nproc-per-node 8 -- --use_cpu_offload" in err
+    status, _, err = _plan(capsys, "qwenimage", "--device-memory", "4")
+    [line] = err.strip().splitlines()
+    assert status == 1 and "none of the options fits alone" in line
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["qwen"], "plan: unknown model 'qwen'"),
+    (["qwenimage", "--world-size", "0"], "--world-size 0 is below 1"),
+    (["qwenimage", "--height", "100"], "--height 100 is not a positive multiple of 16"),
+    (["qwenimage", "--selective-checkpointing", "2"], "--selective-checkpointing 2 is not in [0, 1]"),
+    (["qwenimage", "--sample-batch-size", "5"], "--sample-batch-size 5 does not divide 12 generations"),
+    (["qwenimage", "--device-memory", "0"], "--device-memory 0 is not positive"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, expected):
+    status, out, err = _plan(capsys, *argv)
+    assert status == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens():
+    edit, edit_recipe, _, script = models.load("qwenimage-edit")
+    base, *_ = models.load("qwenimage")
+    assert edit.transformer == base.transformer and edit.reference_image_tokens and script.endswith("edit_grpo.sh")
+    assert (edit_recipe.height, edit_recipe.generations, edit_recipe.selective_checkpointing) == (512, 8, 1.0)
+    doubled = memory.estimate(edit, edit_recipe, memory.Options(world_size=8))
+    single = memory.estimate(base, edit_recipe, memory.Options(world_size=8))
+    assert doubled.parts[-2][1] > single.parts[-2][1]
+
+
+@pytest.mark.upstream
+def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
+    """Every trainer flag a launch line prints is one its script's argparse defines."""
+    import re
+
+    from dancegrpo_npu.run.upstream_args import SCRIPTS
+
+    for model in ("flux", "qwenimage", "qwenimage-edit"):
+        for extra in ([], ["--lora-rank", "128"]):
+            _, out, _ = _plan(capsys, model, *extra)
+            for line in re.findall(r"dancegrpo-npu launch (\S+) [^\n]*? -- ([^\n;)]*)", out):
+                trainer, flags = line
+                script = {"qwenimage": "fastvideo/train_grpo_qwenimage.py",
+                          "qwenimage-edit": "fastvideo/train_grpo_qwenimage_edit.py"}.get(trainer) or SCRIPTS[trainer].relpath
+                source = (patched_tree.tree / script).read_text()
+                for flag in re.findall(r"--\w+", flags):
+                    assert f'"{flag}"' in source, (trainer, flag)

@@ -542,13 +542,6 @@ def test_two_launches_in_the_same_second_get_two_directories(tmp_path):
     assert a != b and a.is_dir() and b.is_dir() and b.name == a.name + "-2"
 
 
-def test_visible_device_parsing():
-    assert ascend.check_visible_devices("2, 3", 2, 4) == [2, 3]
-    assert ascend.check_visible_devices("8,9", 2, None) == [8, 9]  # the NPUs are on another host
-    with pytest.raises(DancegrpoError, match="names device 8, but this host shows NPUs 0-3"):
-        ascend.check_visible_devices("8,9", 2, 4)
-
-
 @pytest.mark.parametrize(
     "name, hidden",
     [("WANDB_API_KEY", True), ("HF_TOKEN", True), ("AWS_SECRET_ACCESS_KEY", True), ("MY_PASSWORD", True),

@@ -186,8 +186,11 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, entry, delays):
     os.mkfifo(tmp_path / "patches" / "series")
     cmd = [sys.executable, "-m", "dancegrpo_npu"] if entry == "python -m" else _console_script()
     for delay in delays:
+        # a terminal's Ctrl-C reaches a process that does not ignore SIGINT; a suite started in
+        # the background (`&` in a script, nohup) ignores it, and a child inherits that
         proc = subprocess.Popen([*cmd, "-C", str(tmp_path), "series"], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]

@@ -81,17 +81,16 @@ def _sharded_state(transformer, optimizer) -> dict:
 
 
 def _bytes(tree) -> int:
+    """This rank's bytes of a state dict: a sharded tensor counts its local shards (FSDP1's
+    ShardedTensor, which has none on a rank whose share of a small parameter is empty; its
+    local_tensor() refuses that), a DTensor its local part."""
+    if hasattr(tree, "local_shards"):
+        return sum(s.tensor.numel() * s.tensor.element_size() for s in tree.local_shards())
     if isinstance(tree, torch.Tensor):
-        local = getattr(tree, "local_tensor", None) or getattr(tree, "_local_tensor", None)
-        if callable(local):
-            local = local()
+        local = getattr(tree, "_local_tensor", None)
         if isinstance(local, torch.Tensor):
             tree = local
-        elif hasattr(tree, "local_shards"):
-            return sum(s.tensor.numel() * s.tensor.element_size() for s in tree.local_shards())
         return tree.numel() * tree.element_size()
-    if hasattr(tree, "local_shards"):  # ShardedTensor (FSDP1)
-        return sum(s.tensor.numel() * s.tensor.element_size() for s in tree.local_shards())
     if isinstance(tree, dict):
         return sum(_bytes(v) for v in tree.values())
     if isinstance(tree, (list, tuple)):

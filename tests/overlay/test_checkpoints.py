@@ -141,6 +141,25 @@ def train_step(model, optimizer, scheduler, generator):
     scheduler.step()
 
 
+def test_a_rank_without_a_shard_of_a_small_parameter_counts_no_bytes_of_it():
+    """FSDP1 on 2 ranks leaves a parameter smaller than the world size with no local shard on one
+    rank; its ShardedTensor's local_tensor() refuses that ("Only single local shard is
+    supported"), which once stopped the Wan2.1 smoke at its first checkpoint."""
+    import torch
+
+    from dancegrpo_port.resume import _bytes
+
+    class NoLocalShard(torch.Tensor):
+        def local_shards(self):
+            return []
+
+        def local_tensor(self):
+            raise NotImplementedError("Only single local shard is supported. Number of shards: 0")
+
+    empty = torch.Tensor._make_subclass(NoLocalShard, torch.zeros(3))
+    assert _bytes({"model": {"w": empty, "b": torch.zeros(4)}, "step": 2}) == 16
+
+
 def test_the_feature_saves_and_restores_the_whole_state(tmp_path, capsys):
     out = tmp_path / "outputs"
     model, optimizer, scheduler = training_state()

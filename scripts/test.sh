@@ -3,6 +3,9 @@
 #
 #   ./scripts/test.sh                 every test
 #   ./scripts/test.sh -m "not slow"   extra arguments go to pytest
+#   ./scripts/test.sh --all           the extended tier too (pytest -m extended: training runs
+#                                     beyond CI's, which keeps each trainer's smoke and alignment
+#                                     checks); a -m of yours replaces the default "not extended"
 #
 # The tests run on one pytest-xdist worker a core, at most DANCEGRPO_TEST_WORKERS (default 2;
 # 0 runs them in this process).  A test file stays on one worker (--dist loadfile), so the
@@ -26,14 +29,23 @@ VENV=${DANCEGRPO_VENV:-$PWD/.venv}
 mkdir -p build
 results=build/test-results.xml
 set +e
+tier=(-m "not extended")
+if [ "${1:-}" = "--all" ]; then
+  shift
+  tier=()
+fi
+
 max_workers=${DANCEGRPO_TEST_WORKERS:-2}
 workers=$("$VENV/bin/python" -c "import os, sys; print(min(int(sys.argv[1]), len(os.sched_getaffinity(0))))" "$max_workers")
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$workers" --dist loadfile --durations=25 --junitxml="$results" "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$workers" --dist loadfile --durations=25 --junitxml="$results" ${tier[@]+"${tier[@]}"} "$@"
 status=$?
 set -e
 
 # The closing counts, with how many tests were skipped (or, under CI, failed) for lack of upstream.
 "$VENV/bin/python" scripts/test_summary.py "$results" "$status"
+if [ ${#tier[@]} -gt 0 ]; then
+  echo "test.sh: the extended tier (pytest -m extended) was left out, as in CI; ./scripts/test.sh --all runs it"
+fi
 
 if [ "$status" -eq 5 ]; then
   echo "test.sh: error: pytest collected no tests; that is a failure, not a pass" >&2

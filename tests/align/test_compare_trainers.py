@@ -157,6 +157,7 @@ def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monke
 
 
 @needs_trainer_side
+@pytest.mark.extended  # each place at 2%: beyond CI, which keeps the planted RoPE fault (above)
 @pytest.mark.parametrize("fault", list(SMALL_FAULTS))
 def test_a_2pct_fault_is_named_where_it_stands_out(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
     edits, module = SMALL_FAULTS[fault]
@@ -176,6 +177,7 @@ def _msprobe_dump(run_dir: Path, call: str) -> Path:
 
 
 @needs_trainer_side
+@pytest.mark.extended  # CI keeps msprobe compare of two runs in tests/overlay/test_alignment_msprobe.py
 def test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault(patched_tree, clean_modules_run, tmp_path, monkeypatch):
     """--msprobe: msprobe's own dumps of the --record-modules calls, which msprobe's own compare reads."""
     require_msprobe()

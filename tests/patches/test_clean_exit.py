@@ -88,7 +88,7 @@ def _assert_no_gloo_thread_at_exit(out: Path, nproc: int) -> None:
         assert not left, f"{rank}: Gloo threads still alive when Python finalizes: {left} (all: {report['at_exit']})"
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["full", "lora"])
 def test_no_trainer_rank_leaves_a_gloo_thread_to_interpreter_exit(patched_tree, tmp_path, lora):
     from dancegrpo_npu.smoke import runner as smoke
 

@@ -16,7 +16,8 @@ import socket
 import pytest
 from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
 
-TRAINERS = ("fastvideo/train_grpo_flux.py", "fastvideo/train_grpo_flux_lora.py")
+TRAINERS = ("fastvideo/train_grpo_flux.py",
+            pytest.param("fastvideo/train_grpo_flux_lora.py", marks=pytest.mark.extended))  # CI: the full trainer's
 
 # Runs a patched trainer as __main__ and stops it at a chosen call, printing what it saw then.
 RUN_TRAINER_UNTIL = '''

@@ -297,7 +297,7 @@ def test_smoke_run(patched_tree, nproc, lora, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.upstream
-@pytest.mark.parametrize("steps, generations, extra", [(1, 2, ()), (3, 4, ("--learning_rate", "5e-4"))],
+@pytest.mark.parametrize("steps, generations, extra", [(1, 2, ()), pytest.param(3, 4, ("--learning_rate", "5e-4"), marks=pytest.mark.extended)],
                          ids=["1-step", "3-steps-4-generations"])
 def test_smoke_steps_generations_and_trainer_args(patched_tree, steps, generations, extra):
     options = smoke.SmokeOptions(device="cpu", steps=steps, generations=generations, extra_args=extra)
@@ -354,7 +354,7 @@ ZERO_BACKWARD = "            (loss * 0).backward()\n"
 
 @pytest.mark.slow
 @pytest.mark.upstream
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["full", "lora"])
 def test_a_zeroed_backward_fails_the_smoke(upstream_source, tmp_path, lora):
     """With `(loss * 0).backward()` the full smoke once passed on weight decay alone."""
     script = "train_grpo_flux_lora.py" if lora else "train_grpo_flux.py"

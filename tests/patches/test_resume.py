@@ -165,6 +165,7 @@ def test_two_ranks_with_ema_resume_exactly_through_the_smoke(patched_tree, capsy
     assert rc == 0 and "resumed 1" in out, out
 
 
+@pytest.mark.extended  # CI keeps the full trainer's two resumes and Wan2.1's
 def test_the_lora_trainer_restarts_and_resumes_on_its_own(patched_tree, capsys):
     project = patched_tree.project
     ref = launch(project, lora=True)

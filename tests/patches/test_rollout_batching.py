@@ -117,6 +117,7 @@ def test_compare_says_aligned(runs):
     assert main(["compare", str(one), str(batched)]) == 0
 
 
+@pytest.mark.extended  # CI keeps the full trainer's batching checks and the LoRA trainer's alignment
 def test_the_lora_trainer_takes_the_flag(runs):
     one = ok(runs(*ALIGNED, lora=True))
     batched = ok(runs(*ALIGNED, "--sample_batch_size", "2", lora=True))

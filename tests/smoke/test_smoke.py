@@ -367,6 +367,7 @@ def test_a_zeroed_backward_fails_the_smoke(upstream_source, tmp_path, lora):
 
 @pytest.mark.slow
 @pytest.mark.upstream
+@pytest.mark.extended  # CI keeps the zeroed backward of the full trainer
 def test_an_update_that_drops_its_gradient_fails_the_smoke(upstream_source, tmp_path):
     """The grad norm is computed (and not 0), but the gradient is zeroed before the update:
     AdamW still applies weight decay, so every weight changes a little - and that is all."""
@@ -382,6 +383,7 @@ def test_an_update_that_drops_its_gradient_fails_the_smoke(upstream_source, tmp_
 
 @pytest.mark.slow
 @pytest.mark.upstream
+@pytest.mark.extended  # CI keeps a failing run's one clear error (wandb)
 def test_a_failed_run_reports_its_exception_not_the_progress_bar(upstream_source, tmp_path):
     """The error once was tqdm's "Steps: 0%| | 0/100000", printed after the traceback."""
     raising = '            raise RuntimeError("planted failure")\n'

@@ -43,6 +43,7 @@ from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.smoke.recipe import shrunk_recipe
 from dancegrpo_npu.smoke.checks import (
     CheckpointCheck,
     DecayBudget,
@@ -108,46 +109,8 @@ def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GE
                  checkpointing_steps: int | None = None) -> tuple[str, ...]:
     """Exactly the arguments the smoke passes (no upstream defaults): upstream's recipe
     (finetune_flux_grpo*.sh), shrunk to ``steps`` steps at 64x64 on the fixtures."""
-    args = [
-        "--seed", "42",
-        "--pretrained_model_name_or_path", str(fixtures.model_dir),
-        "--vae_model_path", str(fixtures.model_dir),
-        "--data_json_path", str(fixtures.data_json),
-        "--use_hpsv2",
-        "--hps_model", str(fixtures.hps_model_config),
-        "--hps_open_clip_ckpt", str(fixtures.hps_open_clip_ckpt),
-        "--hps_ckpt", str(fixtures.hps_ckpt),
-        "--gradient_checkpointing",
-        "--train_batch_size", "1",
-        "--num_latent_t", "1",
-        "--sp_size", "1",
-        "--train_sp_batch_size", "1",
-        "--dataloader_num_workers", "0",
-        # Each rank trains train_batch_size (1) x generations samples a step and steps the
-        # optimizer every gradient_accumulation_steps of them (patch 0011 refuses a count that
-        # is not a multiple): one update a step, on the whole group, whatever --generations.
-        "--gradient_accumulation_steps", str(generations),
-        "--max_train_steps", str(steps),
-        "--learning_rate", "1e-3",
-        "--mixed_precision", "bf16",
-        "--checkpointing_steps", str(checkpointing_steps or steps),
-        "--cfg", "0.0",
-        "--h", "64", "--w", "64", "--t", "1",
-        "--sampling_steps", "4",
-        "--eta", "0.3",
-        "--lr_warmup_steps", "0",
-        "--sampler_seed", "1223627",
-        "--max_grad_norm", "1.0",
-        "--weight_decay", "0.0001",
-        "--num_generations", str(generations),
-        "--shift", "3",
-        "--use_group",
-        "--ignore_last",
-        "--timestep_fraction", "0.6",
-        "--init_same_noise",
-        "--clip_range", "1e-4",
-        "--adv_clip_max", "5.0",
-    ]  # fmt: skip
+    args = shrunk_recipe(fixtures.model_dir, fixtures.data_json, fixtures, generations, steps,
+                         checkpointing_steps or steps)
     if lora:
         args += ["--lora_rank", "4", "--lora_alpha", "8"]
     return tuple(args)

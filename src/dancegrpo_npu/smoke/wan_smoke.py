@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke.checks import CheckpointCheck, DecayBudget
+from dancegrpo_npu.smoke.recipe import shrunk_recipe
 
 UNSYNCED_HINT = ("the ranks train separate copies of the model: their gradients are not synchronised "
                  "(no FSDP, DDP or all-reduce), and only rank 0's copy is saved")
@@ -31,42 +32,10 @@ UNSYNCED_HINT = ("the ranks train separate copies of the model: their gradients 
 def trainer_args(wan, hps, steps: int, generations: int) -> tuple[str, ...]:
     """Upstream's recipe (finetune_wan_2_1_grpo.sh) shrunk: S steps at 64x64, one frame, 4 sampling
     steps, CFG 5.0 in the rollout as upstream, on the tiny Wan and the HPS fixture."""
+    # max_train_steps S - 1: the Wan trainer counts its steps from 0 and stops past S - 1; a
+    # checkpoint every step (the smoke checks the last one)
     return (
-        "--seed", "42",
-        "--pretrained_model_name_or_path", str(wan.model_dir),
-        "--vae_model_path", str(wan.model_dir),
-        "--data_json_path", str(wan.data_json),
-        "--use_hpsv2",
-        "--hps_model", str(hps.hps_model_config),
-        "--hps_open_clip_ckpt", str(hps.hps_open_clip_ckpt),
-        "--hps_ckpt", str(hps.hps_ckpt),
-        "--gradient_checkpointing",
-        "--train_batch_size", "1",
-        "--num_latent_t", "1",
-        "--sp_size", "1",
-        "--train_sp_batch_size", "1",
-        "--dataloader_num_workers", "0",
-        "--gradient_accumulation_steps", str(generations),
-        "--max_train_steps", str(steps - 1),
-        "--learning_rate", "1e-3",
-        "--mixed_precision", "bf16",
-        "--checkpointing_steps", "1",
-        "--cfg", "0.0",
-        "--h", "64", "--w", "64", "--t", "1",
-        "--sampling_steps", "4",
-        "--eta", "0.3",
-        "--lr_warmup_steps", "0",
-        "--sampler_seed", "1223627",
-        "--max_grad_norm", "1.0",
-        "--weight_decay", "0.0001",
-        "--num_generations", str(generations),
-        "--shift", "3",
-        "--use_group",
-        "--ignore_last",
-        "--timestep_fraction", "0.6",
-        "--init_same_noise",
-        "--clip_range", "1e-4",
-        "--adv_clip_max", "5.0",
+        *shrunk_recipe(wan.model_dir, wan.data_json, hps, generations, steps - 1, 1),
         "--cfg_infer", "5.0",
         "--weights_digest",
     )  # fmt: skip

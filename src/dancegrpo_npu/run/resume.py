@@ -15,7 +15,6 @@ worker start resumes from ``latest`` on its own, and the run record counts the r
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from dancegrpo_npu.contract import CHECKPOINT_DIR, CHECKPOINT_FIT, CHECKPOINT_MA
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchSpec
-from dancegrpo_npu.run.upstream_args import split_flags
-from dancegrpo_npu.rundirs.rundir import find_run
+from dancegrpo_npu.run.upstream_args import flag_values
+from dancegrpo_npu.rundirs.rundir import find_run, read_json
 
 RESUME_FLAG = "--resume_from_checkpoint"
 # Launch options a resume takes from the record; giving one another value would change the run.
@@ -50,23 +49,16 @@ def tree_identity(project: Project) -> dict:
 
 def with_resume_flag(args) -> tuple[str, ...]:
     """``args`` with ``--resume_from_checkpoint latest`` unless they name a checkpoint."""
-    if RESUME_FLAG in {flag for flag, _, _ in split_flags(args)}:
+    if RESUME_FLAG in flag_values(args):
         return tuple(args)
     return (*args, RESUME_FLAG, "latest")
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def resume_spec(project: Project, ref: str, extra_args: tuple[str, ...] = (), given: dict | None = None,
                 max_restarts: int = 0) -> LaunchSpec:
     """The LaunchSpec that continues run ``ref``; refused in one line when it would change the run."""
     run_dir = find_run(project.runs_dir, ref)
-    launch = _read(run_dir / "launch.json")
+    launch = read_json(run_dir / "launch.json") or {}
     if not launch.get("script_args"):
         raise DancegrpoError(f"--resume {ref}: {run_dir} has no launch.json with the run's arguments",
                              "resume a run that `dancegrpo-npu launch` or `smoke` started", exit_code=2)
@@ -106,7 +98,7 @@ def refuse_change(project: Project, run_dir: Path, launch: dict, args: tuple[str
 
 def _values(args) -> dict:
     """Each flag's last value, as the trainer's argparse keeps it (a bare flag: True)."""
-    return {flag[2:]: True if value is None else value for flag, value, _ in split_flags(args)}
+    return {flag[2:]: True if value is None else value for flag, value in flag_values(args).items()}
 
 
 def output_dir(script_args, run_dir: Path) -> Path:
@@ -117,7 +109,7 @@ def latest_manifest(output: Path) -> dict | None:
     """The manifest of the newest checkpoint with one (the trainer checks it in full)."""
     root = output / CHECKPOINT_DIR
     for path in sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []:
-        manifest = _read(path / CHECKPOINT_MANIFEST)
+        manifest = read_json(path / CHECKPOINT_MANIFEST) or {}
         if manifest:
             return manifest
     return None

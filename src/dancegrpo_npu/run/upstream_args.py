@@ -194,6 +194,12 @@ def split_flags(args: tuple[str, ...] | list[str]) -> list[tuple[str, str | None
     return items
 
 
+def flag_values(args) -> dict[str, str | None]:
+    """Each flag's value as the trainer's argparse sees it: the last occurrence wins (a bare
+    flag: None)."""
+    return {flag: value for flag, value, _ in split_flags(args)}
+
+
 def join_flags(items: list[tuple[str, str | None, bool]]) -> list[str]:
     out: list[str] = []
     for flag, value, eq in items:

@@ -43,6 +43,7 @@ from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.run.upstream_args import flag_values  # noqa: F401  (smoke.flag_values, as tests use it)
 from dancegrpo_npu.smoke.recipe import shrunk_recipe
 from dancegrpo_npu.smoke.checks import (
     CheckpointCheck,
@@ -114,13 +115,6 @@ def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GE
     if lora:
         args += ["--lora_rank", "4", "--lora_alpha", "8"]
     return tuple(args)
-
-
-def flag_values(args) -> dict[str, str | None]:
-    """Each flag's value as the trainer's argparse sees it: the last occurrence wins."""
-    from dancegrpo_npu.run.upstream_args import split_flags
-
-    return {flag: value for flag, value, _ in split_flags(args)}
 
 
 def decay_budget(args, steps: int) -> DecayBudget:

@@ -22,13 +22,13 @@ import math
 import torch
 from torch import nn
 
+from dancegrpo_port.models.flux_rope import inverse_frequencies
+
 
 def rope_table(dim: int, max_seq_len: int, theta: float) -> tuple[list[list[float]], list[list[float]]]:
     """diffusers' ``get_1d_rotary_pos_embed(dim, arange(max_seq_len), theta, use_real=True,
     repeat_interleave_real=True)`` in double precision: (cos, sin), each [max_seq_len][dim]."""
-    if dim % 2:
-        raise ValueError(f"RoPE axis dimension must be even, got {dim}")
-    inv = [1.0 / (theta ** (i / dim)) for i in range(0, dim, 2)]
+    inv = inverse_frequencies(dim, theta)
     cos = [[math.cos(p * f) for f in inv for _ in (0, 1)] for p in range(max_seq_len)]
     sin = [[math.sin(p * f) for f in inv for _ in (0, 1)] for p in range(max_seq_len)]
     return cos, sin

@@ -24,7 +24,8 @@ import os
 import subprocess
 
 import pytest
-from conftest import copy_project, in_ci
+from conftest import copy_project
+from smoke_runs import layer_python, metrics, passed
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
@@ -35,19 +36,6 @@ torch = pytest.importorskip("torch")
 G = 4
 ALIGNED = ("--rng", "cpu", "--record")
 FSDP_PATCH = "0024-wan-fsdp.patch"
-
-
-def layer_python() -> str:
-    """The diffusers-0.35 set's interpreter; skipped without it (it fails under CI, where
-    scripts/test.sh installs it)."""
-    from dancegrpo_npu.run.depsets import python_for
-
-    try:
-        return python_for("diffusers-0.35")
-    except DancegrpoError as e:
-        if in_ci():
-            pytest.fail(f"CI: {e.message}")
-        pytest.skip(e.message)
 
 
 def options(nproc=2, steps=2, generations=G, extra=(), align=()) -> smoke.SmokeOptions:
@@ -88,16 +76,6 @@ def runs(patched_tree, upstream_source, tmp_path_factory):
         return project
 
     return WanRuns({"patched": lambda: patched_tree.project, "without-fsdp": without_fsdp})
-
-
-def passed(result):
-    if isinstance(result, DancegrpoError):
-        raise AssertionError(f"the smoke failed: {result.message} ({result.hint})")
-    return result
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

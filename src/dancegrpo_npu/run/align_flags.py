@@ -28,7 +28,7 @@ from dancegrpo_npu.contract import MSPROBE_ENV, MSPROBE_TASKS, REPLAY_FIT, RNG_C
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.rundirs.records import records_index
 
-ALIGN_SCRIPTS = ("flux", "flux-lora", "wan")
+ALIGN_SCRIPTS = ("flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
 
 

@@ -199,7 +199,7 @@ def check_options(options: SmokeOptions) -> None:
         from dancegrpo_npu.smoke.fixtures import PROMPTS
         from dancegrpo_npu.smoke.wan_smoke import steps_problem
 
-        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), TRAINERS[trainer_of(options)].title)
+        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), {"wan": "Wan", "qwenimage": "Qwen-Image", "qwenimage-edit": "Qwen-Image-Edit"}[trainer_of(options)])
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 

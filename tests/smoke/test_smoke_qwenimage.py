@@ -1,0 +1,107 @@
+"""``dancegrpo-npu smoke --trainer qwenimage | qwenimage-edit``: the patched stock Qwen-Image
+trainers on tiny models built from diffusers' and transformers' classes (smoke.qwen_fixtures),
+with the diffusers-0.35 dependency set (docs/dependencies.md).
+
+For each trainer the slow tests share three runs (``QwenRuns``):
+
+- one 2-rank strict run at G = 4 with --rng cpu --record: the smoke passes (metrics, the
+  checkpoint loads with QwenImageTransformer2DModel.from_pretrained and moved, every rank holds
+  the same weights after training, no complex tensor under strict mode);
+- the same with --sample_batch_size 4: ``compare`` against the first exits 0 and
+  clip_frac_first is 0 on every step of both (two --rng cpu --record runs aligned);
+- one 1-rank strict run of 1 step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from smoke_runs import layer_python, metrics, passed
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.smoke import runner as smoke
+
+pytest.importorskip("torch")
+
+G = 4
+TRAINERS = ("qwenimage", "qwenimage-edit")
+
+
+def options(trainer, nproc=2, steps=2, generations=G, extra=(), align=False) -> smoke.SmokeOptions:
+    from dancegrpo_npu.run.align_flags import AlignOptions
+
+    return smoke.SmokeOptions(nproc=nproc, trainer=trainer, device="cpu", steps=steps, generations=generations,
+                              extra_args=tuple(extra), align=AlignOptions(rng="cpu", record=True) if align else AlignOptions())
+
+
+class QwenRuns:
+    """Each distinct smoke run once: its SmokeResult, or the DancegrpoError it ended with."""
+
+    def __init__(self, project):
+        self.project, self.done = project, {}
+
+    def __call__(self, trainer, **kw):
+        key = (trainer, tuple(sorted(kw.items())))
+        if key not in self.done:
+            try:
+                self.done[key] = smoke.run_smoke(self.project, options(trainer, **kw))
+            except DancegrpoError as e:
+                self.done[key] = e
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(patched_tree):
+    layer_python()
+    return QwenRuns(patched_tree.project)
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_two_ranks_strict(runs, trainer):
+    result = passed(runs(trainer, align=True))
+    assert [s.step for s in result.steps] == [1, 2] and all(s.grad_norm > 0 for s in result.steps)
+    assert result.checkpoint.loaded_with == "QwenImageTransformer2DModel.from_pretrained"
+    assert result.checkpoint.updates == 2 and result.checkpoint.changed > 0
+    assert result.equal_weights == result.checkpoint.total
+    images = sorted(p.name for p in (result.run_dir / "images").glob("*.png"))
+    assert len(images) == 2 * G, images  # upstream's names: one file per rank and sample, each step writes it again
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_sample_batch_size_4_is_aligned_with_1(runs, trainer, capsys):
+    from dancegrpo_npu.cli import main
+
+    one = passed(runs(trainer, align=True))
+    batched = passed(runs(trainer, align=True, extra=("--sample_batch_size", str(G))))
+    capsys.readouterr()
+    assert main(["compare", str(one.run_dir), str(batched.run_dir)]) == 0
+    assert "first divergence: none" in capsys.readouterr().out
+    for m in metrics(one.run_dir) + metrics(batched.run_dir):
+        assert m["clip_frac_first"] == 0.0
+    index = json.loads((batched.run_dir / "records" / "index.json").read_text())
+    assert index["steps"] == [1, 2] and index["rng"] == "cpu"
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_one_rank_strict(runs, trainer):
+    result = passed(runs(trainer, nproc=1, steps=1, generations=2))
+    assert result.checkpoint.updates == 0 and result.checkpoint.changed == 0  # checkpoint-0-0: the start
+    assert result.steps[0].grad_norm > 0
+    assert result.equal_weights == result.checkpoint.total
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"trainer": "qwenimage", "steps": 4, "nproc": 2}, "--steps 4: the Qwen-Image trainer needs 5 prompts on each"),
+    ({"trainer": "qwenimage-edit", "lora": True}, "--lora names the trainer flux-lora, not qwenimage-edit"),
+])
+def test_the_smoke_refuses_at_start(kw, message):
+    with pytest.raises(DancegrpoError) as info:
+        smoke.check_options(smoke.SmokeOptions(**kw))
+    assert message in info.value.message and info.value.exit_code == 2

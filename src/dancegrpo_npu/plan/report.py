@@ -19,11 +19,11 @@ CARDS = ((64, "64 GiB"), (32, "32 GiB (910B4)"))
 # What each trainer takes for an option: (launch verb, its trainer arguments), or the reason it has none.
 OFFLOAD = {
     "flux": ("flux", "--use_cpu_offload"),
-    "qwenimage": None,
-    "qwenimage-edit": None,
+    "qwenimage": ("qwenimage", "--use_cpu_offload"),  # honoured by the port (upstream ignores it)
+    "qwenimage-edit": ("qwenimage-edit", "--use_cpu_offload"),
 }
 LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
-NO_OFFLOAD = "upstream's Qwen-Image trainers hard-code FSDP's cpu_offload=False (their --use_cpu_offload is ignored)"
+NO_OFFLOAD = "the trainer has no FSDP CPU offload"
 NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
 
 

@@ -46,10 +46,17 @@ WAN_WITHOUT = {
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
-# without each builds (below); what happens without it is tested in tests/patches/test_qwenimage_fsdp.py.
+# without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
+# this (in CI the trees whose smoke fails, but 0027, whose absence
+# tests/patches/test_qwenimage_fsdp.py tests without a training run; the rest extended).
 QWEN_WITHOUT = {
     "0027-qwenimage-fsdp-device.patch": "ZeroDivisionError",  # rank % torch.cuda.device_count() without CUDA
+    "0030-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
+    "0031-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
+    "0032-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
+    "0033-qwenimage-caption-tuple.patch": "Unsupported caption type",
 }
+QWEN_IN_CI = ("0030-qwenimage-real-rope.patch", "0033-qwenimage-caption-tuple.patch")
 
 
 def after_foundation() -> list[str]:
@@ -111,3 +118,26 @@ def test_the_tree_without_a_wan_or_qwen_patch_builds_and_keeps_the_flux_trainers
                if line.startswith("diff --git ")}
     assert not touched & {"fastvideo/train_grpo_flux.py", "fastvideo/train_grpo_flux_lora.py"}
     assert all((tree / path).is_file() for path in touched)
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("patch", [pytest.param(p, marks=() if p in QWEN_IN_CI else pytest.mark.extended)
+                                   for p in QWEN_WITHOUT])
+def test_the_tree_without_a_qwen_patch_runs_the_qwenimage_smoke(project, patch):
+    from depset_035 import diffusers_035_python
+
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import runner as smoke
+
+    diffusers_035_python()
+    apply_worktree(project, without=(patch,), force=True)
+    options = smoke.SmokeOptions(trainer="qwenimage", steps=1, device="cpu")
+    expected = QWEN_WITHOUT[patch]
+    if expected is None:
+        assert len(smoke.run_smoke(project, options).steps) == 1
+    else:
+        with pytest.raises(DancegrpoError) as failed:
+            smoke.run_smoke(project, options)
+        assert expected in str(failed.value), failed.value

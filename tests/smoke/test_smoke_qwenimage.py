@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from smoke_runs import layer_python, metrics, passed
+from depset_035 import diffusers_035_python
+from smoke_runs import metrics, passed
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
@@ -53,7 +54,7 @@ class QwenRuns:
 
 @pytest.fixture(scope="module")
 def runs(patched_tree):
-    layer_python()
+    diffusers_035_python()
     return QwenRuns(patched_tree.project)
 
 

@@ -25,7 +25,8 @@ import subprocess
 
 import pytest
 from conftest import copy_project
-from smoke_runs import layer_python, metrics, passed
+from depset_035 import diffusers_035_python
+from smoke_runs import metrics, passed
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
@@ -63,7 +64,7 @@ class WanRuns:
 
 @pytest.fixture(scope="module")
 def runs(patched_tree, upstream_source, tmp_path_factory):
-    layer_python()
+    diffusers_035_python()
 
     def without_fsdp():
         from dancegrpo_npu.engine.apply import apply_worktree
@@ -240,7 +241,7 @@ def test_float32_rope_is_diffusers_float64_rope_within_1e_5():
     an 81-frame 480x832 video uses, and a tiny transformer's output with each."""
     from pathlib import Path
 
-    python = layer_python()
+    python = diffusers_035_python()
     overlay = Path(__file__).resolve().parents[2] / "overlay"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = subprocess.run([python, "-c", ROPE_CHECK, str(overlay)], capture_output=True, text=True, env=env,
@@ -257,7 +258,7 @@ def test_launch_wan_runs_upstreams_recipe_with_the_sets_interpreter(patched_tree
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.run.upstream_args import split_flags
 
-    python = layer_python()
+    python = diffusers_035_python()
     record = launch(patched_tree.project, LaunchSpec(script="wan", nproc_per_node=8, device="cuda"), dry_run=True)
     assert record.command[0] == python
     values = {flag: value for flag, value, _ in split_flags(record.command[record.command.index("--seed"):])}

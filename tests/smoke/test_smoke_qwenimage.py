@@ -106,3 +106,41 @@ def test_the_smoke_refuses_at_start(kw, message):
     with pytest.raises(DancegrpoError) as info:
         smoke.check_options(smoke.SmokeOptions(**kw))
     assert message in info.value.message and info.value.exit_code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.extended
+def test_a_killed_run_resumes_exactly(runs, capsys):
+    """Resume comes to Qwen-Image through the seam: 3 steps on 1 rank with --rng cpu --record, a
+    checkpoint after each, killed once checkpoint 2 is complete; `launch --resume` continues it in
+    its own directory, and it ends as the uninterrupted run: every record bit-equal, steps 1..3
+    once each."""
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from dancegrpo_npu.cli import main
+
+    project = runs.project
+    ref = passed(runs("qwenimage", nproc=1, steps=3, generations=2, align=True))
+    before = set(project.runs_dir.iterdir())
+    cut_options = replace(options("qwenimage", nproc=1, steps=3, generations=2, align=True),
+                          env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
+    with pytest.raises(DancegrpoError, match="training run failed"):
+        smoke.run_smoke(project, cut_options)
+    (cut,) = set(project.runs_dir.iterdir()) - before
+    assert [m["step"] for m in metrics(cut)] == [1, 2]
+    capsys.readouterr()
+    assert main(["-C", str(project.root), "launch", "--resume", cut.name]) == 0, capsys.readouterr().err
+    assert [m["step"] for m in metrics(cut)] == [1, 2, 3]
+    assert json.loads((cut / "records" / "index.json").read_text())["steps"] == [1, 2, 3]
+    capsys.readouterr()
+    assert main(["-C", str(project.root), "compare", str(ref.run_dir), str(cut)]) == 0
+    assert "first divergence: none" in capsys.readouterr().out
+    files = sorted(p.relative_to(ref.run_dir) for p in (ref.run_dir / "records").rglob("*.safetensors"))
+    assert files == sorted(p.relative_to(cut) for p in (cut / "records").rglob("*.safetensors"))
+    for name in files:
+        a, b = load_file(ref.run_dir / name), load_file(cut / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

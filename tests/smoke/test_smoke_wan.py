@@ -28,7 +28,7 @@ from conftest import copy_project, in_ci
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
-from dancegrpo_npu.smoke.wan_smoke import check_equal_weights
+from dancegrpo_npu.smoke.trained import check_equal_weights
 
 torch = pytest.importorskip("torch")
 

@@ -45,9 +45,10 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="node 0's port, 1024-65535 (default: a free port; 29500 with several nodes)",
     )
     p.add_argument("--recipe", default=d(None), metavar="NAME",
-                   help="upstream's recipe for flux / flux-lora: the trainer arguments of its script "
-                   "scripts/finetune/finetune_flux_grpo_NAME.sh in the patched tree (8gpus, 2nodes, 8gpus-lora); "
-                   "default: the one for the launch's world size, else the nearest one, scaled")
+                   help="upstream's recipe for a trainer: the trainer arguments of one of its scripts "
+                   "scripts/finetune/finetune_<trainer>_grpo*.sh in the patched tree (flux: 8gpus, 2nodes, "
+                   "8gpus-lora; wan, qwenimage, qwenimage-edit: 8gpus); default: the one for the launch's "
+                   "world size, else the nearest one, scaled")
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -127,6 +128,7 @@ EPILOG = textwrap.dedent(
       dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
       dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
       dancegrpo-npu launch flux --nproc-per-node 8 --max-restarts 3                     # restarts resume
+      dancegrpo-npu launch qwenimage --nproc-per-node 8 --device npu  # diffusers-0.35 set; see `dancegrpo-npu plan`
       dancegrpo-npu launch --resume 20261201-101500-flux -- --max_train_steps 600       # continue, longer
     """
 )
@@ -136,11 +138,11 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "launch",
         parents=[common],
-        help="run flux | flux-lora | preprocess under torchrun, with a run record",
+        help=f"run {' | '.join(SCRIPTS)} under torchrun, with a run record",
         description="Run a stock upstream script from the patched tree under torchrun.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="dancegrpo-npu launch {flux,flux-lora,preprocess} [options] [-- upstream args]",
+        usage=f"dancegrpo-npu launch {{{','.join(SCRIPTS)}}} [options] [-- upstream args]",
     )
     _add_options(p, suppress=False)
     # The script name and everything after it, verbatim: argparse would drop a "--" that

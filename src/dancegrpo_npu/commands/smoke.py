@@ -18,6 +18,7 @@ examples:
   dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
   dancegrpo-npu smoke --trainer wan --nproc 2   # Wan2.1 (the diffusers-0.35 set); checks too that
                                          # every rank holds the same weights after training
+  dancegrpo-npu smoke --trainer qwenimage --nproc 2 -- --sample_batch_size 2   # Qwen-Image, batched rollout
   dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
   dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
                                          # longer, bigger groups, 128x128 (later arguments win)
@@ -87,7 +88,8 @@ def register(sub, common) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
     p.add_argument("--trainer", choices=list(runner.TRAINERS), default=None,
                    help="the trainer: flux (default, train_grpo_flux.py), flux-lora (train_grpo_flux_lora.py), "
-                   "wan (train_grpo_wan_2_1.py, with the diffusers-0.35 set: docs/dependencies.md)")
+                   "wan (train_grpo_wan_2_1.py), qwenimage (train_grpo_qwenimage.py), qwenimage-edit "
+                   "(train_grpo_qwenimage_edit.py); the last three with the diffusers-0.35 set: docs/dependencies.md")
     p.add_argument("--lora", action="store_true", help="the same as --trainer flux-lora")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")

@@ -24,6 +24,8 @@ from dancegrpo_npu.errors import DancegrpoError
 # upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
 FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
 WAN_RECIPE_GLOB = "scripts/finetune/finetune_wan_2_1_grpo*.sh"
+QWENIMAGE_RECIPE_GLOB = "scripts/finetune/finetune_qwenimage_grpo*.sh"
+QWENIMAGE_EDIT_RECIPE_GLOB = "scripts/finetune/finetune_qwenimage_edit_grpo*.sh"
 
 # Where upstream's README puts the FLUX.1-dev weights, and its recipes point (doctor looks there).
 DEFAULT_FLUX_DIR = "data/flux"
@@ -101,6 +103,16 @@ _WAN_INPUTS = (
     ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
     ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
 )
+
+def _qwen_inputs(model: str, preprocess: str) -> tuple[tuple[str, str, str], ...]:
+    return (
+        ("--pretrained_model_name_or_path", "flux", f"{model} weights (transformer/, vae/)"),
+        ("--data_json_path", "embeddings", f"RL-embeddings dataset: run `dancegrpo-npu launch {preprocess}` first"),
+        ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
+        ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+    )
+
+
 _PREPROCESS_INPUTS_PROMPTS = (
     "--prompt_dir",
     "file",
@@ -138,6 +150,16 @@ SCRIPTS: dict[str, ScriptInfo] = {
     # Wan2.1-T2V-1.3B: the diffusers-0.35 dependency set (run.depsets, docs/dependencies.md)
     "wan": ScriptInfo(
         "wan", "fastvideo/train_grpo_wan_2_1.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _WAN_INPUTS, True, WAN_RECIPE_GLOB,
+        depset="diffusers-0.35",
+    ),
+    # Qwen-Image and Qwen-Image-Edit: the diffusers-0.35 dependency set, as Wan2.1
+    "qwenimage": ScriptInfo(
+        "qwenimage", "fastvideo/train_grpo_qwenimage.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
+        _qwen_inputs("Qwen-Image", "preprocess-qwenimage"), True, QWENIMAGE_RECIPE_GLOB, depset="diffusers-0.35",
+    ),
+    "qwenimage-edit": ScriptInfo(
+        "qwenimage-edit", "fastvideo/train_grpo_qwenimage_edit.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
+        _qwen_inputs("Qwen-Image-Edit", "preprocess-qwenimage-edit"), True, QWENIMAGE_EDIT_RECIPE_GLOB,
         depset="diffusers-0.35",
     ),
     "preprocess-wan": ScriptInfo(

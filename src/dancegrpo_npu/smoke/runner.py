@@ -195,11 +195,11 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
-    if trainer_of(options) == "wan":
+    if trainer_of(options) in ("wan", "qwenimage", "qwenimage-edit"):
         from dancegrpo_npu.smoke.fixtures import PROMPTS
         from dancegrpo_npu.smoke.wan_smoke import steps_problem
 
-        problem = steps_problem(options.steps, options.nproc, len(PROMPTS))
+        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), TRAINERS[trainer_of(options)].title)
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 
@@ -247,7 +247,7 @@ def _run_flux(project: Project, options: SmokeOptions, start: float) -> SmokeRes
 def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
     from dancegrpo_npu.run.depsets import python_for
     from dancegrpo_npu.run.upstream_args import script_info
-    from dancegrpo_npu.smoke import wan_smoke
+    from dancegrpo_npu.smoke import trained, wan_smoke
     from dancegrpo_npu.smoke.fixtures import build_fixtures
     from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
 
@@ -257,17 +257,44 @@ def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResu
     args = wan_smoke.trainer_args(wan, hps, options.steps, options.generations) + tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
-    equal = wan_smoke.check_equal_weights(record.run_dir, options.nproc)
+    equal = trained.check_equal_weights(record.run_dir, options.nproc)
     budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (wan_smoke)
-    check = wan_smoke.check_checkpoint(record.run_dir / "outputs", wan.model_dir, options.steps, budget, python)
+    check = trained.check_last_checkpoint(record.run_dir / "outputs", wan.model_dir, "WanTransformer3DModel",
+                                          options.steps, budget, python)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
 
+
+def _run_qwen(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
+    from dancegrpo_npu.run.depsets import python_for
+    from dancegrpo_npu.run.upstream_args import script_info
+    from dancegrpo_npu.smoke import qwen_smoke, trained
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
+
+    name = trainer_of(options)
+    python = python_for(script_info(name).depset, needed_by=name)
+    hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
+    qwen = qwen_smoke.fixtures(project, hps.prompts, name, python)
+    args = qwen_smoke.trainer_args(qwen, hps, options.steps, options.generations) + tuple(options.extra_args)
+    record = _ran(_launch(project, options, args))
+    steps = read_metrics(record.run_dir, options.steps)
+    equal = trained.check_equal_weights(record.run_dir, options.nproc)
+    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (qwen_smoke)
+    check = trained.check_last_checkpoint(record.run_dir / "outputs", qwen.model_dir, "QwenImageTransformer2DModel",
+                                          options.steps, budget, python)
+    check_training_moved(check)
+    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
+
+
+# --steps S runs --max_train_steps S - k (smoke.wan_smoke, smoke.qwen_smoke say why)
+MAX_TRAIN_STEPS_BELOW = {"wan": 1, "qwenimage": 2, "qwenimage-edit": 2}
 
 TRAINERS: dict[str, SmokeTrainer] = {
     "flux": SmokeTrainer("flux", "full FLUX GRPO", _run_flux),
     "flux-lora": SmokeTrainer("flux-lora", "LoRA FLUX GRPO", _run_flux),
     "wan": SmokeTrainer("wan", "Wan2.1 GRPO (one frame)", _run_wan),
+    "qwenimage": SmokeTrainer("qwenimage", "Qwen-Image GRPO", _run_qwen),
+    "qwenimage-edit": SmokeTrainer("qwenimage-edit", "Qwen-Image-Edit GRPO", _run_qwen),
 }
 
 
@@ -291,7 +318,8 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
         return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                       steps=int(v["--max_train_steps"]), generations=int(v["--num_generations"]),
+                       steps=int(v["--max_train_steps"]) + MAX_TRAIN_STEPS_BELOW.get(launch["script"], 0),
+                       generations=int(v["--num_generations"]),
                        checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
     except (OSError, ValueError, KeyError, TypeError):
         raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",

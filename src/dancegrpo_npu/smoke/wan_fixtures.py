@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +78,6 @@ SCHEDULER_CONFIG = {"flow_shift": 3.0, "prediction_type": "flow_prediction", "us
 SEEDS = {"transformer": 11, "vae": 12, "text_encoder": 13}
 PARAMS = {"transformer": TRANSFORMER_CONFIG, "vae": VAE_CONFIG, "umt5": UMT5_CONFIG,
           "scheduler": SCHEDULER_CONFIG, "seeds": SEEDS}
-STAMP_NAME = "fixtures.stamp.json"
 
 
 @dataclass(frozen=True)
@@ -109,34 +105,10 @@ def params_sha256(python: str) -> str:
 def build_wan_fixtures(dest: Path, prompts: Path, python: str) -> WanFixtures:
     """The Wan fixtures at ``dest``, built with ``python`` (the diffusers-0.35 set's) unless
     they are there and current; built into a staging directory, then swapped in whole."""
-    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke.child_build import build_in_child
 
-    dest = Path(os.path.abspath(dest))
     want = params_sha256(python) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
-    stamp = dest / STAMP_NAME
-    if stamp.is_file() and stamp.read_text().strip() == want:
-        return wan_fixtures_at(dest)
-    if dest.exists() and not stamp.is_file():
-        raise DancegrpoError(f"{dest} exists and is not a Wan fixtures directory (no {STAMP_NAME}); not replacing it",
-                             "remove it, or choose another directory for the fixtures")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = dest.parent / f".{dest.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    src = str(Path(__file__).resolve().parents[2])  # this tool, whatever the set's interpreter imports
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH")))),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    try:
-        proc = subprocess.run([python, "-m", "dancegrpo_npu.smoke.wan_fixtures", str(staging), str(prompts)],
-                              env=env, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise DancegrpoError(f"building the Wan fixtures with {python} failed: {last}",
-                                 "run ./scripts/bootstrap.sh --deps-only --with diffusers-0.35 (docs/dependencies.md)")
-        (staging / STAMP_NAME).write_text(want + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(staging, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.wan_fixtures", [str(prompts)], "Wan")
     return wan_fixtures_at(dest)
 
 

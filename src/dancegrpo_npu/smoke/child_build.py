@@ -1,0 +1,50 @@
+"""Fixtures built by a child process of another dependency set's interpreter, swapped in whole.
+
+The Wan2.1 and Qwen-Image fixtures need diffusers 0.35, the tool runs on 0.32: the tool starts
+``python -m MODULE STAGING ARGS...`` in that set's interpreter, which writes everything into a
+staging directory beside ``dest``; the stamp (what the build depended on) is written last, and
+the staging directory replaces ``dest`` in one rename.  A directory whose stamp matches is reused.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+STAMP_NAME = "fixtures.stamp.json"
+
+
+def build_in_child(dest: Path, want: str, python: str, module: str, args: list[str], what: str) -> Path:
+    """``dest`` (absolute) holding a build stamped ``want``: reused when current, else built by
+    ``python -m module STAGING *args``.  ``what`` names the fixtures in errors."""
+    from dancegrpo_npu.errors import DancegrpoError
+
+    dest = Path(os.path.abspath(dest))
+    stamp = dest / STAMP_NAME
+    if stamp.is_file() and stamp.read_text().strip() == want:
+        return dest
+    if dest.exists() and not stamp.is_file():
+        raise DancegrpoError(f"{dest} exists and is not a {what} fixtures directory (no {STAMP_NAME}); not replacing it",
+                             "remove it, or choose another directory for the fixtures")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    src = str(Path(__file__).resolve().parents[2])  # this tool, whatever the set's interpreter imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH")))),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run([python, "-m", module, str(staging), *args],
+                              env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise DancegrpoError(f"building the {what} fixtures with {python} failed: {last}",
+                                 "run ./scripts/bootstrap.sh --deps-only --with diffusers-0.35 (docs/dependencies.md)")
+        (staging / STAMP_NAME).write_text(want + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest

@@ -1,0 +1,415 @@
+"""Tiny, randomly initialised stand-ins for Qwen-Image and Qwen-Image-Edit, and their datasets.
+
+Real diffusers / transformers classes with small configurations, written with the libraries'
+own ``save_pretrained``, so that ``DiffusionPipeline.from_pretrained`` (upstream's
+preprocessing) and the trainers read them as they read the real checkpoints: a
+``QwenImagePipeline`` directory (``QwenImageTransformer2DModel``, ``AutoencoderKLQwenImage``, a
+``Qwen2_5_VLForConditionalGeneration`` text encoder, a byte-level BPE ``Qwen2TokenizerFast``,
+the flow-match Euler scheduler) or, for the Edit trainer, a ``QwenImageEditPipeline`` directory
+(the same parts, plus the Qwen2-VL processor).  What the trainers rely on is kept: 16 latent
+channels, 8x spatial downsampling, the VAE's latents_mean/std, 2x2 packing into 64 channels, and
+a tokenizer under which the pipelines' prompt templates drop exactly their system prefix (34
+tokens, 64 for Edit) as the real Qwen2.5-VL tokenizer does.
+
+The datasets are written as upstream's preprocessing writes them: preprocess_qwenimage_embedding.py
+(``prompt_embed/``, ``prompt_attention_mask/``, ``videos2caption.json`` with ``caption`` and
+``original_length``, embeddings padded to 1024 tokens) and preprocess_qwenimage_edit_embeddings.py
+(plus ``image_latents/``, ``calculated_height``/``calculated_width``, padded to 5000 tokens) from
+the source images and ``edit_data.jsonl`` written here.  The HPS reward files are the FLUX
+fixtures' (``smoke.fixtures``).
+
+Qwen-Image needs the diffusers-0.35 dependency set: the tool builds these in a child process of
+that set's interpreter, ``python -m dancegrpo_npu.smoke.qwen_fixtures DEST PROMPTS [--edit]``,
+which also checks the transformer's forward with the trainer's call and the VAE's decode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Qwen-Image's MMDiT, narrow: 2 heads x 16, the RoPE axes (4, 6, 6) add up to the head dim as
+# (16, 56, 56) add up to 128; two blocks, so selective checkpointing has one to take.
+TRANSFORMER_CONFIG = {
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 2,
+    "attention_head_dim": 16,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 32,  # = TEXT_CONFIG["hidden_size"]
+    "guidance_embeds": False,
+    "axes_dims_rope": [4, 6, 6],
+}
+
+# Four levels (8x spatial downsampling, 4x temporal as Wan's), 16 latent channels; the class's
+# own latents_mean / latents_std (the trainers and _encode_vae_image read them from the config).
+VAE_CONFIG = {
+    "base_dim": 8,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 2, 2],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+}
+
+# Qwen2.5-VL's language model, narrow; its M-RoPE sections add up to half the head dim (16).
+TEXT_CONFIG = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 8192,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    "tie_word_embeddings": False,
+}
+
+# Its vision tower: 14-pixel patches, 2x2 merge, window attention as the real one; one block.
+VISION_CONFIG = {
+    "depth": 1,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_heads": 2,
+    "out_hidden_size": 32,  # = TEXT_CONFIG["hidden_size"]
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 112,
+    "fullatt_block_indexes": [0],
+}
+
+# The Qwen2-VL image processor: the real one's patching, with a small pixel budget, so the
+# 1024x1024 reference image is seen as 112x112 (16 vision tokens) instead of 1369 tokens.
+IMAGE_PROCESSOR_CONFIG = {"min_pixels": 3136, "max_pixels": 112 * 112, "patch_size": 14, "merge_size": 2,
+                          "temporal_patch_size": 2}
+
+# Qwen-Image's scheduler/scheduler_config.json.
+SCHEDULER_CONFIG = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "invert_sigmas": False,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+    "use_beta_sigmas": False,
+    "use_dynamic_shifting": True,
+    "use_exponential_sigmas": False,
+    "use_karras_sigmas": False,
+}
+
+# Qwen2's special tokens (ids 0.. here), its pre-tokenizer split, and a vocabulary trained on the
+# pipelines' templates (so their system prompts tokenize word by word) and plain English.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+BPE_VOCAB_SIZE = 800
+
+EMBED_LENGTH = 1024  # preprocess_qwenimage_embedding.py pads to it
+EDIT_EMBED_LENGTH = 5000  # preprocess_qwenimage_edit_embeddings.py pads to it
+EDIT_TARGET_AREA = 1024 * 1024  # calculate_embeds' area for the reference image
+SOURCE_IMAGE_SIZE = 64  # the reference images written here (square: 1024x1024 once resized)
+
+# What the build checks: the trainer's 64x64 (latents 8x8, 4x4 packed tokens).
+CHECK_SIZE = 64
+
+# The pipelines' prompt templates (diffusers 0.35's prompt_template_encode, the tokenizer's
+# training text) and the prefix length their encode_prompt drops; the build checks both.
+TEMPLATES = {
+    "qwenimage": "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
+                 "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
+                 "<|im_end|>\n<|im_start|>assistant\n",
+    "qwenimage_edit": "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                      "objects, background), then explain how the user's text instruction should alter or modify the "
+                      "image. Generate a new image that meets the user's requirements while maintaining consistency "
+                      "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+                      "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n",
+}
+DROP_IDX = {"qwenimage": 34, "qwenimage_edit": 64}
+
+SEEDS = {"transformer": 21, "vae": 22, "text_encoder": 23, "images": 24}
+PARAMS = {"transformer": TRANSFORMER_CONFIG, "vae": VAE_CONFIG, "text": TEXT_CONFIG, "vision": VISION_CONFIG,
+          "image_processor": IMAGE_PROCESSOR_CONFIG, "scheduler": SCHEDULER_CONFIG, "special": SPECIAL_TOKENS,
+          "bpe": [PRETOKENIZE_REGEX, BPE_VOCAB_SIZE], "templates": TEMPLATES, "seeds": SEEDS}
+CHECKS_NAME = "checks.json"
+
+
+@dataclass(frozen=True)
+class QwenFixtures:
+    model_dir: Path  # the tiny QwenImagePipeline (or QwenImageEditPipeline) directory
+    data_json: Path  # videos2caption.json of its RL-embeddings dataset
+    prompt_file: Path  # the preprocessing's --prompt_dir: prompts.txt, or edit_data.jsonl for Edit
+    image_dir: Path | None  # the Edit reference images (edit_data.jsonl names them relative to it)
+
+    @property
+    def root(self) -> Path:
+        return self.model_dir.parent
+
+    @property
+    def edit(self) -> bool:
+        return self.image_dir is not None
+
+
+def qwen_fixtures_at(dest: Path, edit: bool = False) -> QwenFixtures:
+    dest = Path(dest)
+    if edit:
+        return QwenFixtures(dest / "qwenimage_edit", dest / "rl_embeddings" / "videos2caption.json",
+                            dest / "edit_data.jsonl", dest / "images")
+    return QwenFixtures(dest / "qwenimage", dest / "rl_embeddings" / "videos2caption.json", dest / "prompts.txt", None)
+
+
+def params_sha256(python: str, edit: bool) -> str:
+    h = hashlib.sha256(json.dumps({"params": PARAMS, "edit": edit}, sort_keys=True).encode())
+    h.update(Path(__file__).read_bytes())
+    h.update(python.encode())
+    return h.hexdigest()
+
+
+def build_qwen_fixtures(dest: Path, prompts: Path, python: str, edit: bool = False) -> QwenFixtures:
+    """The Qwen-Image (``edit``: Qwen-Image-Edit) fixtures at ``dest``, built with ``python``
+    (the diffusers-0.35 set's) unless they are there and current; staged, then swapped in whole."""
+    from dancegrpo_npu.smoke.child_build import build_in_child
+
+    want = params_sha256(python, edit) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
+    args = [str(Path(prompts).resolve())] + (["--edit"] if edit else [])
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.qwen_fixtures", args,
+                          "Qwen-Image-Edit" if edit else "Qwen-Image")
+    return qwen_fixtures_at(dest, edit)
+
+
+def contains_chinese(text: str) -> bool:
+    """Upstream's preprocessing drops prompts with CJK ideographs (its T5dataset)."""
+    return bool(re.search(r"[\u4e00-\u9fff]", text))
+
+
+# ---- run in the diffusers-0.35 interpreter ------------------------------------------------------
+
+
+def build_tokenizer(corpus: list[str]):
+    """A Qwen2TokenizerFast over a byte-level BPE trained on ``corpus`` (one thread: reproducible)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(corpus, trainer)
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", model_max_length=32768,
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    return tokenizer
+
+
+def build_parts(edit: bool):
+    """The tiny pipeline's components (same seeds for both pipelines: Edit adds the processor)."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from dancegrpo_npu.smoke.tiny_models import T5_CORPUS
+
+    templates = [TEMPLATES["qwenimage"], TEMPLATES["qwenimage_edit"]]
+    tokenizer = build_tokenizer([t.format("") for t in templates] * 20 + T5_CORPUS.splitlines())
+    ids = dict(zip(SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)))
+    config = Qwen2_5_VLConfig(
+        text_config={"vocab_size": len(tokenizer), **TEXT_CONFIG}, vision_config=VISION_CONFIG,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    torch.manual_seed(SEEDS["text_encoder"])
+    parts = {"tokenizer": tokenizer, "text_encoder": Qwen2_5_VLForConditionalGeneration(config)}
+    torch.manual_seed(SEEDS["transformer"])
+    parts["transformer"] = QwenImageTransformer2DModel(**TRANSFORMER_CONFIG)
+    torch.manual_seed(SEEDS["vae"])
+    parts["vae"] = AutoencoderKLQwenImage(**VAE_CONFIG)
+    parts["scheduler"] = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+    if edit:
+        from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+        parts["processor"] = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**IMAGE_PROCESSOR_CONFIG),
+                                              tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor())
+    return parts
+
+
+
+
+def build_pipeline(edit: bool):
+    """The tiny QwenImagePipeline or QwenImageEditPipeline; refuses a tokenizer under which the
+    pipeline's encode_prompt would not drop exactly its template's system turn."""
+    from diffusers import QwenImageEditPipeline, QwenImagePipeline
+
+    parts = build_parts(edit)
+    pipe = (QwenImageEditPipeline if edit else QwenImagePipeline)(**parts)
+    name = "qwenimage_edit" if edit else "qwenimage"
+    if pipe.prompt_template_encode != TEMPLATES[name] or pipe.prompt_template_encode_start_idx != DROP_IDX[name]:
+        raise RuntimeError(f"this diffusers' {type(pipe).__name__} prompt template is not the one the tokenizer is built for")
+    system_turn = TEMPLATES[name].split("<|im_start|>user\n")[0] + "<|im_start|>user\n"
+    dropped = len(parts["tokenizer"](system_turn)["input_ids"])
+    if dropped != DROP_IDX[name]:
+        raise RuntimeError(f"the tiny tokenizer reads {name}'s system turn as {dropped} tokens, not {DROP_IDX[name]}")
+    return pipe
+
+
+def check_pipeline(model_dir: Path, edit: bool) -> dict:
+    """Load the written directory as the preprocessing does; run the transformer with the
+    trainer's call at 64x64 (packed latents, timestep, encoder_hidden_states_mask, img_shapes,
+    txt_seq_lens; for Edit the reference image's tokens appended) and decode a [1,16,1,8,8]
+    latent with the VAE.  Returns the shapes seen; raises when one is not the trainer's."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16)
+    side = CHECK_SIZE // 8 // 2  # packed tokens per side
+    z = torch.randn(1, side * side, 64, dtype=torch.bfloat16)
+    text = torch.randn(1, 7, TEXT_CONFIG["hidden_size"], dtype=torch.bfloat16)
+    img_shapes = [[(1, side, side)] + ([(1, side, side)] if edit else [])]
+    hidden = torch.cat([z, torch.randn_like(z)], dim=1) if edit else z
+    with torch.no_grad():
+        pred = pipe.transformer(hidden_states=hidden, timestep=torch.tensor([0.5]), guidance=None,
+                                encoder_hidden_states_mask=torch.ones(1, 7, dtype=torch.long),
+                                encoder_hidden_states=text, img_shapes=img_shapes, txt_seq_lens=[7],
+                                attention_kwargs=None, return_dict=False)[0]
+        image = pipe.vae.decode(torch.randn(1, 16, 1, CHECK_SIZE // 8, CHECK_SIZE // 8, dtype=torch.bfloat16),
+                                return_dict=False)[0]
+    seen = {"transformer_out": list(pred.shape), "vae_decoded": list(image.shape),
+            "pipeline": type(pipe).__name__}
+    want = {"transformer_out": list(hidden.shape[:2]) + [64], "vae_decoded": [1, 3, 1, CHECK_SIZE, CHECK_SIZE]}
+    if any(seen[k] != v for k, v in want.items()) or not torch.isfinite(pred.float()).all():
+        raise RuntimeError(f"the tiny Qwen-Image parts give {seen}, the trainer needs {want} (finite)")
+    return seen
+
+
+def pad_tokens(prompt_embeds, prompt_attention_mask, length: int):
+    """As both preprocessing scripts: right-pad the token dimension with zeros to ``length``."""
+    import torch.nn.functional as F
+
+    pad_len = length - prompt_embeds.shape[1]
+    return (F.pad(prompt_embeds, (0, 0, 0, pad_len), "constant", 0),
+            F.pad(prompt_attention_mask, (0, pad_len), "constant", 0))
+
+
+def write_rl_embeddings(model_dir: Path, prompts: list[str], out_dir: Path) -> None:
+    """As upstream's preprocess_qwenimage_embedding.py on one CPU rank: the pipeline in bfloat16,
+    prompts with CJK ideographs left out, ``encode_prompt(prompt=)`` on a batch of one under
+    autocast, padded to 1024 tokens, the ``[idx]`` views saved, ``<i>.pt`` names."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16)
+    for sub in ("prompt_embed", "prompt_attention_mask"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, caption in enumerate(p for p in prompts if not contains_chinese(p)):
+        with torch.inference_mode(), torch.autocast("cpu"):
+            prompt_embeds, prompt_attention_mask = pipe.encode_prompt(prompt=[caption])
+            original_length = prompt_embeds.shape[1]
+            prompt_embeds, prompt_attention_mask = pad_tokens(prompt_embeds, prompt_attention_mask, EMBED_LENGTH)
+            name = f"{i}.pt"
+            torch.save(prompt_embeds[0], out_dir / "prompt_embed" / name)
+            torch.save(prompt_attention_mask[0], out_dir / "prompt_attention_mask" / name)
+        entries.append({"prompt_embed_path": name, "prompt_attention_mask": name, "caption": caption,
+                        "original_length": original_length})
+    (out_dir / "videos2caption.json").write_text(json.dumps(entries, indent=4))
+
+
+def write_edit_inputs(fixtures: QwenFixtures, prompts: list[str]) -> None:
+    """The Edit preprocessing's inputs: one reference image per prompt (seeded colour fields)
+    and edit_data.jsonl, whose source_image is relative to the image directory."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(SEEDS["images"])
+    fixtures.image_dir.mkdir(parents=True)
+    lines = []
+    for i, instruction in enumerate(prompts):
+        low = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+        image = Image.fromarray(low).resize((SOURCE_IMAGE_SIZE, SOURCE_IMAGE_SIZE), Image.BILINEAR)
+        image.save(fixtures.image_dir / f"{i}.png")
+        lines.append(json.dumps({"source_image": f"{i}.png", "instruction": instruction}))
+    fixtures.prompt_file.write_text("".join(line + "\n" for line in lines))
+
+
+def calculate_dimensions(target_area: float, ratio: float) -> tuple[int, int]:
+    """The Edit preprocessing's (and QwenImageEditPipeline's): width, height near ``target_area``."""
+    import math
+
+    width = math.sqrt(target_area * ratio)
+    return round(width / 32) * 32, round(width / ratio / 32) * 32
+
+
+def write_edit_rl_embeddings(model_dir: Path, fixtures: QwenFixtures, out_dir: Path) -> None:
+    """As upstream's preprocess_qwenimage_edit_embeddings.py on one CPU rank: the reference image
+    resized to about 1024x1024 (its ratio kept), encode_prompt with the image and the instruction,
+    the image's VAE latents (``_encode_vae_image``, normalised), embeddings padded to 5000 tokens."""
+    import torch
+    from diffusers import QwenImageEditPipeline
+    from PIL import Image
+
+    pipe = QwenImageEditPipeline.from_pretrained(str(model_dir)).to(torch.bfloat16)
+    pipe.vae.to(torch.float32)
+    for sub in ("prompt_embed", "prompt_attention_mask", "image_latents"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, line in enumerate(fixtures.prompt_file.read_text().splitlines()):
+        item = json.loads(line)
+        image = Image.open(fixtures.image_dir / item["source_image"]).convert("RGB")
+        width, height = calculate_dimensions(EDIT_TARGET_AREA, image.size[0] / image.size[1])
+        with torch.inference_mode(), torch.autocast("cpu"):
+            prompt_image = pipe.image_processor.resize(image, height, width)
+            pixels = pipe.image_processor.preprocess(prompt_image, height, width).unsqueeze(2)
+            prompt_embeds, prompt_attention_mask = pipe.encode_prompt(image=prompt_image, prompt=item["instruction"],
+                                                                      device=torch.device("cpu"))
+        # The script encodes in bfloat16; bfloat16 3-D convolutions on the CPU take minutes at
+        # 1024x1024, float32 seconds: the latents are computed in float32, stored in bfloat16.
+        with torch.inference_mode():
+            image_latents = pipe._encode_vae_image(image=pixels.float(), generator=None).to(torch.bfloat16)
+        original_length = prompt_embeds.shape[1]
+        prompt_embeds, prompt_attention_mask = pad_tokens(prompt_embeds, prompt_attention_mask, EDIT_EMBED_LENGTH)
+        name = f"{i}.pt"
+        torch.save(prompt_embeds[0], out_dir / "prompt_embed" / name)
+        torch.save(prompt_attention_mask[0], out_dir / "prompt_attention_mask" / name)
+        torch.save(image_latents[0], out_dir / "image_latents" / name)
+        entries.append({"prompt_embed_path": name, "prompt_attention_mask": name, "image_latents": name,
+                        "caption": item["instruction"], "original_length": original_length,
+                        "calculated_height": height, "calculated_width": width})
+    (out_dir / "videos2caption.json").write_text(json.dumps(entries, indent=4))
+
+
+def _main(argv: list[str]) -> int:
+    import torch
+
+    dest, prompts, edit = Path(argv[0]), Path(argv[1]).read_text().splitlines(), "--edit" in argv[2:]
+    fixtures = qwen_fixtures_at(dest, edit)
+    dest.mkdir(parents=True)
+    with torch.random.fork_rng(devices=[]):
+        build_pipeline(edit).save_pretrained(str(fixtures.model_dir))
+        checks = check_pipeline(fixtures.model_dir, edit)
+    (dest / CHECKS_NAME).write_text(json.dumps(checks, indent=2) + "\n")
+    if edit:
+        write_edit_inputs(fixtures, prompts)
+        write_edit_rl_embeddings(fixtures.model_dir, fixtures, fixtures.data_json.parent)
+    else:
+        fixtures.prompt_file.write_text("".join(p + "\n" for p in prompts))
+        write_rl_embeddings(fixtures.model_dir, prompts, fixtures.data_json.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

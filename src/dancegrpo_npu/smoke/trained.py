@@ -1,0 +1,96 @@
+"""What the smokes of the diffusers-0.35 trainers (Wan2.1, Qwen-Image) check after training:
+upstream's full checkpoint loads with the model class's ``from_pretrained`` and moved, and every
+rank holds the same weights.
+
+The tool runs with diffusers 0.32, which has neither model class: the checkpoint is loaded back
+in a child process of the 0.35 set's interpreter (``python -m dancegrpo_npu.smoke.trained``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.smoke.checks import CheckpointCheck, DecayBudget
+
+UNSYNCED_HINT = ("the ranks train separate copies of the model: their gradients are not synchronised "
+                 "(no FSDP, DDP or all-reduce), and only rank 0's copy is saved")
+
+
+def checkpoint_step(steps: int) -> int:
+    """The checkpoint a smoke of ``steps`` steps checks: the Wan2.1 and Qwen-Image trainers save
+    checkpoint-S-0 as their loop reaches step S, never checkpoint-1-0 (smoke.wan_smoke)."""
+    return steps if steps >= 2 else 0
+
+
+def check_last_checkpoint(outputs: Path, model_dir: Path, model_class: str, steps: int, budget: DecayBudget,
+                          python: str) -> CheckpointCheck:
+    """check_checkpoint of the smoke's last checkpoint; checkpoint-0-0 holds no update."""
+    step = checkpoint_step(steps)
+    if step == 0:
+        budget = DecayBudget(budget.learning_rate, budget.weight_decay, 0)
+    return check_checkpoint(outputs / f"checkpoint-{step}-0", model_dir, model_class, budget, python)
+
+
+def check_checkpoint(path: Path, model_dir: Path, model_class: str, budget: DecayBudget,
+                     python: str) -> CheckpointCheck:
+    """``path`` (upstream's checkpoint-<step>-0) against the fixture's ``model_dir/transformer``,
+    both loaded with diffusers' ``model_class`` in the 0.35 set's interpreter ``python``."""
+    if not path.is_dir():
+        raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH")))),
+           "PYTHONWARNINGS": "ignore"}
+    args = [str(path), str(model_dir), model_class,
+            json.dumps([budget.learning_rate, budget.weight_decay, budget.updates])]
+    proc = subprocess.run([python, "-m", "dancegrpo_npu.smoke.trained", *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    out = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not out:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise DancegrpoError(f"smoke: {path} does not load with {model_class}.from_pretrained: {last}")
+    found = json.loads(out[-1])
+    return CheckpointCheck(path, f"{model_class}.from_pretrained", found["changed"], found["total"],
+                           found["max_change"], found["decay_max"], budget.updates)
+
+
+def check_equal_weights(run_dir: Path, nproc: int) -> int:
+    """Every rank's --weights_digest after training is the same; the number of tensors."""
+    directory = run_dir / "weights"
+    digests = {}
+    for rank in range(nproc):
+        path = directory / f"rank{rank}.json"
+        try:
+            digests[rank] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DancegrpoError(f"smoke: rank {rank} wrote no weights digest {path} ({exc})",
+                                 f"see the rank logs in {run_dir / 'logs'}") from None
+    first = digests[0]
+    for rank, found in digests.items():
+        differ = sorted(n for n in set(first) | set(found) if first.get(n) != found.get(n))
+        if differ:
+            raise DancegrpoError(
+                f"smoke: after training, rank {rank} holds other weights than rank 0: {len(differ)} of "
+                f"{len(first)} tensors differ (first: {differ[0]})", UNSYNCED_HINT)
+    return len(first)
+
+
+def _check_in_child(path: str, model_dir: str, model_class: str, budget_json: str) -> None:
+    import diffusers
+
+    from dancegrpo_npu.smoke.checks import _compare
+
+    cls = getattr(diffusers, model_class)
+    lr, wd, updates = json.loads(budget_json)
+    trained = cls.from_pretrained(path).state_dict()
+    start = cls.from_pretrained(model_dir, subfolder="transformer").state_dict()
+    changed, total, biggest, decay = _compare(start, trained, "parameter", DecayBudget(lr, wd, updates))
+    print(json.dumps({"changed": changed, "total": total, "max_change": biggest, "decay_max": decay}))
+
+
+if __name__ == "__main__":
+    _check_in_child(*sys.argv[1:5])

@@ -53,7 +53,8 @@ def test_the_wan_preset_is_wan2_1_t2v_1_3b():
     assert cpu == {**transformer, "num_layers": 1}
     assert {name: presets.depset_of(p) for name, p in presets.PRESETS.items()} == {
         "full": "diffusers-0.32", "cpu": "diffusers-0.32", "tiny": "diffusers-0.32",
-        "wan": "diffusers-0.35", "wan-cpu": "diffusers-0.35", "tiny-wan": "diffusers-0.35"}
+        "wan": "diffusers-0.35", "wan-cpu": "diffusers-0.35", "tiny-wan": "diffusers-0.35",
+        "qwenimage": "diffusers-0.35", "tiny-qwenimage": "diffusers-0.35"}
 
 
 def test_the_child_gets_the_same_arguments():

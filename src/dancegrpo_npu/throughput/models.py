@@ -38,9 +38,13 @@ VAE_CONFIG_FILE = "flux1-dev-vae.json"
 SHIPPED = {
     "flux1-dev": (TRANSFORMER_CONFIG_FILE, VAE_CONFIG_FILE),
     "wan2.1-t2v-1.3b": ("wan2.1-t2v-1.3b-transformer.json", "wan2.1-t2v-1.3b-vae.json"),
+    # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE is
+    # AutoencoderKLQwenImage's defaults
+    "qwen-image": (None, "qwen-image-vae.json"),
 }
 # diffusers' (transformer, VAE) classes of each trainer's models
-CLASSES = {"flux": ("FluxTransformer2DModel", "AutoencoderKL"), "wan": ("WanTransformer3DModel", "AutoencoderKLWan")}
+CLASSES = {"flux": ("FluxTransformer2DModel", "AutoencoderKL"), "wan": ("WanTransformer3DModel", "AutoencoderKLWan"),
+           "qwenimage": ("QwenImageTransformer2DModel", "AutoencoderKLQwenImage")}
 HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
 GiB = 1024**3
 
@@ -53,14 +57,20 @@ def shipped_config(filename: str) -> dict:
 
 def model_configs(preset) -> tuple[dict, dict, dict]:
     """(transformer, vae, hps) configs for a preset, overrides applied."""
-    if preset.models in ("tiny", "tiny-wan"):
-        from dancegrpo_npu.smoke import tiny_models, wan_fixtures
+    if preset.models in ("tiny", "tiny-wan", "tiny-qwenimage"):
+        from dancegrpo_npu.smoke import qwen_fixtures, tiny_models, wan_fixtures
 
-        smoke = wan_fixtures if preset.models == "tiny-wan" else tiny_models
+        smoke = {"tiny": tiny_models, "tiny-wan": wan_fixtures, "tiny-qwenimage": qwen_fixtures}[preset.models]
         transformer, vae, hps = smoke.TRANSFORMER_CONFIG, smoke.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
         return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
     transformer_file, vae_file = SHIPPED[preset.models]
-    transformer = {**shipped_config(transformer_file), **preset.transformer_overrides}
+    if transformer_file is None:
+        from dancegrpo_npu.plan.models import entry
+
+        shipped = {k: v for k, v in entry("qwenimage")["transformer"].items() if not k.startswith("_")}
+    else:
+        shipped = shipped_config(transformer_file)
+    transformer = {**shipped, **preset.transformer_overrides}
     vae = shipped_config(vae_file)
     hps = hpsv2_model_config(HPS_BASE_MODEL)
     if "vision_layers" in preset.hps_overrides:
@@ -188,13 +198,25 @@ def build_models(trainer, configs, device, dtype, family: str = "flux") -> Model
     from fastvideo.utils.load import get_no_split_modules
 
     transformer_cfg, vae_cfg, hps_cfg = configs
+    if family == "qwenimage":  # as its main: the real-valued RoPE first, diffusers' kernels by device
+        from dancegrpo_port.device import choose_diffusers_kernels
+        from dancegrpo_port.models.qwen_rope import install_real_rope
+
+        install_real_rope()
+        choose_diffusers_kernels()
     with materialising(device, dtype):
         transformer = build_transformer(transformer_cfg, family)
         vae = build_vae(vae_cfg, family)
     if family == "flux":
         trainer.install_float32_rope(transformer)
+    if family == "qwenimage":
+        from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
+
+        blocks = (QwenImageTransformerBlock,)
+    else:
+        blocks = get_no_split_modules(transformer)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "--> applying ... checkpointing"
-        trainer.apply_fsdp_checkpointing(transformer, get_no_split_modules(transformer), 1.0)
+        trainer.apply_fsdp_checkpointing(transformer, blocks, 1.0)
     vae.requires_grad_(False)
     vae.enable_tiling()  # as sample_reference_model does (a no-op below the VAE's sample_size)
     with materialising(device, torch.float32):
@@ -234,13 +256,13 @@ def model_shape(configs, sizes, family: str = "flux") -> Shape:
     transformer_cfg, vae_cfg, _hps = configs
     hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
     image_tokens = (sizes.height // 16) * (sizes.width // 16)  # 8x VAE, 2x2 patches; Wan: one frame
+    # FLUX's AutoencoderKL names its widths; Wan's and Qwen-Image's VAE multiply a base
+    widths = vae_cfg.get("block_out_channels") or [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
+    blocks = transformer_cfg["num_layers"] + transformer_cfg.get("num_single_layers", 0)
     if family == "wan":  # self-attention over the video's tokens, cross-attention to the text
-        widths = [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
-        return Shape(hidden, transformer_cfg["num_attention_heads"], transformer_cfg["num_layers"],
+        return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,
                      max(image_tokens, sizes.text_tokens), image_tokens, 2, widths[0], max(widths))
-    widths = vae_cfg["block_out_channels"]
-    return Shape(hidden, transformer_cfg["num_attention_heads"],
-                 transformer_cfg["num_layers"] + transformer_cfg["num_single_layers"],
+    return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,  # joint attention: image and text
                  image_tokens + sizes.text_tokens, image_tokens, 1, widths[0], max(widths))
 
 
@@ -302,7 +324,7 @@ def check_fits(estimate: MemoryEstimate, available: int | None, what: str, prese
     if available is None or estimate.total * HEADROOM <= available:
         return
     smaller = {"full": "--preset cpu", "cpu": "--preset tiny", "wan": "--preset wan-cpu",
-               "wan-cpu": "--preset tiny-wan"}.get(preset)
+               "wan-cpu": "--preset tiny-wan", "qwenimage": "--preset tiny-qwenimage"}.get(preset)
     if estimate.weights * HEADROOM > available:  # no size flag helps: the models themselves do not fit
         hint = "use " + (f"{smaller} (fewer blocks) or " if smaller else "") + "a device with more memory (--device)"
     else:

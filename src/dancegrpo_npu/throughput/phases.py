@@ -94,6 +94,10 @@ def prompt_batch(transformer_cfg, sizes, device, dtype, family: str = "flux") ->
         shape = (1, sizes.text_tokens, transformer_cfg["text_dim"])
         embed = torch.randn(shape, device=device, dtype=dtype)
         return embed, torch.zeros(shape, device=device, dtype=dtype), [CAPTION]
+    if family == "qwenimage":  # Qwen2.5-VL embeddings, their mask, the caption, the prompt's length
+        embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
+        mask = torch.ones(1, sizes.text_tokens, device=device, dtype=torch.long)
+        return embed, mask, [CAPTION], torch.tensor([sizes.text_tokens])
 
     embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
     pooled = torch.randn(1, transformer_cfg["pooled_projection_dim"], device=device, dtype=dtype)
@@ -211,6 +215,10 @@ class Bench:
             embeds, negative, caption = self.prompt
             return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
                          self.lr_scheduler, embeds, negative, caption, None, MAX_GRAD_NORM, m.hps_preprocess)
+        if self.spec.name == "qwenimage":
+            embeds, mask, caption, length = self.prompt
+            return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
+                         self.lr_scheduler, embeds, mask, caption, length, None, MAX_GRAD_NORM, m.hps_preprocess, None)
         return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
                      iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
 

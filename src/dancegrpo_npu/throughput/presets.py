@@ -125,6 +125,31 @@ PRESETS.update({
     ),
 })
 
+# Upstream's Qwen-Image recipe: scripts/finetune/finetune_qwenimage_grpo.sh (720x720, 20 sampling
+# steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 12 over its 2
+# prompts a rank), 256 text tokens as the memory plan's recipe (plan/models.json); a bench step
+# is one prompt, so accumulation 12 is one optimizer step a step.
+QWENIMAGE_UPSTREAM = replace(UPSTREAM, sampling_steps=20, text_tokens=256, gradient_accumulation_steps=12)
+
+PRESETS.update({
+    "qwenimage": Preset(
+        name="qwenimage",
+        summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe",
+        models="qwen-image",
+        sizes=QWENIMAGE_UPSTREAM,
+        trainer="qwenimage",
+    ),
+    # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
+    "tiny-qwenimage": Preset(
+        name="tiny-qwenimage",
+        summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at 64x64",
+        models="tiny-qwenimage",
+        sizes=replace(QWENIMAGE_UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
+                      gradient_accumulation_steps=2),
+        trainer="qwenimage",
+    ),
+})
+
 
 @dataclass(frozen=True)
 class BenchTrainer:
@@ -140,6 +165,8 @@ TRAINERS = {
     "flux": BenchTrainer("flux", "fastvideo/train_grpo_flux.py"),
     # CFG 5.0 as upstream's recipe; the reward from the decoded frame (the port's default)
     "wan": BenchTrainer("wan", "fastvideo/train_grpo_wan_2_1.py", (("cfg_infer", 5.0), ("reward_from_mp4", False))),
+    # the HPSv2 reward, as the recipe (not HPSv3), no EMA
+    "qwenimage": BenchTrainer("qwenimage", "fastvideo/train_grpo_qwenimage.py", (("use_hpsv3", False),)),
 }
 
 

@@ -21,7 +21,10 @@ presets (explicit size flags win over the preset's):
          20 sampling steps, 12 generations, CFG 5.0, 226 UMT5 tokens (upstream's Wan recipe)
   wan-cpu  Wan2.1-1.3B width, 1 block, HPS with 1 + 1 layers; 128x128, 4 steps, 4 generations
   tiny-wan the Wan smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
-  The wan presets run with the diffusers-0.35 dependency set, in its interpreter
+  qwenimage  Qwen-Image (20.4e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 20 sampling
+         steps, 12 generations, 256 text tokens (upstream's recipe; about 160 GiB in bf16)
+  tiny-qwenimage the Qwen-Image smoke's tiny models at 64x64, 4 steps, 4 generations (seconds)
+  The wan and qwenimage presets run with the diffusers-0.35 dependency set, in its interpreter
   (./scripts/bootstrap.sh --deps-only --with diffusers-0.35 installs it).
 
 examples:
@@ -67,7 +70,7 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "bench",
         parents=[common],
-        help="time GRPO steps of FLUX.1-dev's or Wan2.1's architecture (random weights) phase by phase",
+        help="time GRPO steps of FLUX.1-dev's, Wan2.1's or Qwen-Image's architecture (random weights) phase by phase",
         description=bench.__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

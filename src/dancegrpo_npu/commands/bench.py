@@ -90,7 +90,7 @@ def register(sub, common) -> None:
     p.add_argument("--timestep-fraction", type=float, default=None, help="share of the timesteps trained")
     p.add_argument("--eta", type=float, default=None, help="the SDE sampler's noise level")
     p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
-    p.add_argument("--text-tokens", type=int, default=None, help="T5 prompt-embedding length (upstream: 512)")
+    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding length (the presets': FLUX's T5 512, Wan's UMT5 226, Qwen-Image 256)")
     p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
                    help="samples per optimizer step (must divide G)")
     p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")

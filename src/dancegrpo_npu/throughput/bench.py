@@ -13,7 +13,7 @@ memory anyway ends the same way, never with a traceback.  Then it writes a run d
 under runs/ like a launch (``record``): ``runs`` and ``plot`` read it, and with --record
 (the timed steps' stages in records/, as ``launch --record`` writes them) ``compare`` too.
 
-The Wan presets run the patched Wan2.1 trainer, which needs the diffusers-0.35 dependency set:
+The Wan2.1 and Qwen-Image presets run those patched trainers, which need the diffusers-0.35 set:
 ``bench`` then runs itself, with the same arguments, in a child process of that set's
 interpreter (``run_in_depset``), which writes the same table, run directory and records.
 """

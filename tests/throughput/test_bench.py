@@ -165,8 +165,8 @@ def run_sample_step(*args, **kwargs):
 
 load_trainer = phases.load_trainer
 
-def load_failing_trainer(tree, device):
-    trainer, kind = load_trainer(tree, device)
+def load_failing_trainer(tree, device, *relpath):
+    trainer, kind = load_trainer(tree, device, *relpath)
     trainer.run_sample_step = run_sample_step  # called by the trainer's own sample_reference_model
     return trainer, kind
 

@@ -17,11 +17,21 @@ presets (explicit size flags win over the preset's):
   cpu    full width, 1 double + 1 single block, HPS with 1 + 1 layers; 128x128, 4 steps,
          4 generations, 64 text tokens, 1 timed step (minutes on a 2-core CPU)
   tiny   the smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
+  wan    Wan2.1-T2V-1.3B (1.42e9 parameters), its VAE, a ViT-H-14 HPS; 512x512, one frame,
+         20 sampling steps, 12 generations, CFG 5.0, 226 UMT5 tokens (upstream's Wan recipe)
+  wan-cpu  Wan2.1-1.3B width, 1 block, HPS with 1 + 1 layers; 128x128, 4 steps, 4 generations
+  tiny-wan the Wan smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
+  qwenimage  Qwen-Image (20.4e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 20 sampling
+         steps, 12 generations, 256 text tokens (upstream's recipe; about 160 GiB in bf16)
+  tiny-qwenimage the Qwen-Image smoke's tiny models at 64x64, 4 steps, 4 generations (seconds)
+  The wan and qwenimage presets run with the diffusers-0.35 dependency set, in its interpreter
+  (./scripts/bootstrap.sh --deps-only --with diffusers-0.35 installs it).
 
 examples:
   dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
   dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
   dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
+  dancegrpo-npu bench --preset wan --sample-batch-sizes 1,4,12 --record
 
 The run directory (runs/<time>-bench-<preset>/) holds metrics.jsonl (one line per timed step,
 the trainer's phase times), summary.json, the fingerprint, bench.json and the trainer's log.
@@ -42,8 +52,12 @@ def options_from_args(args) -> dict:
 
 
 def run(args) -> int:
-    config = presets.resolve(options_from_args(args))
+    options = options_from_args(args)
+    config = presets.resolve(options)
     project = project_from_args(args)
+    depset = bench.child_depset(config)
+    if depset is not None:  # the preset's trainer needs another dependency set: bench runs there
+        return bench.run_in_depset(project, depset, options, args.json)
     results, facts = run_bench(project, config)
     print(format_table(results, facts), flush=True)
     if args.json:
@@ -56,7 +70,7 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "bench",
         parents=[common],
-        help="time GRPO steps of FLUX.1-dev's architecture (random weights) phase by phase",
+        help="time GRPO steps of FLUX.1-dev's, Wan2.1's or Qwen-Image's architecture (random weights) phase by phase",
         description=bench.__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -76,7 +90,7 @@ def register(sub, common) -> None:
     p.add_argument("--timestep-fraction", type=float, default=None, help="share of the timesteps trained")
     p.add_argument("--eta", type=float, default=None, help="the SDE sampler's noise level")
     p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
-    p.add_argument("--text-tokens", type=int, default=None, help="T5 prompt-embedding length (upstream: 512)")
+    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding length (the presets': FLUX's T5 512, Wan's UMT5 226, Qwen-Image 256)")
     p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
                    help="samples per optimizer step (must divide G)")
     p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")

@@ -12,6 +12,10 @@ to do instead, when the device (or, on the CPU, the host) has less free; running
 memory anyway ends the same way, never with a traceback.  Then it writes a run directory
 under runs/ like a launch (``record``): ``runs`` and ``plot`` read it, and with --record
 (the timed steps' stages in records/, as ``launch --record`` writes them) ``compare`` too.
+
+The Wan2.1 and Qwen-Image presets run those patched trainers, which need the diffusers-0.35 set:
+``bench`` then runs itself, with the same arguments, in a child process of that set's
+interpreter (``run_in_depset``), which writes the same table, run directory and records.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import time
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import presets
-from dancegrpo_npu.throughput.phases import PHASES, TRAINER
+from dancegrpo_npu.throughput.phases import PHASES
+
+# Set in the child that runs a bench in its preset's dependency set: it measures in-process.
+DEPSET_ENV = "DANCEGRPO_BENCH_DEPSET"
 
 
 def say_progress(message: str) -> None:
@@ -91,23 +98,26 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     from dancegrpo_npu.throughput import models as model_lib
     from dancegrpo_npu.throughput import phases, record
 
-    state = tree_state(project, TRAINER)
+    spec = presets.TRAINERS[config.preset.trainer]
+    state = tree_state(project, spec.relpath)
     if state["state"] == "missing":
         raise DancegrpoError(f"bench: {state['detail']}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
     if state["state"] == "unverified":
         progress(f"warning: measuring a tree that is not lock + series + overlay ({state['detail']})")
     progress(f"importing the trainer from {project.workdir}")
-    trainer, kind = phases.load_trainer(project.workdir, config.device)
+    trainer, kind = phases.load_trainer(project.workdir, config.device, spec.relpath)
     import torch
 
     threads_from = set_cpu_threads(dict(os.environ))[1] if kind == "cpu" else None
     if threads_from:
         progress(f"{torch.get_num_threads()} CPU thread(s) ({threads_from})")
     dtype = resolve_dtype(config.dtype, kind)
+    family = config.preset.trainer
     configs = model_lib.model_configs(config.preset)
-    counts = model_lib.count_parameters(configs)
+    counts = model_lib.count_parameters(configs, family)
     weight_bytes = torch.finfo(dtype).bits // 8
-    estimate = model_lib.estimate_memory(counts, configs, config.sizes, config.sample_batch_sizes, config.decode_chunk, weight_bytes)
+    estimate = model_lib.estimate_memory(counts, configs, config.sizes, config.sample_batch_sizes, config.decode_chunk,
+                                         weight_bytes, family)
     available, what = model_lib.available_memory(kind)
     model_lib.check_fits(estimate, available, what, config.preset.name, kind)
     facts = {
@@ -120,7 +130,8 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         "peak_memory": "max_memory_allocated per phase" if kind != "cpu" else "peak RSS of the process per phase (VmHWM)",
         "torch_threads": torch.get_num_threads(),
         "torch_threads_from": threads_from,  # on the CPU: how the thread count was chosen
-        "trainer": f"{TRAINER}: train_one_step, timed by dancegrpo_port.phases.PhaseTimer",
+        "trainer": f"{spec.relpath}: train_one_step, timed by dancegrpo_port.phases.PhaseTimer",
+        "dependency_set": presets.depset_of(config.preset),
         "tree": state,
     }
     started = time.time()
@@ -134,14 +145,14 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         from dancegrpo_port.device import current_device
 
         target = current_device()
-        built = model_lib.build_models(trainer, configs, target, dtype)
+        built = model_lib.build_models(trainer, configs, target, dtype, family)
         precision_autocast(trainer, kind, dtype)
         if dtype == torch.float32:
             float32_inputs(built.transformer)
-        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype)
+        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype, family)
         with phases.single_rank_group():
             recorded = config.sizes.steps * len(config.sample_batch_sizes) if config.record else 0
-            bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded)
+            bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded, spec)
             for n in config.sample_batch_sizes:
                 results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
         facts["rewards_finite"] = all(r.rewards_finite for r in results)
@@ -170,6 +181,53 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         note = record.finish(run_dir, status, started, facts, fingerprint, document, error)
         if note:
             progress(f"warning: {note}")
+
+
+def child_depset(config: presets.BenchConfig, environ=None) -> str | None:
+    """The dependency set whose interpreter must run this bench, or None: this process runs it
+    (the preset's set is the tool's own, or this is that set's child already)."""
+    from dancegrpo_npu.run import depsets
+
+    environ = os.environ if environ is None else environ
+    name = presets.depset_of(config.preset)
+    if not depsets.get(name).layered or environ.get(DEPSET_ENV) == name:
+        return None
+    return name
+
+
+def bench_argv(options: dict, json_path: str | None) -> list[str]:
+    """``bench``'s own arguments for ``options`` (commands.bench.options_from_args), as typed."""
+    argv = ["--preset", options["preset"], "--device", options["device"], "--dtype", options["dtype"],
+            "--sample-batch-sizes", options["sample_batch_sizes"]]
+    if options.get("vae_decode_chunk") is not None:
+        argv += ["--vae-decode-chunk", str(options["vae_decode_chunk"])]
+    for flag, name in presets.SIZE_FLAGS:
+        if options.get(name) is not None:
+            argv += [flag, str(options[name])]
+    return argv + (["--record"] if options.get("record") else []) + (["--json", json_path] if json_path else [])
+
+
+def run_in_depset(project, name: str, options: dict, json_path: str | None) -> int:
+    """This bench in a child process of dependency set ``name``'s interpreter, its output on this
+    terminal; its exit status.  A set that is not installed is refused in one line."""
+    import subprocess
+    from pathlib import Path
+
+    from dancegrpo_npu.run.depsets import python_for
+
+    python = python_for(name, needed_by=f"bench --preset {options['preset']}")
+    src = str(Path(__file__).resolve().parents[2])  # this tool, whatever the set's interpreter imports
+    env = {**os.environ, DEPSET_ENV: name, "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))}
+    where = ["-C", str(project.root), "--workdir", str(project.workdir), "--runs-dir", str(project.runs_dir)]
+    say_progress(f"the {options['preset']} preset runs with the {name} dependency set: {python}")
+    sys.stdout.flush()
+    command = [python, "-m", "dancegrpo_npu", *where, "bench", *bench_argv(options, json_path)]
+    try:
+        return subprocess.run(command, env=env).returncode
+    except OSError as e:
+        raise DancegrpoError(f"bench: cannot start {python}: {e.strerror or e}",
+                             f"reinstall it: ./scripts/bootstrap.sh --deps-only --with {name}") from None
 
 
 def format_table(results, facts) -> str:

@@ -6,7 +6,11 @@
 - the HPSv2 reward: hpsv2's open_clip ``CLIP`` from its bundled ``ViT-H-14`` config, built by
   ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast),
 
-or, for the ``tiny`` preset, the smoke's tiny configurations (``smoke.tiny_models``).
+or, for the ``tiny`` preset, the smoke's tiny configurations (``smoke.tiny_models``).  The Wan
+presets build diffusers' ``WanTransformer3DModel`` and ``AutoencoderKLWan`` from Wan2.1-T2V-1.3B's
+``transformer/config.json`` and ``vae/config.json`` (``wan2.1-t2v-1.3b-*.json``), or the Wan
+smoke's tiny ones (``smoke.wan_fixtures``), with the same HPS; they need diffusers >= 0.33 (the
+diffusers-0.35 dependency set, in whose interpreter ``bench`` runs them).
 
 Nothing is downloaded and nothing is materialised twice: the parameter counts come from a
 build on the meta device; the real build runs under ``torch.device(target)`` with the
@@ -30,6 +34,17 @@ from dancegrpo_npu.errors import DancegrpoError
 
 TRANSFORMER_CONFIG_FILE = "flux1-dev-transformer.json"
 VAE_CONFIG_FILE = "flux1-dev-vae.json"
+# (transformer, VAE) config files shipped for each family of full-size models
+SHIPPED = {
+    "flux1-dev": (TRANSFORMER_CONFIG_FILE, VAE_CONFIG_FILE),
+    "wan2.1-t2v-1.3b": ("wan2.1-t2v-1.3b-transformer.json", "wan2.1-t2v-1.3b-vae.json"),
+    # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE is
+    # AutoencoderKLQwenImage's defaults
+    "qwen-image": (None, "qwen-image-vae.json"),
+}
+# diffusers' (transformer, VAE) classes of each trainer's models
+CLASSES = {"flux": ("FluxTransformer2DModel", "AutoencoderKL"), "wan": ("WanTransformer3DModel", "AutoencoderKLWan"),
+           "qwenimage": ("QwenImageTransformer2DModel", "AutoencoderKLQwenImage")}
 HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
 GiB = 1024**3
 
@@ -42,13 +57,21 @@ def shipped_config(filename: str) -> dict:
 
 def model_configs(preset) -> tuple[dict, dict, dict]:
     """(transformer, vae, hps) configs for a preset, overrides applied."""
-    if preset.models == "tiny":
-        from dancegrpo_npu.smoke import tiny_models
+    if preset.models in ("tiny", "tiny-wan", "tiny-qwenimage"):
+        from dancegrpo_npu.smoke import qwen_fixtures, tiny_models, wan_fixtures
 
-        transformer, vae, hps = tiny_models.TRANSFORMER_CONFIG, tiny_models.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
+        smoke = {"tiny": tiny_models, "tiny-wan": wan_fixtures, "tiny-qwenimage": qwen_fixtures}[preset.models]
+        transformer, vae, hps = smoke.TRANSFORMER_CONFIG, smoke.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
         return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
-    transformer = {**shipped_config(TRANSFORMER_CONFIG_FILE), **preset.transformer_overrides}
-    vae = shipped_config(VAE_CONFIG_FILE)
+    transformer_file, vae_file = SHIPPED[preset.models]
+    if transformer_file is None:
+        from dancegrpo_npu.plan.models import entry
+
+        shipped = {k: v for k, v in entry("qwenimage")["transformer"].items() if not k.startswith("_")}
+    else:
+        shipped = shipped_config(transformer_file)
+    transformer = {**shipped, **preset.transformer_overrides}
+    vae = shipped_config(vae_file)
     hps = hpsv2_model_config(HPS_BASE_MODEL)
     if "vision_layers" in preset.hps_overrides:
         hps["vision_cfg"]["layers"] = preset.hps_overrides["vision_layers"]
@@ -96,16 +119,18 @@ def materialising(device, dtype):
         torch.set_default_dtype(previous)
 
 
-def build_transformer(config: dict):
-    from diffusers import FluxTransformer2DModel
+def diffusers_class(trainer: str, which: int):
+    import diffusers
 
-    return FluxTransformer2DModel.from_config(config)
+    return getattr(diffusers, CLASSES[trainer][which])
 
 
-def build_vae(config: dict):
-    from diffusers import AutoencoderKL
+def build_transformer(config: dict, trainer: str = "flux"):
+    return diffusers_class(trainer, 0).from_config(config)
 
-    return AutoencoderKL.from_config(config)
+
+def build_vae(config: dict, trainer: str = "flux"):
+    return diffusers_class(trainer, 1).from_config(config)
 
 
 HPS_NAME = "dancegrpo-bench-hps"  # the name ``config`` is registered under in hpsv2's open_clip
@@ -140,13 +165,14 @@ class ParamCounts:
     hps: int
 
 
-def count_parameters(configs) -> ParamCounts:
+def count_parameters(configs, trainer: str = "flux") -> ParamCounts:
     """Parameter counts from builds on the meta device (no memory, no init)."""
     import torch
 
     transformer_cfg, vae_cfg, hps_cfg = configs
     with torch.device("meta"):
-        built = (build_transformer(transformer_cfg), build_vae(vae_cfg), build_hps(hps_cfg, "meta", "fp32")[0])
+        built = (build_transformer(transformer_cfg, trainer), build_vae(vae_cfg, trainer),
+                 build_hps(hps_cfg, "meta", "fp32")[0])
     return ParamCounts(*(sum(p.numel() for p in m.parameters()) for m in built))
 
 
@@ -160,23 +186,37 @@ class Models:
     hps_tokenizer: object
 
 
-def build_models(trainer, configs, device, dtype) -> Models:
+def build_models(trainer, configs, device, dtype, family: str = "flux") -> Models:
     """The three models on ``device``: transformer and VAE in ``dtype``, HPS as the trainer loads it.
 
-    The transformer gets what the trainer does to it: float32 RoPE (``install_float32_rope``)
-    and activation checkpointing of every block (``--gradient_checkpointing``:
-    ``apply_fsdp_checkpointing`` with ``--selective_checkpointing 1``).
+    The transformer gets what the trainer does to it: float32 RoPE (the FLUX trainer's
+    ``install_float32_rope``; the Wan trainer's module installs its own at import) and activation
+    checkpointing of every block (``--gradient_checkpointing``: ``apply_fsdp_checkpointing`` with
+    ``--selective_checkpointing 1``).
     """
     import torch
     from fastvideo.utils.load import get_no_split_modules
 
     transformer_cfg, vae_cfg, hps_cfg = configs
+    if family == "qwenimage":  # as its main: the real-valued RoPE first, diffusers' kernels by device
+        from dancegrpo_port.device import choose_diffusers_kernels
+        from dancegrpo_port.models.qwen_rope import install_real_rope
+
+        install_real_rope()
+        choose_diffusers_kernels()
     with materialising(device, dtype):
-        transformer = build_transformer(transformer_cfg)
-        vae = build_vae(vae_cfg)
-    trainer.install_float32_rope(transformer)
+        transformer = build_transformer(transformer_cfg, family)
+        vae = build_vae(vae_cfg, family)
+    if family == "flux":
+        trainer.install_float32_rope(transformer)
+    if family == "qwenimage":
+        from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
+
+        blocks = (QwenImageTransformerBlock,)
+    else:
+        blocks = get_no_split_modules(transformer)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "--> applying ... checkpointing"
-        trainer.apply_fsdp_checkpointing(transformer, get_no_split_modules(transformer), 1.0)
+        trainer.apply_fsdp_checkpointing(transformer, blocks, 1.0)
     vae.requires_grad_(False)
     vae.enable_tiling()  # as sample_reference_model does (a no-op below the VAE's sample_size)
     with materialising(device, torch.float32):
@@ -198,35 +238,60 @@ class MemoryEstimate:
         return self.weights + self.activations
 
 
-def estimate_memory(counts: ParamCounts, configs, sizes, batch_sizes, decode_chunk, weight_bytes: int) -> MemoryEstimate:
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate reads of a family's configs."""
+
+    hidden: int
+    heads: int
+    blocks: int
+    tokens: int  # the tokens a block's attention sees
+    image_tokens: int
+    cfg_batch: int  # samples a transformer call runs per sample: 2 with the Wan recipe's CFG
+    vae_first: int  # the VAE decoder's channels at full resolution, and its widest
+    vae_widest: int
+
+
+def model_shape(configs, sizes, family: str = "flux") -> Shape:
+    transformer_cfg, vae_cfg, _hps = configs
+    hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
+    image_tokens = (sizes.height // 16) * (sizes.width // 16)  # 8x VAE, 2x2 patches; Wan: one frame
+    # FLUX's AutoencoderKL names its widths; Wan's and Qwen-Image's VAE multiply a base
+    widths = vae_cfg.get("block_out_channels") or [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
+    blocks = transformer_cfg["num_layers"] + transformer_cfg.get("num_single_layers", 0)
+    if family == "wan":  # self-attention over the video's tokens, cross-attention to the text
+        return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,
+                     max(image_tokens, sizes.text_tokens), image_tokens, 2, widths[0], max(widths))
+    return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,  # joint attention: image and text
+                 image_tokens + sizes.text_tokens, image_tokens, 1, widths[0], max(widths))
+
+
+def estimate_memory(counts: ParamCounts, configs, sizes, batch_sizes, decode_chunk, weight_bytes: int,
+                    family: str = "flux") -> MemoryEstimate:
     """What the bench needs at its largest, before anything is built.
 
     Weights: the transformer's weights, gradients and AdamW's two moments, all in the weights'
     dtype (4 copies), the VAE in that dtype, HPS in float32.  Activations: the largest of the
     four phases, each bounded from the sizes: ~24 hidden-sized tensors per token live in a
     block, plus one attention-score matrix per head should the attention backend
-    materialise it; training (batch 1) keeps each checkpointed block's inputs.
+    materialise it; training (batch 1, 2 with CFG) keeps each checkpointed block's inputs.
     """
-    transformer_cfg, vae_cfg, hps_cfg = configs
+    _transformer_cfg, _vae_cfg, hps_cfg = configs
     act = weight_bytes
-    hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
-    heads = transformer_cfg["num_attention_heads"]
-    blocks = transformer_cfg["num_layers"] + transformer_cfg["num_single_layers"]
-    image_tokens = (sizes.height // 16) * (sizes.width // 16)
-    tokens = image_tokens + sizes.text_tokens
+    shape = model_shape(configs, sizes, family)
+    hidden, heads, tokens, image_tokens = shape.hidden, shape.heads, shape.tokens, shape.image_tokens
     n = max(batch_sizes)
 
     def block(batch: int) -> int:
-        return batch * (tokens * hidden * act * 24 + heads * tokens * tokens * 4)
+        return batch * shape.cfg_batch * (tokens * hidden * act * 24 + heads * tokens * tokens * 4)
 
     trajectory = sizes.generations * (sizes.sampling_steps + 1) * image_tokens * 64 * 4
     rollout = block(n) + trajectory
-    train = blocks * tokens * hidden * act * 2 + 2 * block(1) + trajectory
+    train = shape.cfg_batch * shape.blocks * tokens * hidden * act * 2 + 2 * block(1) + trajectory
     chunk = max(decode_chunk(b) for b in batch_sizes)
-    widest = max(vae_cfg["block_out_channels"])
     latent_pixels = (sizes.height // 8) * (sizes.width // 8)
-    decode = chunk * (sizes.height * sizes.width * vae_cfg["block_out_channels"][0] * act * 8
-                      + latent_pixels * widest * act * 8 + latent_pixels**2 * 4)  # fmt: skip
+    decode = chunk * (sizes.height * sizes.width * shape.vae_first * act * 8
+                      + latent_pixels * shape.vae_widest * act * 8 + latent_pixels**2 * 4)  # fmt: skip
     vision = hps_cfg["vision_cfg"]
     patches = (vision["image_size"] // vision["patch_size"]) ** 2 + 1
     reward = n * (patches * vision["width"] * 4 * 24 + (vision["width"] // vision.get("head_width", 64)) * patches**2 * 4)
@@ -258,7 +323,8 @@ def check_fits(estimate: MemoryEstimate, available: int | None, what: str, prese
     """Refuse (exit 2) a bench that would not fit, saying what to do instead."""
     if available is None or estimate.total * HEADROOM <= available:
         return
-    smaller = {"full": "--preset cpu", "cpu": "--preset tiny"}.get(preset)
+    smaller = {"full": "--preset cpu", "cpu": "--preset tiny", "wan": "--preset wan-cpu",
+               "wan-cpu": "--preset tiny-wan", "qwenimage": "--preset tiny-qwenimage"}.get(preset)
     if estimate.weights * HEADROOM > available:  # no size flag helps: the models themselves do not fit
         hint = "use " + (f"{smaller} (fewer blocks) or " if smaller else "") + "a device with more memory (--device)"
     else:

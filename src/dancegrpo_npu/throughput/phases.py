@@ -20,6 +20,11 @@ the clipped loss, backward, AdamW) are the code a training run runs.  The seam's
 installed for a bench step are alignment (upstream's noise, the GRPO health figures; nothing
 recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
 ``MetricsLog`` into the run directory's metrics.jsonl.
+
+The Wan2.1 trainer (``fastvideo/train_grpo_wan_2_1.py``) is driven the same way: its
+``train_one_step`` takes the prompt's UMT5 embeddings and the negative ones (zeros here, as the
+recipe's CFG needs a second batch) directly, with ``--cfg_infer`` 5.0 and one frame (``--t 1``),
+and writes each sample's mp4 to ./videos/ of the run directory, as in a launch.
 """
 
 from __future__ import annotations
@@ -40,17 +45,18 @@ from dancegrpo_npu.errors import DancegrpoError
 TRAINER = "fastvideo/train_grpo_flux.py"
 # upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX = 1e-5, 1e-4, 1.0, 1e-4, 5.0
-CAPTION = "a photo of a red fox in the snow"  # every step's prompt (its tokens go to HPS)
+CAPTION = "a photo of a red fox in the snow"
+LIBRARY_LOGGERS = ("diffusers", "transformers")  # their warnings during a step go to console.log  # every step's prompt (its tokens go to HPS)
 
 
-def load_trainer(tree: Path, device: str):
-    """The patched trainer module, imported from ``tree``, and the device kind it resolved.
+def load_trainer(tree: Path, device: str, relpath: str = TRAINER):
+    """The patched trainer module (``relpath``), imported from ``tree``, and the device kind it resolved.
 
     Importing it runs the overlay's ``activate()`` (DANCEGRPO_DEVICE), which on Ascend
     imports torch_npu's transfer_to_npu first.
     """
-    if not (tree / TRAINER).is_file():
-        raise DancegrpoError(f"bench: {tree} has no {TRAINER}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
+    if not (tree / relpath).is_file():
+        raise DancegrpoError(f"bench: {tree} has no {relpath}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
     os.environ[DEVICE_ENV] = device
     if str(tree) not in sys.path:
         sys.path.insert(0, str(tree))
@@ -60,27 +66,38 @@ def load_trainer(tree: Path, device: str):
         kind = device_module.activate().kind
     except device_module.DeviceSelectionError as e:
         raise DancegrpoError(f"bench: --device {device}: {e}", "choose another --device (auto takes what is there)", exit_code=2) from None
-    import fastvideo.train_grpo_flux as trainer
+    import importlib
 
-    return trainer, kind
+    return importlib.import_module(relpath.removesuffix(".py").replace("/", ".")), kind
 
 
-def trainer_args(sizes, n: int, decode_chunk: int) -> SimpleNamespace:
+def trainer_args(sizes, n: int, decode_chunk: int, extra=()) -> SimpleNamespace:
     """The trainer flags ``train_one_step`` and ``sample_reference_model`` read: upstream's
-    recipe (``--use_group --use_hpsv2 --init_same_noise``, its clip ranges) at the bench's sizes."""
-    return SimpleNamespace(
+    recipe (``--use_group --use_hpsv2 --init_same_noise``, its clip ranges) at the bench's sizes,
+    and the trainer's ``extra`` ones (presets.TRAINERS)."""
+    return SimpleNamespace(**dict(extra), **dict(
         h=sizes.height, w=sizes.width, t=1, sampling_steps=sizes.sampling_steps, eta=sizes.eta, shift=sizes.shift,
         num_generations=sizes.generations, use_group=True, train_batch_size=1, init_same_noise=True,
         use_hpsv2=True, use_pickscore=False, timestep_fraction=sizes.timestep_fraction, seed=None,
         clip_range=CLIP_RANGE, adv_clip_max=ADV_CLIP_MAX, gradient_accumulation_steps=sizes.gradient_accumulation_steps,
         sample_batch_size=n, vae_decode_chunk=decode_chunk,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
-def prompt_batch(transformer_cfg, sizes, device, dtype) -> tuple:
+def prompt_batch(transformer_cfg, sizes, device, dtype, family: str = "flux") -> tuple:
     """One prompt as the trainer's loader yields it: T5 embeddings (1, text_tokens, D), the
-    pooled CLIP embedding (1, P), text ids (1, 3: FluxPipeline's zeros), the caption."""
+    pooled CLIP embedding (1, P), text ids (1, 3: FluxPipeline's zeros), the caption; for Wan,
+    the UMT5 embeddings (1, text_tokens, text_dim), the negative prompt's, the caption."""
     import torch
+
+    if family == "wan":
+        shape = (1, sizes.text_tokens, transformer_cfg["text_dim"])
+        embed = torch.randn(shape, device=device, dtype=dtype)
+        return embed, torch.zeros(shape, device=device, dtype=dtype), [CAPTION]
+    if family == "qwenimage":  # Qwen2.5-VL embeddings, their mask, the caption, the prompt's length
+        embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
+        mask = torch.ones(1, sizes.text_tokens, device=device, dtype=torch.long)
+        return embed, mask, [CAPTION], torch.tensor([sizes.text_tokens])
 
     embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
     pooled = torch.randn(1, transformer_cfg["pooled_projection_dim"], device=device, dtype=dtype)
@@ -137,12 +154,17 @@ class FailedPhase:
 class Bench:
     """The models, prompt, optimizer and seam features shared by every step at every N."""
 
-    def __init__(self, trainer, models, prompt, sizes, kind, device, run_dir: Path, recorded_steps: int = 0):
+    def __init__(self, trainer, models, prompt, sizes, kind, device, run_dir: Path, recorded_steps: int = 0,
+                 spec=None):
         import torch
         from dancegrpo_port import phases as port_phases
 
+        from dancegrpo_npu.throughput.presets import TRAINERS
+
         self.trainer, self.models, self.sizes, self.device, self.run_dir = trainer, models, sizes, device, run_dir
-        self.prompt = prompt
+        self.prompt, self.spec = prompt, spec or TRAINERS["flux"]
+        if self.spec.name == "wan":
+            (run_dir / "videos").mkdir(exist_ok=True)  # the Wan trainer's main makes ./videos
         single_rank_clip_grad_norm(models.transformer)
         params = [p for p in models.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
@@ -175,31 +197,50 @@ class Bench:
         hooks = self.trainer.hooks
         hooks.install(self.features(n, logged))
         step = self.logged_steps + 1 if logged else 0
-        args = trainer_args(self.sizes, n, decode_chunk)
-        m = self.models
+        args = trainer_args(self.sizes, n, decode_chunk, self.spec.extra_args)
         start = time.time()
         with self.in_run_dir():  # records/ (with --record) is written relative to it, as in a launch
             hooks.step_begin(step)
-            loss, grad_norm, reward_mean = self.trainer.train_one_step(
-                args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
-                iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
+            loss, grad_norm, reward_mean = self.train_one_step(args)
             figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm, reward_mean=reward_mean,
                                      step_time=time.time() - start, lr=self.lr_scheduler.get_last_lr()[0],
                                      sample_batch_size=n, vae_decode_chunk=decode_chunk)
         self.logged_steps += int(logged)
         return figures
 
+    def train_one_step(self, args):
+        """The trainer's train_one_step, called as its main calls it."""
+        m, train = self.models, self.trainer.train_one_step
+        if self.spec.name == "wan":
+            embeds, negative, caption = self.prompt
+            return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
+                         self.lr_scheduler, embeds, negative, caption, None, MAX_GRAD_NORM, m.hps_preprocess)
+        if self.spec.name == "qwenimage":
+            embeds, mask, caption, length = self.prompt
+            return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
+                         self.lr_scheduler, embeds, mask, caption, length, None, MAX_GRAD_NORM, m.hps_preprocess, None)
+        return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
+                     iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
+
     @contextlib.contextmanager
     def in_run_dir(self):
         """Where a launch runs the trainer: in the run directory (its ./reward.txt), its prints
-        and progress bars in logs/console.log (the bench's own lines stay on the terminal)."""
+        and progress bars in logs/console.log (the bench's own lines stay on the terminal), and
+        so are the libraries' log lines (their handlers hold the stderr of their import)."""
+        import logging
+
         previous = os.getcwd()
+        handlers = [h for name in LIBRARY_LOGGERS for h in logging.getLogger(name).handlers
+                    if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
         with open(self.run_dir / "logs" / "console.log", "a") as log:
             os.chdir(self.run_dir)
+            streams = [h.setStream(log) for h in handlers]
             try:
                 with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                     yield
             finally:
+                for handler, stream in zip(handlers, streams):
+                    handler.setStream(stream)
                 os.chdir(previous)
 
     def release(self) -> None:

@@ -42,11 +42,13 @@ class Sizes:
 class Preset:
     name: str
     summary: str
-    # "flux1-dev" (the shipped FLUX.1-dev configs, with overrides) or "tiny" (the smoke's).
+    # "flux1-dev" / "wan2.1-t2v-1.3b" (the shipped configs, with overrides), "tiny" / "tiny-wan"
+    # (the smokes' tiny models).
     models: str
     transformer_overrides: dict = field(default_factory=dict)
     hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
     sizes: Sizes = None  # type: ignore[assignment]
+    trainer: str = "flux"  # the trainer whose train_one_step it runs (``TRAINERS``)
 
 
 # Upstream's recipe: scripts/finetune/finetune_flux_grpo.sh (720x720, 16 sampling steps,
@@ -85,6 +87,96 @@ PRESETS = {
     ),
 }
 
+# Upstream's Wan2.1 recipe: scripts/finetune/finetune_wan_2_1_grpo.sh (512x512, one frame, 20
+# sampling steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, CFG 5.0 in rollout and
+# training) and WanPipeline.encode_prompt's 226 UMT5 tokens (what preprocessing saves).  The
+# script accumulates 24 samples: its 2 prompts x 12 generations a rank, one optimizer step per
+# GRPO step; a bench step is one prompt, so 12 keeps one optimizer step per step.
+WAN_UPSTREAM = replace(
+    UPSTREAM, height=512, width=512, sampling_steps=20, text_tokens=226, gradient_accumulation_steps=12,
+)  # fmt: skip
+
+PRESETS.update({
+    "wan": Preset(
+        name="wan",
+        summary="Wan2.1-T2V-1.3B at full size (30 blocks), its VAE, a ViT-H-14 HPS; upstream's Wan recipe",
+        models="wan2.1-t2v-1.3b",
+        sizes=WAN_UPSTREAM,
+        trainer="wan",
+    ),
+    # Full width, one block, as the FLUX cpu preset: 128x128 (64 image tokens), 4 steps, G = 4.
+    "wan-cpu": Preset(
+        name="wan-cpu",
+        summary="Wan2.1-T2V-1.3B width with 1 block, the full Wan VAE, ViT-H-14 width with 1 + 1 layers",
+        models="wan2.1-t2v-1.3b",
+        transformer_overrides={"num_layers": 1},
+        hps_overrides={"vision_layers": 1, "text_layers": 1},
+        sizes=replace(WAN_UPSTREAM, height=128, width=128, sampling_steps=4, generations=4,
+                      gradient_accumulation_steps=4, steps=1),
+        trainer="wan",
+    ),
+    # The Wan smoke's tiny models (dancegrpo_npu.smoke.wan_fixtures): seconds, for tests.
+    "tiny-wan": Preset(
+        name="tiny-wan",
+        summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
+        models="tiny-wan",
+        sizes=replace(WAN_UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2),
+        trainer="wan",
+    ),
+})
+
+# Upstream's Qwen-Image recipe: scripts/finetune/finetune_qwenimage_grpo.sh (720x720, 20 sampling
+# steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 12 over its 2
+# prompts a rank), 256 text tokens as the memory plan's recipe (plan/models.json); a bench step
+# is one prompt, so accumulation 12 is one optimizer step a step.
+QWENIMAGE_UPSTREAM = replace(UPSTREAM, sampling_steps=20, text_tokens=256, gradient_accumulation_steps=12)
+
+PRESETS.update({
+    "qwenimage": Preset(
+        name="qwenimage",
+        summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe",
+        models="qwen-image",
+        sizes=QWENIMAGE_UPSTREAM,
+        trainer="qwenimage",
+    ),
+    # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
+    "tiny-qwenimage": Preset(
+        name="tiny-qwenimage",
+        summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at 64x64",
+        models="tiny-qwenimage",
+        sizes=replace(QWENIMAGE_UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
+                      gradient_accumulation_steps=2),
+        trainer="qwenimage",
+    ),
+})
+
+
+@dataclass(frozen=True)
+class BenchTrainer:
+    """A trainer the bench runs: its script in the patched tree and what its ``train_one_step``
+    needs beyond the shared GRPO flags."""
+
+    name: str  # launch's script name (run.upstream_args.SCRIPTS): its dependency set comes from there
+    relpath: str
+    extra_args: tuple[tuple[str, object], ...] = ()
+
+
+TRAINERS = {
+    "flux": BenchTrainer("flux", "fastvideo/train_grpo_flux.py"),
+    # CFG 5.0 as upstream's recipe; the reward from the decoded frame (the port's default)
+    "wan": BenchTrainer("wan", "fastvideo/train_grpo_wan_2_1.py", (("cfg_infer", 5.0), ("reward_from_mp4", False))),
+    # the HPSv2 reward, as the recipe (not HPSv3), no EMA
+    "qwenimage": BenchTrainer("qwenimage", "fastvideo/train_grpo_qwenimage.py", (("use_hpsv3", False),)),
+}
+
+
+def depset_of(preset: Preset) -> str:
+    """The dependency set the preset's trainer runs with (run.depsets)."""
+    from dancegrpo_npu.run.upstream_args import script_info
+
+    return script_info(TRAINERS[preset.trainer].name).depset
+
+
 # The flags that override a preset's sizes: (flag, Sizes field).
 SIZE_FLAGS = (
     ("--height", "height"),
@@ -119,6 +211,7 @@ class BenchConfig:
         return {
             "preset": self.preset.name,
             "models": self.preset.models,
+            "trainer_script": TRAINERS[self.preset.trainer].relpath,
             "transformer_overrides": dict(self.preset.transformer_overrides),
             "hps_overrides": dict(self.preset.hps_overrides),
             **asdict(self.sizes),

@@ -46,9 +46,13 @@ WAN_WITHOUT = {
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
-# without each builds (below); what happens without it is tested in tests/patches/test_qwenimage_fsdp.py.
+# without each builds (below); what happens without it is tested in tests/patches/test_qwenimage_fsdp.py
+# and tests/smoke/test_qwen_fixtures.py.
 QWEN_WITHOUT = {
     "0027-qwenimage-fsdp-device.patch": "ZeroDivisionError",  # rank % torch.cuda.device_count() without CUDA
+    # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
+    "0034-preprocess-qwenimage.patch": None,
+    "0035-preprocess-qwenimage-edit.patch": None,
 }
 
 

@@ -129,6 +129,27 @@ def test_launch_preprocess_qwenimage_writes_the_fixtures_dataset(built, patched_
             assert torch.equal(torch.load(out / sub / path.name), torch.load(path)), (sub, path.name)
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # minutes: the script's bfloat16 VAE encodes a 1024x1024 image on the CPU
+def test_launch_preprocess_qwenimage_edit_writes_the_fixtures_dataset(built, patched_tree, tmp_path):
+    """On the first instruction: the same entry, embeddings and mask bit for bit; the image latents
+    within bfloat16 rounding (the fixtures encode in float32, the script in bfloat16)."""
+    fixtures = built["edit"]
+    one = tmp_path / "edit_data.jsonl"
+    one.write_text(fixtures.prompt_file.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "rl_embeddings"
+    r = _tool(patched_tree.project.root, "launch", "preprocess-qwenimage-edit", "--device", "cpu", "--runs-dir",
+              str(tmp_path / "runs"), "--", "--model_path", str(fixtures.model_dir), "--output_dir", str(out),
+              "--prompt_dir", str(one), "--image_dir", str(fixtures.image_dir), timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert json.loads((out / "videos2caption.json").read_text()) == json.loads(fixtures.data_json.read_text())[:1]
+    ours = fixtures.data_json.parent
+    for sub in ("prompt_embed", "prompt_attention_mask"):
+        assert torch.equal(torch.load(out / sub / "0.pt"), torch.load(ours / sub / "0.pt")), sub
+    got, want = torch.load(out / "image_latents" / "0.pt").float(), torch.load(ours / "image_latents" / "0.pt").float()
+    assert got.shape == want.shape and (got - want).abs().max() <= 2 ** -6  # measured: 2 ** -7
+
+
 def test_upstreams_qwen_image_preprocessing_stops_at_its_mochi_import(patched_tree, tmp_path):
     """What patch 0034 fixes first: the unused MochiPipeline import needs liger_kernel (CUDA-only)."""
     from depset_035 import diffusers_035_python

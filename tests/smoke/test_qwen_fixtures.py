@@ -25,6 +25,8 @@ import sys
 
 import pytest
 
+from dancegrpo_npu.cli import main
+
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.upstream
@@ -190,7 +192,7 @@ def _pipeline_dir(path, processor: bool):
      "--image_dir: the source-image directory {empty} is incomplete: it is empty"),
     ("preprocess-qwenimage-edit", "--prompt_dir", "missing", "--prompt_dir: {missing} does not exist"),
 ])
-def test_launch_refuses_bad_preprocessing_inputs_in_one_line(patched_tree, tmp_path, name, flag, value, says):
+def test_launch_refuses_bad_preprocessing_inputs_in_one_line(patched_tree, tmp_path, capsys, name, flag, value, says):
     edit = name.endswith("-edit")
     (tmp_path / "empty").mkdir()
     (tmp_path / "images").mkdir()
@@ -203,21 +205,24 @@ def test_launch_refuses_bad_preprocessing_inputs_in_one_line(patched_tree, tmp_p
     if edit:
         given["--image_dir"] = str(tmp_path / "images")
     given[flag] = paths[value]
-    r = _tool(patched_tree.project.root, "launch", name, "--device", "cpu", "--runs-dir", str(tmp_path / "runs"),
-              "--", *[x for kv in given.items() for x in kv])
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and len(lines) == 1, r.stderr
+    rc = main(["-C", str(patched_tree.project.root), "launch", name, "--device", "cpu", "--runs-dir",
+               str(tmp_path / "runs"), "--", *[x for kv in given.items() for x in kv]])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc != 0 and len(lines) == 1, err
     assert says.format(**paths) in lines[0]
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
-def test_launch_accepts_whole_preprocessing_inputs(patched_tree, tmp_path):
+def test_launch_accepts_whole_preprocessing_inputs(patched_tree, tmp_path, capsys):
     """The same inputs, whole: the dry run finds nothing missing (the refusals above are the inputs')."""
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "0.png").write_bytes(b"x")
     (tmp_path / "prompts").write_text('{"source_image": "0.png", "instruction": "a cat"}\n')
-    r = _tool(patched_tree.project.root, "launch", "preprocess-qwenimage-edit", "--device", "cpu", "--dry-run",
-              "--runs-dir", str(tmp_path / "runs"), "--", "--model_path", str(_pipeline_dir(tmp_path / "edit", True)),
-              "--prompt_dir", str(tmp_path / "prompts"), "--image_dir", str(tmp_path / "images"),
-              "--output_dir", str(tmp_path / "out"))
-    assert r.returncode == 0 and "could not start" not in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr
+    rc = main(["-C", str(patched_tree.project.root), "launch", "preprocess-qwenimage-edit", "--device", "cpu",
+               "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--",
+               "--model_path", str(_pipeline_dir(tmp_path / "edit", True)), "--prompt_dir", str(tmp_path / "prompts"),
+               "--image_dir", str(tmp_path / "images"), "--output_dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "could not start" not in out + err, out[-2000:] + err
+    assert f"--image_dir {tmp_path / 'images'}" in out

@@ -10,8 +10,9 @@ stamp), from the FLUX fixtures' prompts:
 - the build's own check (the transformer's forward with the trainer's call, the VAE's decode of
   an 8x8 latent to 64x64) is recorded, and a second build reuses the directory;
 - ``launch preprocess-qwenimage`` runs the patched script on the tiny pipeline and writes the
-  fixtures' dataset bit for bit; upstream's script stops at its Mochi import
-  (liger_kernel), which the patch removes;
+  fixtures' dataset bit for bit (the extended tier: ``preprocess-qwenimage-edit`` on one
+  instruction, minutes on the CPU); upstream's script stops at its Mochi import (liger_kernel),
+  which the patch removes;
 - launch refuses bad inputs of both recipes in one line, before torchrun starts.
 """
 

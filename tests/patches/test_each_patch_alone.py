@@ -55,6 +55,9 @@ QWEN_WITHOUT = {
     "0031-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
     "0032-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
     "0033-qwenimage-caption-tuple.patch": "Unsupported caption type",
+    # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
+    "0034-preprocess-qwenimage.patch": None,
+    "0035-preprocess-qwenimage-edit.patch": None,
 }
 QWEN_IN_CI = ("0030-qwenimage-real-rope.patch", "0033-qwenimage-caption-tuple.patch")
 

@@ -117,3 +117,16 @@ def test_a_launch_of_the_scripts_world_size_passes_its_values(patched_tree, scri
 def test_preprocess_defaults_match_upstreams_script(patched_tree):
     text = (patched_tree.tree / "scripts/preprocess/preprocess_flux_rl_embeddings.sh").read_text()
     assert flat(PREPROCESS_DEFAULTS) == after(script_words(text), SCRIPTS["preprocess"].relpath)
+
+
+@pytest.mark.parametrize("name, script, added", [
+    ("preprocess-qwenimage", "preprocess_qwen_image_rl_embeddings.sh", []),
+    # the patch's --image_dir, at the path upstream's script hard-codes
+    ("preprocess-qwenimage-edit", "preprocess_qwen_image_edit_rl_embeddings.sh",
+     ["--image_dir", "data/SEED-Data-Edit-Part2-3/real_editing/images"]),
+])
+def test_qwen_image_preprocess_defaults_match_upstreams_scripts(patched_tree, name, script, added):
+    text = (patched_tree.tree / "scripts/preprocess" / script).read_text()
+    info = SCRIPTS[name]
+    assert info.depset == "diffusers-0.35"
+    assert flat(info.defaults) == after(script_words(text), info.relpath) + added

@@ -11,6 +11,9 @@ Kinds (``ScriptInfo.required_inputs``):
 - ``vae``: a directory holding ``vae/`` (the trainers' --vae_model_path)
 - ``model``: one model's directory: config.json and weights at its top
 - ``pipeline``: the whole FLUX.1-dev pipeline, as preprocessing loads it
+- ``wan-pipeline``: a pipeline with one text encoder and tokenizer (Wan2.1, Qwen-Image)
+- ``edit-pipeline``: the same with the Qwen2-VL ``processor/`` (Qwen-Image-Edit)
+- ``directory``: a directory that is not empty (source images)
 - ``embeddings``: the embeddings dataset's JSON (preprocessing writes it), a non-empty list
 - ``file``: a file that is not empty
 """
@@ -45,12 +48,16 @@ def _dir_problems(p: Path, kind: str) -> list[str]:
     if kind == "model":
         problem = _model_problem(p)
         return [problem.replace(f"{p.name}/ ", "", 1)] if problem else []
-    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS}[kind]
+    if kind == "directory":
+        return [] if any(p.iterdir()) else ["it is empty"]
+    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS,
+              "edit-pipeline": WAN_PIPELINE_MODELS}[kind]
     problems = [m for m in (_model_problem(p / name) for name in models) if m]
-    if kind in ("pipeline", "wan-pipeline"):
+    if kind in ("pipeline", "wan-pipeline", "edit-pipeline"):
         if not (p / "model_index.json").is_file():
             problems.insert(0, "model_index.json is missing")
-        for name in PIPELINE_TOKENIZERS[: 1 if kind == "wan-pipeline" else 2]:
+        tokenizers = {"pipeline": PIPELINE_TOKENIZERS, "edit-pipeline": ("tokenizer", "processor")}.get(kind, ("tokenizer",))
+        for name in tokenizers:
             if not (p / name).is_dir() or not any((p / name).iterdir()):
                 problems.append(f"{name}/ is missing or empty")
     return problems

@@ -45,6 +45,25 @@ PREPROCESS_WAN_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--prompt_dir", "./assets/prompts.txt"),
 )
 
+# upstream scripts/preprocess/preprocess_qwen_image_rl_embeddings.sh (commit 15cc71d5).
+PREPROCESS_QWENIMAGE_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--model_path", "data/qwenimage"),
+    ("--output_dir", "data/rl_embeddings"),
+    ("--prompt_dir", "./assets/prompts.txt"),
+)
+
+# upstream scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh (commit 15cc71d5); its
+# images are read from --image_dir, the patch's argument for the path the script hard-codes
+# (relative to the directory it runs in, as upstream's README lays out data/).
+PREPROCESS_QWENIMAGE_EDIT_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--model_path", "data/qwenimage_edit"),
+    ("--output_dir", "data/rl_embeddings"),
+    ("--prompt_dir", "./assets/edit_data.jsonl"),
+    ("--height", "512"),
+    ("--width", "512"),
+    ("--image_dir", "data/SEED-Data-Edit-Part2-3/real_editing/images"),
+)
+
 # upstream scripts/preprocess/preprocess_flux_rl_embeddings.sh (commit 15cc71d5).
 PREPROCESS_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--model_path", "data/flux"),
@@ -168,6 +187,29 @@ SCRIPTS: dict[str, ScriptInfo] = {
         PREPROCESS_WAN_DEFAULTS,
         ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
         (("--model_path", "wan-pipeline", "Wan2.1-T2V-1.3B weights"), _PREPROCESS_INPUTS_PROMPTS),
+        False,
+        depset="diffusers-0.35",
+    ),
+    # Qwen-Image and Qwen-Image-Edit: the diffusers-0.35 set, as Wan2.1
+    "preprocess-qwenimage": ScriptInfo(
+        "preprocess-qwenimage",
+        "fastvideo/data_preprocess/preprocess_qwenimage_embedding.py",
+        PREPROCESS_QWENIMAGE_DEFAULTS,
+        ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir"),
+        (("--model_path", "wan-pipeline", "Qwen-Image weights"), _PREPROCESS_INPUTS_PROMPTS),
+        False,
+        depset="diffusers-0.35",
+    ),
+    "preprocess-qwenimage-edit": ScriptInfo(
+        "preprocess-qwenimage-edit",
+        "fastvideo/data_preprocess/preprocess_qwenimage_edit_embeddings.py",
+        PREPROCESS_QWENIMAGE_EDIT_DEFAULTS,
+        ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir", "--image_dir"),
+        (
+            ("--model_path", "edit-pipeline", "Qwen-Image-Edit weights"),
+            ("--prompt_dir", "file", "edit_data.jsonl (upstream's is assets/edit_data.jsonl: `dancegrpo-npu fetch --with-assets`)"),
+            ("--image_dir", "directory", "source-image"),  # edit_data.jsonl's source_image paths are relative to it
+        ),
         False,
         depset="diffusers-0.35",
     ),

@@ -79,7 +79,7 @@ def calculate_dimensions(target_area: float, ratio: float) -> tuple[int, int]:
 
 def write_edit_rl_embeddings(model_dir: Path, fixtures: QwenFixtures, out_dir: Path) -> None:
     """As upstream's preprocess_qwenimage_edit_embeddings.py on one CPU rank: the reference image
-    resized to about 1024x1024 (its ratio kept), encode_prompt with the image and the instruction,
+    resized to about EDIT_TARGET_AREA (upstream: 1024x1024; its ratio kept), encode_prompt with the image and the instruction,
     the image's VAE latents (``_encode_vae_image``, normalised), embeddings padded to 5000 tokens."""
     import torch
     from diffusers import QwenImageEditPipeline

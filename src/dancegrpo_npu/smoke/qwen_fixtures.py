@@ -117,8 +117,12 @@ BPE_VOCAB_SIZE = 800
 
 EMBED_LENGTH = 1024  # preprocess_qwenimage_embedding.py pads to it
 EDIT_EMBED_LENGTH = 5000  # preprocess_qwenimage_edit_embeddings.py pads to it
-EDIT_TARGET_AREA = 1024 * 1024  # calculate_embeds' area for the reference image
-SOURCE_IMAGE_SIZE = 64  # the reference images written here (square: 1024x1024 once resized)
+# The reference image's area: upstream's calculate_embeds uses 1024x1024 whatever the target size
+# (4096 reference tokens, 10 s a forward and backward of the tiny transformer here); the smoke's is
+# shrunk as its 64x64 target is from the recipe's 512x512: 128x128, 64 reference tokens.  The
+# preprocessing script itself keeps upstream's (tests/smoke/test_qwen_fixtures.py runs it).
+EDIT_TARGET_AREA = 128 * 128
+SOURCE_IMAGE_SIZE = 64  # the reference images written here (square: 128x128 once resized)
 
 # What the build checks: the trainer's 64x64 (latents 8x8, 4x4 packed tokens).
 CHECK_SIZE = 64

@@ -16,3 +16,33 @@ def passed(result):
 
 def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
+    """A smoke run of ``cut_options`` (3 steps, killed once checkpoint 2 is complete) resumed with
+    `launch --resume` ends as the uninterrupted run ``ref``: steps 1..3 once each, `compare` exit 0
+    with no divergence, every record tensor bit-equal."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    from dancegrpo_npu.cli import main
+    from dancegrpo_npu.smoke import runner as smoke
+
+    before = set(project.runs_dir.iterdir())
+    with pytest.raises(DancegrpoError, match="training run failed"):
+        smoke.run_smoke(project, cut_options)
+    (cut,) = set(project.runs_dir.iterdir()) - before
+    assert [m["step"] for m in metrics(cut)] == [1, 2]
+    capsys.readouterr()
+    assert main(["-C", str(project.root), "launch", "--resume", cut.name]) == 0, capsys.readouterr().err
+    assert [m["step"] for m in metrics(cut)] == [1, 2, 3]
+    assert json.loads((cut / "records" / "index.json").read_text())["steps"] == [1, 2, 3]
+    capsys.readouterr()
+    assert main(["-C", str(project.root), "compare", str(ref.run_dir), str(cut)]) == 0
+    assert "first divergence: none" in capsys.readouterr().out
+    files = sorted(p.relative_to(ref.run_dir) for p in (ref.run_dir / "records").rglob("*.safetensors"))
+    assert files == sorted(p.relative_to(cut) for p in (cut / "records").rglob("*.safetensors"))
+    for name in files:
+        a, b = load_file(ref.run_dir / name), load_file(cut / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

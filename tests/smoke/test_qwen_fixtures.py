@@ -220,6 +220,9 @@ def test_launch_refuses_bad_preprocessing_inputs_in_one_line(patched_tree, tmp_p
 
 def test_launch_accepts_whole_preprocessing_inputs(patched_tree, tmp_path, capsys):
     """The same inputs, whole: the dry run finds nothing missing (the refusals above are the inputs')."""
+    from depset_035 import diffusers_035_python
+
+    diffusers_035_python()  # launch checks that the set is installed
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "0.png").write_bytes(b"x")
     (tmp_path / "prompts").write_text('{"source_image": "0.png", "instruction": "a cat"}\n')

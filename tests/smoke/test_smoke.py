@@ -19,6 +19,7 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from conftest import copy_project
 
+from dancegrpo_npu.smoke import passes
 from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.checks import DecayBudget
 from dancegrpo_npu.errors import DancegrpoError
@@ -231,7 +232,7 @@ def test_the_cli_passes_the_options_and_the_tree(tmp_path, monkeypatch, capsys):
         return smoke.SmokeResult(tmp_path, (), checkpoint, 1.0)
 
     monkeypatch.setattr(smoke, "run_smoke", fake_run)
-    monkeypatch.setattr(smoke, "inputs_sha256", lambda project, options: None)
+    monkeypatch.setattr(passes, "inputs_sha256", lambda project, options: None)
     rc = main(["-C", str(tmp_path), "smoke", "--workdir", str(tmp_path / "other-tree"), "--steps", "3",
                "--generations", "4", "--lora", "--", "--h", "128", "--learning_rate", "5e-4"])
     assert rc == 0
@@ -398,17 +399,17 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     """bootstrap.sh's rerun skips the smoke only for the same tree, series, overlay, fixtures and options."""
     project = patched_tree.project
     opts = smoke.SmokeOptions(device="cpu")
-    key = smoke.inputs_sha256(project, opts)
-    assert key and key == smoke.inputs_sha256(project, opts)
-    assert key != smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=True))
+    key = passes.inputs_sha256(project, opts)
+    assert key and key == passes.inputs_sha256(project, opts)
+    assert key != passes.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=True))
     others = [smoke.SmokeOptions(device="cpu", steps=3), smoke.SmokeOptions(device="cpu", generations=4),
               smoke.SmokeOptions(device="cpu", extra_args=("--h", "128"))]
-    assert len({key, *(smoke.inputs_sha256(project, o) for o in others)}) == 4
+    assert len({key, *(passes.inputs_sha256(project, o) for o in others)}) == 4
     cache = project.overlay_dir / "dancegrpo_port" / "__pycache__"  # what importing overlay/ leaves
     cache.mkdir(exist_ok=True)
     try:
         (cache / "device.cpython-311.pyc").write_bytes(b"\0")
-        assert smoke.inputs_sha256(project, opts) == key  # byte-code is not an input, as for apply
+        assert passes.inputs_sha256(project, opts) == key  # byte-code is not an input, as for apply
     finally:
         shutil.rmtree(cache)
     run_dir = tmp_path / "run"
@@ -416,21 +417,21 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     (run_dir / "summary.json").write_text("{}")
     passed = project.build_dir / smoke.PASSED_NAME
     try:
-        smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
-        assert smoke.previous_pass(project, key) == run_dir
-        assert smoke.previous_pass(project, "0" * 64) is None
+        passes.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
+        assert passes.previous_pass(project, key) == run_dir
+        assert passes.previous_pass(project, "0" * 64) is None
         damaged = json.loads(passed.read_text())
         passed.write_text(json.dumps({**damaged, "0" * 64: 1}))  # a hand-edited record is no traceback
-        assert smoke.previous_pass(project, "0" * 64) is None and smoke.previous_pass(project, key) == run_dir
+        assert passes.previous_pass(project, "0" * 64) is None and passes.previous_pass(project, key) == run_dir
         trainer = patched_tree.tree / "fastvideo" / "train_grpo_flux.py"
         original = trainer.read_bytes()
         try:
             trainer.write_bytes(original + b"# a local edit\n")
-            assert smoke.inputs_sha256(project, opts) is None  # not the tree that passed
+            assert passes.inputs_sha256(project, opts) is None  # not the tree that passed
         finally:
             trainer.write_bytes(original)
         (run_dir / "summary.json").unlink()
-        assert smoke.previous_pass(project, key) is None  # the record is gone: run again
+        assert passes.previous_pass(project, key) is None  # the record is gone: run again
     finally:
         passed.unlink(missing_ok=True)
 
@@ -438,7 +439,7 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
 def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
     """A LoRA smoke after the full one must not make bootstrap's full smoke run again."""
     project = patched_tree.project
-    keys = [smoke.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=lora)) for lora in (False, True)]
+    keys = [passes.inputs_sha256(project, smoke.SmokeOptions(device="cpu", lora=lora)) for lora in (False, True)]
     runs = []
     for i, key in enumerate(keys):
         run_dir = tmp_path / f"run{i}"
@@ -447,8 +448,8 @@ def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
         runs.append(run_dir)
     try:
         for key, run_dir in zip(keys, runs):
-            smoke.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
-        assert [smoke.previous_pass(project, k) for k in keys] == runs
+            passes.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
+        assert [passes.previous_pass(project, k) for k in keys] == runs
     finally:
         (project.build_dir / smoke.PASSED_NAME).unlink(missing_ok=True)
 

@@ -26,7 +26,7 @@ import subprocess
 import pytest
 from conftest import copy_project
 from depset_035 import diffusers_035_python
-from smoke_runs import metrics, passed
+from smoke_runs import assert_a_cut_run_resumes_exactly, metrics, passed
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
@@ -120,31 +120,10 @@ def test_a_killed_run_resumes_exactly(runs, capsys):
     once each."""
     from dataclasses import replace
 
-    from safetensors.torch import load_file
-
-    from dancegrpo_npu.cli import main
-
     project = runs.projects["patched"]()
     ref = passed(runs(nproc=1, steps=3, generations=2, align=True))
-    before = set(project.runs_dir.iterdir())
-    cut_options = replace(options(nproc=1, steps=3, generations=2, align=True),
-                          env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
-    with pytest.raises(DancegrpoError, match="training run failed"):
-        smoke.run_smoke(project, cut_options)
-    (cut,) = set(project.runs_dir.iterdir()) - before
-    assert [m["step"] for m in metrics(cut)] == [1, 2]
-    capsys.readouterr()
-    assert main(["-C", str(project.root), "launch", "--resume", cut.name]) == 0, capsys.readouterr().err
-    assert [m["step"] for m in metrics(cut)] == [1, 2, 3]
-    assert json.loads((cut / "records" / "index.json").read_text())["steps"] == [1, 2, 3]
-    capsys.readouterr()
-    assert main(["-C", str(project.root), "compare", str(ref.run_dir), str(cut)]) == 0
-    assert "first divergence: none" in capsys.readouterr().out
-    files = sorted(p.relative_to(ref.run_dir) for p in (ref.run_dir / "records").rglob("*.safetensors"))
-    assert files == sorted(p.relative_to(cut) for p in (cut / "records").rglob("*.safetensors"))
-    for name in files:
-        a, b = load_file(ref.run_dir / name), load_file(cut / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    cut = replace(options(nproc=1, steps=3, generations=2, align=True), env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
+    assert_a_cut_run_resumes_exactly(project, ref, cut, capsys)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, optio
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu.smoke import runner
+from dancegrpo_npu.smoke import passes, runner
 
 
 EXAMPLES = """\
@@ -57,9 +57,9 @@ def run(args) -> int:
                              "give --resume RUN alone (and -v as before)", exit_code=2)
     options = runner.resumed_options(project, options)
     runner.check_options(options)
-    key = runner.inputs_sha256(project, options)
+    key = passes.inputs_sha256(project, options)
     if args.if_needed:
-        earlier = runner.previous_pass(project, key)
+        earlier = passes.previous_pass(project, key)
         if earlier:
             print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
@@ -71,7 +71,7 @@ def run(args) -> int:
         print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)
     result = runner.run_smoke(project, options)
     print(runner.format_result(result))
-    runner.record_pass(project, key, result)
+    passes.record_pass(project, key, result)
     return 0
 
 

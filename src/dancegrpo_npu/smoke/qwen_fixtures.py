@@ -31,6 +31,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# Qwen-Image's VAE is Wan2.1's architecture (8x spatial, 4x temporal downsampling, 16 latent
+# channels, the class's own latents_mean / latents_std): the same tiny configuration.
+from dancegrpo_npu.smoke.wan_fixtures import VAE_CONFIG
+
 # Qwen-Image's MMDiT, narrow: 2 heads x 16, the RoPE axes (4, 6, 6) add up to the head dim as
 # (16, 56, 56) add up to 128; two blocks, so selective checkpointing has one to take.
 TRANSFORMER_CONFIG = {
@@ -43,18 +47,6 @@ TRANSFORMER_CONFIG = {
     "joint_attention_dim": 32,  # = TEXT_CONFIG["hidden_size"]
     "guidance_embeds": False,
     "axes_dims_rope": [4, 6, 6],
-}
-
-# Four levels (8x spatial downsampling, 4x temporal as Wan's), 16 latent channels; the class's
-# own latents_mean / latents_std (the trainers and _encode_vae_image read them from the config).
-VAE_CONFIG = {
-    "base_dim": 8,
-    "z_dim": 16,
-    "dim_mult": [1, 2, 2, 2],
-    "num_res_blocks": 1,
-    "attn_scales": [],
-    "temperal_downsample": [False, True, True],
-    "dropout": 0.0,
 }
 
 # Qwen2.5-VL's language model, narrow; its M-RoPE sections add up to half the head dim (16).

@@ -245,42 +245,40 @@ def _run_flux(project: Project, options: SmokeOptions, start: float) -> SmokeRes
 
 
 def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
-    from dancegrpo_npu.run.depsets import python_for
-    from dancegrpo_npu.run.upstream_args import script_info
-    from dancegrpo_npu.smoke import trained, wan_smoke
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.smoke import wan_smoke
     from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
 
-    python = python_for(script_info("wan").depset, needed_by="wan")
-    hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
-    wan = build_wan_fixtures(project.build_dir / "fixtures-wan", hps.prompts, python)
-    args = wan_smoke.trainer_args(wan, hps, options.steps, options.generations) + tuple(options.extra_args)
-    record = _ran(_launch(project, options, args))
-    steps = read_metrics(record.run_dir, options.steps)
-    equal = trained.check_equal_weights(record.run_dir, options.nproc)
-    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (wan_smoke)
-    check = trained.check_last_checkpoint(record.run_dir / "outputs", wan.model_dir, "WanTransformer3DModel",
-                                          options.steps, budget, python)
-    check_training_moved(check)
-    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
+    return _run_in_035_set(project, options, start, lambda hps, python: build_wan_fixtures(
+        project.build_dir / "fixtures-wan", hps.prompts, python), wan_smoke.trainer_args, "WanTransformer3DModel")
 
 
 def _run_qwen(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
+    from dancegrpo_npu.smoke import qwen_smoke
+
+    return _run_in_035_set(project, options, start, lambda hps, python: qwen_smoke.fixtures(
+        project, hps.prompts, trainer_of(options), python), qwen_smoke.trainer_args, "QwenImageTransformer2DModel")
+
+
+def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtures, trainer_args,
+                    model_class: str) -> SmokeResult:
+    """The smoke of a trainer of the diffusers-0.35 set (Wan2.1, Qwen-Image): its fixtures built
+    by that set's interpreter, then the FLUX smoke's checks plus every rank's equal weights
+    (smoke.trained)."""
     from dancegrpo_npu.run.depsets import python_for
     from dancegrpo_npu.run.upstream_args import script_info
-    from dancegrpo_npu.smoke import qwen_smoke, trained
+    from dancegrpo_npu.smoke import trained
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     name = trainer_of(options)
     python = python_for(script_info(name).depset, needed_by=name)
     hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
-    qwen = qwen_smoke.fixtures(project, hps.prompts, name, python)
-    args = qwen_smoke.trainer_args(qwen, hps, options.steps, options.generations) + tuple(options.extra_args)
+    built = fixtures(hps, python)
+    args = trainer_args(built, hps, options.steps, options.generations) + tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc)
-    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (qwen_smoke)
-    check = trained.check_last_checkpoint(record.run_dir / "outputs", qwen.model_dir, "QwenImageTransformer2DModel",
+    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (trained)
+    check = trained.check_last_checkpoint(record.run_dir / "outputs", built.model_dir, model_class,
                                           options.steps, budget, python)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
@@ -366,60 +364,3 @@ def format_result(result: SmokeResult) -> str:
         lines.append(f"every rank holds the same weights after training ({result.equal_weights} tensors)")
     lines.append(f"smoke: passed in {result.wall_time_s:.1f} s; record: {result.run_dir}")
     return "\n".join(lines)
-
-
-PASSED_NAME = "smoke-passed.json"
-
-
-def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
-    """What a smoke result depends on: the verified tree (lock, series, overlay - digested
-    the way apply records them), the fixtures' parameters, the smoke's own code, its
-    options (--steps, --generations and the trainer arguments after -- included) and the tree's path.  None when the tree is not exactly lock + series + overlay (then nothing can
-    be reused)."""
-    import hashlib
-
-    from dancegrpo_npu.engine.apply import overlay_sha256
-    from dancegrpo_npu.smoke.fixtures import params_sha256
-    from dancegrpo_npu.engine.series import load_series, series_sha256
-    from dancegrpo_npu.engine.stage import read_overlay
-    from dancegrpo_npu.engine.status import verify_tree
-
-    try:
-        report = verify_tree(project)
-        parts = (report.lock.commit, series_sha256(load_series(project.patches_dir)),
-                 overlay_sha256(read_overlay(project.overlay_dir)), repr(report.without))  # an ablation tree is another input
-    except DancegrpoError:
-        return None
-    code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
-    name = trainer_of(options)
-    settings = (options.nproc, name == "flux-lora" if name.startswith("flux") else name, options.device, options.steps, options.generations,
-                tuple(options.extra_args), str(project.workdir), options.strict)
-    h = hashlib.sha256()
-    for part in (*parts, params_sha256(), *code, repr(settings)):
-        h.update(part.encode() + b"\0")
-    return h.hexdigest()
-
-
-def _passes(project: Project) -> dict[str, str]:
-    """inputs_sha256 -> run directory of each remembered pass (a damaged record is empty)."""
-    try:
-        record = json.loads((project.build_dir / PASSED_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in record.items() if isinstance(v, str)} if isinstance(record, dict) else {}
-
-
-def previous_pass(project: Project, key: str | None) -> Path | None:
-    """The run directory of an earlier pass with the same inputs, if it is still there."""
-    run_dir = _passes(project).get(key) if key else None
-    return Path(run_dir) if run_dir and Path(run_dir, "summary.json").is_file() else None
-
-
-def record_pass(project: Project, key: str | None, result: SmokeResult) -> None:
-    """Remember a pass (one entry per set of inputs: full, LoRA, 1 or 2 ranks...)."""
-    from dancegrpo_npu.files import write_atomic
-
-    if key:
-        passes = {k: v for k, v in _passes(project).items() if Path(v, "summary.json").is_file()}
-        passes[key] = str(result.run_dir)
-        write_atomic(project.build_dir / PASSED_NAME, json.dumps(passes, indent=1))

@@ -415,7 +415,7 @@ def test_if_needed_reuses_only_a_pass_on_identical_inputs(patched_tree, tmp_path
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "summary.json").write_text("{}")
-    passed = project.build_dir / smoke.PASSED_NAME
+    passed = project.build_dir / passes.PASSED_NAME
     try:
         passes.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
         assert passes.previous_pass(project, key) == run_dir
@@ -451,7 +451,7 @@ def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
             passes.record_pass(project, key, smoke.SmokeResult(run_dir, (), None, 0.0))
         assert [passes.previous_pass(project, k) for k in keys] == runs
     finally:
-        (project.build_dir / smoke.PASSED_NAME).unlink(missing_ok=True)
+        (project.build_dir / passes.PASSED_NAME).unlink(missing_ok=True)
 
 
 def test_no_strict_reaches_the_launch(monkeypatch):

@@ -1,17 +1,20 @@
 """The tiny Qwen-Image pipelines' RL-embeddings datasets, written as upstream's preprocessing writes
 them (run in the diffusers-0.35 interpreter by ``smoke.qwen_fixtures``): the same pipeline calls,
 padding, file names and JSON entries as preprocess_qwenimage_embedding.py and
-preprocess_qwenimage_edit_embeddings.py on one CPU rank, in file order.
+preprocess_qwenimage_edit_embeddings.py on one CPU rank, in file order.  It is also the child
+build's entry point (``_main``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-from dancegrpo_npu.smoke.qwen_fixtures import (EDIT_EMBED_LENGTH, EDIT_TARGET_AREA, EMBED_LENGTH, SEEDS,
-                                               SOURCE_IMAGE_SIZE, QwenFixtures)
+from dancegrpo_npu.smoke.qwen_fixtures import (CHECKS_NAME, EDIT_EMBED_LENGTH, EDIT_TARGET_AREA, EMBED_LENGTH, SEEDS,
+                                               SOURCE_IMAGE_SIZE, QwenFixtures, build_pipeline,
+                                               check_pipeline, qwen_fixtures_at)
 
 
 def contains_chinese(text: str) -> bool:
@@ -113,3 +116,28 @@ def write_edit_rl_embeddings(model_dir: Path, fixtures: QwenFixtures, out_dir: P
                         "caption": item["instruction"], "original_length": original_length,
                         "calculated_height": height, "calculated_width": width})
     (out_dir / "videos2caption.json").write_text(json.dumps(entries, indent=4))
+
+
+def _main(argv: list[str]) -> int:
+    """The child build (``python -m dancegrpo_npu.smoke.qwen_embeddings STAGING PROMPTS [--edit]``):
+    the pipeline, its checks, its dataset."""
+    import torch
+
+    dest, prompts, edit = Path(argv[0]), Path(argv[1]).read_text().splitlines(), "--edit" in argv[2:]
+    fixtures = qwen_fixtures_at(dest, edit)
+    dest.mkdir(parents=True)
+    with torch.random.fork_rng(devices=[]):
+        build_pipeline(edit).save_pretrained(str(fixtures.model_dir))
+        checks = check_pipeline(fixtures.model_dir, edit)
+    (dest / CHECKS_NAME).write_text(json.dumps(checks, indent=2) + "\n")
+    if edit:
+        write_edit_inputs(fixtures, prompts)
+        write_edit_rl_embeddings(fixtures.model_dir, fixtures, fixtures.data_json.parent)
+    else:
+        fixtures.prompt_file.write_text("".join(p + "\n" for p in prompts))
+        write_rl_embeddings(fixtures.model_dir, prompts, fixtures.data_json.parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,7 +178,7 @@ def build_qwen_fixtures(dest: Path, prompts: Path, python: str, edit: bool = Fal
 
     want = params_sha256(python, edit) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
     args = [str(Path(prompts).resolve())] + (["--edit"] if edit else [])
-    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.qwen_fixtures", args,
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.qwen_embeddings", args,
                           "Qwen-Image-Edit" if edit else "Qwen-Image")
     return qwen_fixtures_at(dest, edit)
 
@@ -285,28 +284,3 @@ def check_pipeline(model_dir: Path, edit: bool) -> dict:
     if any(seen[k] != v for k, v in want.items()) or not torch.isfinite(pred.float()).all():
         raise RuntimeError(f"the tiny Qwen-Image parts give {seen}, the trainer needs {want} (finite)")
     return seen
-
-
-def _main(argv: list[str]) -> int:
-    import torch
-
-    from dancegrpo_npu.smoke.qwen_embeddings import write_edit_inputs, write_edit_rl_embeddings, write_rl_embeddings
-
-    dest, prompts, edit = Path(argv[0]), Path(argv[1]).read_text().splitlines(), "--edit" in argv[2:]
-    fixtures = qwen_fixtures_at(dest, edit)
-    dest.mkdir(parents=True)
-    with torch.random.fork_rng(devices=[]):
-        build_pipeline(edit).save_pretrained(str(fixtures.model_dir))
-        checks = check_pipeline(fixtures.model_dir, edit)
-    (dest / CHECKS_NAME).write_text(json.dumps(checks, indent=2) + "\n")
-    if edit:
-        write_edit_inputs(fixtures, prompts)
-        write_edit_rl_embeddings(fixtures.model_dir, fixtures, fixtures.data_json.parent)
-    else:
-        fixtures.prompt_file.write_text("".join(p + "\n" for p in prompts))
-        write_rl_embeddings(fixtures.model_dir, prompts, fixtures.data_json.parent)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -19,7 +19,7 @@ the source images and ``edit_data.jsonl`` written here.  The HPS reward files ar
 fixtures' (``smoke.fixtures``).
 
 Qwen-Image needs the diffusers-0.35 dependency set: the tool builds these in a child process of
-that set's interpreter, ``python -m dancegrpo_npu.smoke.qwen_fixtures DEST PROMPTS [--edit]``,
+that set's interpreter, ``python -m dancegrpo_npu.smoke.qwen_embeddings DEST PROMPTS [--edit]``,
 which also checks the transformer's forward with the trainer's call and the VAE's decode.
 """
 

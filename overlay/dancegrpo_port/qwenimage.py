@@ -28,15 +28,16 @@ def text_length(original_length: torch.Tensor, batch_idx):
     return _one(lengths, "lengths")
 
 
-def one_value(values: torch.Tensor, batch_idx, what: str) -> int:
+def one_value(values: torch.Tensor, batch_idx, what: str) -> torch.Tensor:
     """The Edit trainer's per-sample figure of a rollout batch (the reference image's
-    ``calculated_height`` or ``calculated_width``), where upstream takes
-    ``values[batch_idx].item()`` of a one-sample batch: the batch's one value (its samples are
-    generations of one prompt and one reference image)."""
+    ``calculated_height`` or ``calculated_width``), of which upstream takes
+    ``values[batch_idx].item()``, one sample's: the batch's one value, as a one-element tensor
+    (its samples are generations of one prompt and one reference image)."""
     picked = values[batch_idx]
     if picked.numel() == 1:
-        return picked.item()  # upstream's, exactly
-    return _one(picked, what)
+        return picked  # upstream's index, exactly
+    _one(picked, what)
+    return picked[:1]
 
 
 def _one(values: torch.Tensor, what: str) -> int:

@@ -81,3 +81,33 @@ def test_the_pass_a_run_stopped_in_goes_on_at_its_next_batch():
     whole, resumed = run(0), run(4)
     assert whole[0][2] != whole[3][2]  # the passes' orders differ (set_epoch), as upstream's
     assert resumed == whole[4:]
+
+
+def test_a_pass_the_resume_starts_afresh_gets_the_generators_back_before_its_loader(tmp_path):
+    """At a pass's first batch the resumed generators are restored before the pass's DataLoader
+    iterator draws its seed (the run resumed drew it after its checkpoint); inside a pass they
+    wait for the first rollout (the iterator was made before the checkpoint)."""
+    from types import SimpleNamespace
+
+    from dancegrpo_port import hooks
+    from dancegrpo_port.resume import Resume, rng_state
+
+    args = SimpleNamespace(output_dir=str(tmp_path), checkpointing_steps=1, max_train_steps=4, train_batch_size=1,
+                           checkpoints_total_limit=None, resume_from_checkpoint=None, num_generations=2, h=64,
+                           w=64, t=1, sampling_steps=4)
+    feature = Resume(args, 0, 1, torch.device("cpu"))
+    torch.manual_seed(11)
+    saved = rng_state(None, torch.device("cpu"))
+    expected = torch.rand(3)
+    sampler = DistributedSampler(range(8), num_replicas=1, rank=0, shuffle=True, seed=3)
+    hooks.install([feature])
+    try:
+        feature.pending_rng = saved
+        torch.manual_seed(99)
+        assert qwenimage.resume_pass(3, 1, 2, sampler, 1) == 1  # inside the second pass: later
+        assert qwenimage.resume_pass(3, 0, 2, sampler, 1) == 2  # a finished pass: nothing
+        assert feature.pending_rng is saved
+        assert qwenimage.resume_pass(4, 2, 2, sampler, 1) == 0  # the third pass from its start: now
+        assert feature.pending_rng is None and torch.equal(torch.rand(3), expected)
+    finally:
+        hooks.install([])

@@ -162,6 +162,13 @@ def checkpoint_save(step: int, **state) -> None:
     _call("checkpoint_save", step, **state)
 
 
+def data_pass_begin() -> None:
+    """In a trainer of several passes over the data, before the pass a resume starts at its first
+    batch makes its DataLoader iterator (dancegrpo_port/qwenimage.py resume_pass): the resumed
+    generators are restored there, before the iterator draws its seed, as in the run resumed."""
+    _call("data_pass_begin")
+
+
 # ---------------------------------------------------------------- a step
 
 

@@ -1,4 +1,5 @@
-"""Qwen-Image's rollout helpers: a batch's prompt length, and its decoded images.
+"""Qwen-Image's rollout helpers: a batch's prompt length (and the Edit trainer's reference
+image size), its decoded images, and the Edit trainer's passes after a resume.
 
 Added to the upstream tree by dancegrpo-npu (overlay).  Upstream's Qwen-Image trainers
 sample one generation a batch and cut its prompt embeddings to the prompt's own length,
@@ -7,7 +8,8 @@ batched rollout (``--sample_batch_size``, which divides --num_generations) holds
 of one prompt: one length.  diffusers' Qwen-Image transformer does not apply
 ``encoder_hidden_states_mask`` in its attention, so a batch of prompts of different lengths
 cannot be padded to one: it is refused.  On the CPU a batch samples bit for bit as its
-generations do one at a time (``contiguous_attention`` says what that takes).
+generations do one at a time (``contiguous_attention`` says what that takes).  The Edit
+trainer's batch also holds one reference image: one ``calculated_height``/``_width``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,47 @@ def text_length(original_length: torch.Tensor, batch_idx):
     lengths = original_length[batch_idx]
     if lengths.numel() == 1:
         return lengths  # upstream's index, exactly
-    if not bool((lengths == lengths[0]).all()):
-        raise RuntimeError(f"a rollout batch holds prompts of different lengths {lengths.tolist()}: "
+    return _one(lengths, "lengths")
+
+
+def one_value(values: torch.Tensor, batch_idx, what: str) -> torch.Tensor:
+    """The Edit trainer's per-sample figure of a rollout batch (the reference image's
+    ``calculated_height`` or ``calculated_width``), of which upstream takes
+    ``values[batch_idx].item()``, one sample's: the batch's one value, as a one-element tensor
+    (its samples are generations of one prompt and one reference image)."""
+    picked = values[batch_idx]
+    if picked.numel() == 1:
+        return picked  # upstream's index, exactly
+    _one(picked, what)
+    return picked[:1]
+
+
+def _one(values: torch.Tensor, what: str) -> int:
+    if not bool((values == values[0]).all()):
+        raise RuntimeError(f"a rollout batch holds prompts of different {what} {values.tolist()}: "
                            "a batch must hold generations of one prompt (--sample_batch_size divides "
                            "--num_generations, with --use_group)")
-    return int(lengths[0])
+    return int(values[0])
+
+
+def resume_pass(init_steps: int, epoch: int, steps_per_epoch: int, sampler, batch_size: int) -> int:
+    """The Edit trainer's passes over the data (upstream's ``for epoch in range(3)``, each pass
+    its own order, ``sampler.set_epoch(epoch)``) after a resume from step ``init_steps``: how
+    many of pass ``epoch``'s ``steps_per_epoch`` steps the run had trained (0 without a resume,
+    ``steps_per_epoch`` for a pass it had finished).  For the pass it stopped in, ``sampler``'s
+    next pass starts after the batches it had used; for a pass the resume starts afresh the
+    generators are restored now, before its DataLoader iterator draws its seed from torch's
+    generator (the run resumed drew it after its checkpoint)."""
+    done = max(0, min(init_steps - epoch * steps_per_epoch, steps_per_epoch))
+    if 0 < done < steps_per_epoch:
+        from dancegrpo_port.resume import skip_batches
+
+        skip_batches(sampler, done, batch_size)
+    elif done == 0 and init_steps > 0 and init_steps == epoch * steps_per_epoch:
+        from dancegrpo_port import hooks
+
+        hooks.data_pass_begin()
+    return done
 
 
 def first_frames(postprocess):

@@ -10,7 +10,9 @@ trainer that skips them itself (the LoRA trainer does) gives no sampler.
 The generators are restored at the first ``rollout_begin`` after a resume: after the trainer's
 data skipping and the first ``next(loader)`` of the step (a DataLoader iterator draws its seed
 from torch's generator when it is made, which the uninterrupted run did in its first step), and
-before the step's first draw.  With --dataloader_num_workers > 0 and a dataset that draws (--cfg
+before the step's first draw; where a resume starts a pass over the data at its first batch (a
+trainer of several passes), at ``data_pass_begin``, before that pass's iterator draws its seed, as
+the run resumed did after its checkpoint.  With --dataloader_num_workers > 0 and a dataset that draws (--cfg
 > 0) the workers' generators are not restored: their seed comes from that first draw.
 """
 
@@ -230,6 +232,9 @@ class Resume:
         if self.pending_rng is not None:  # after the step's data, before its first draw
             set_rng_state(self.pending_rng, self.port_generator, self.device)
             self.pending_rng = None
+
+    def data_pass_begin(self) -> None:
+        self.rollout_begin()  # a pass the resume starts afresh: before its iterator's seed draw
 
     # -------------------------------------------------------------- ranks
 

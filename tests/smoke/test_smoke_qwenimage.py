@@ -27,6 +27,9 @@ pytest.importorskip("torch")
 
 G = 4
 TRAINERS = ("qwenimage", "qwenimage-edit")
+# the Edit trainer's three passes (smoke.qwen_smoke): the fewest steps it takes is one a pass
+STEPS = {"qwenimage": 2, "qwenimage-edit": 3}
+FEWEST = {"qwenimage": 1, "qwenimage-edit": 3}
 
 
 def options(trainer, nproc=2, steps=2, generations=G, extra=(), align=False) -> smoke.SmokeOptions:
@@ -62,10 +65,16 @@ def runs(patched_tree):
 @pytest.mark.upstream
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_two_ranks_strict(runs, trainer):
-    result = passed(runs(trainer, align=True))
-    assert [s.step for s in result.steps] == [1, 2] and all(s.grad_norm > 0 for s in result.steps)
+    from dancegrpo_npu.smoke.qwen_smoke import PASSES
+    from dancegrpo_npu.smoke.trained import last_checkpoint
+
+    steps = STEPS[trainer]
+    result = passed(runs(trainer, steps=steps, align=True))
+    assert [s.step for s in result.steps] == list(range(1, steps + 1)) and all(s.grad_norm > 0 for s in result.steps)
     assert result.checkpoint.loaded_with == "QwenImageTransformer2DModel.from_pretrained"
-    assert result.checkpoint.updates == 2 and result.checkpoint.changed > 0
+    name, updates = last_checkpoint(steps, PASSES[trainer])
+    assert result.checkpoint.path.name == name and result.checkpoint.updates == updates > 0
+    assert result.checkpoint.changed > 0
     assert result.equal_weights == result.checkpoint.total
     images = sorted(p.name for p in (result.run_dir / "images").glob("*.png"))
     assert len(images) == 2 * G, images  # upstream's names: one file per rank and sample, each step writes it again
@@ -77,30 +86,36 @@ def test_two_ranks_strict(runs, trainer):
 def test_sample_batch_size_4_is_aligned_with_1(runs, trainer, capsys):
     from dancegrpo_npu.cli import main
 
-    one = passed(runs(trainer, align=True))
-    batched = passed(runs(trainer, align=True, extra=("--sample_batch_size", str(G))))
+    one = passed(runs(trainer, steps=STEPS[trainer], align=True))
+    batched = passed(runs(trainer, steps=STEPS[trainer], align=True, extra=("--sample_batch_size", str(G))))
     capsys.readouterr()
     assert main(["compare", str(one.run_dir), str(batched.run_dir)]) == 0
     assert "first divergence: none" in capsys.readouterr().out
     for m in metrics(one.run_dir) + metrics(batched.run_dir):
         assert m["clip_frac_first"] == 0.0
     index = json.loads((batched.run_dir / "records" / "index.json").read_text())
-    assert index["steps"] == [1, 2] and index["rng"] == "cpu"
+    assert index["steps"] == list(range(1, STEPS[trainer] + 1)) and index["rng"] == "cpu"
 
 
 @pytest.mark.slow
 @pytest.mark.upstream
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_one_rank_strict(runs, trainer):
-    result = passed(runs(trainer, nproc=1, steps=1, generations=2))
-    assert result.checkpoint.updates == 0 and result.checkpoint.changed == 0  # checkpoint-0-0: the start
-    assert result.steps[0].grad_norm > 0
+    result = passed(runs(trainer, nproc=1, steps=FEWEST[trainer], generations=2))
+    if trainer == "qwenimage":
+        assert result.checkpoint.updates == 0 and result.checkpoint.changed == 0  # checkpoint-0-0: the start
+    else:  # checkpoint-0-2, at the start of the third pass: the first two passes' updates
+        assert result.checkpoint.path.name == "checkpoint-0-2" and result.checkpoint.updates == 2
+        assert result.checkpoint.changed > 0
+    assert all(s.grad_norm > 0 for s in result.steps)
     assert result.equal_weights == result.checkpoint.total
 
 
 @pytest.mark.parametrize("kw, message", [
     ({"trainer": "qwenimage", "steps": 4, "nproc": 2}, "--steps 4: the Qwen-Image trainer needs 5 prompts on each"),
     ({"trainer": "qwenimage-edit", "lora": True}, "--lora names the trainer flux-lora, not qwenimage-edit"),
+    ({"trainer": "qwenimage-edit", "steps": 2}, "--steps 2: the Qwen-Image-Edit trainer makes 3 passes over its prompts"),
+    ({"trainer": "qwenimage-edit", "steps": 12, "nproc": 2}, "--steps 12: the Qwen-Image-Edit trainer needs 5 prompts on each of the 2 rank(s) (it saves the last checkpoint as it reaches step 4 of each of its 3 passes)"),
 ])
 def test_the_smoke_refuses_at_start(kw, message):
     with pytest.raises(DancegrpoError) as info:

@@ -49,7 +49,7 @@ def align_options(args, project: Project) -> AlignOptions:
 def run(args) -> int:
     project = project_from_args(args)
     options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device, verbose=args.verbose,
-                           steps=args.steps, generations=args.generations, extra_args=tuple(args.trainer_args),
+                           steps=args.steps if args.steps is not None else runner.default_steps(args.trainer or ("flux-lora" if args.lora else "flux")), generations=args.generations, extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume)
     if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
@@ -93,9 +93,10 @@ def register(sub, common) -> None:
     p.add_argument("--lora", action="store_true", help="the same as --trainer flux-lora")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
-    p.add_argument("--steps", type=int, default=runner.STEPS, metavar="N",
-                   help=f"GRPO steps (default {runner.STEPS}); the checkpoint of step N (the weights after step N-1) "
-                   "is checked, so the weight check needs 2 or more")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.default_steps('qwenimage-edit')}, "
+                   "one a pass of its three passes, so a multiple of 3); the checkpoint of step N (the weights after "
+                   "step N-1) is checked, so the weight check needs 2 or more")
     p.add_argument("--generations", type=int, default=runner.GENERATIONS, metavar="G",
                    help=f"images per prompt, GRPO's group (default {runner.GENERATIONS}, at least 2); one optimizer "
                    "update a step, on the whole group")

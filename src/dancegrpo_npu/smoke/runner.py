@@ -195,11 +195,18 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
-    if trainer_of(options) in ("wan", "qwenimage", "qwenimage-edit"):
+    name = trainer_of(options)
+    if name in PER_PASS_NAMES:  # the trainers whose loop saves as it reaches a pass's step S
         from dancegrpo_npu.smoke.fixtures import PROMPTS
+        from dancegrpo_npu.smoke.qwen_smoke import PASSES
         from dancegrpo_npu.smoke.wan_smoke import steps_problem
 
-        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), {"wan": "Wan", "qwenimage": "Qwen-Image", "qwenimage-edit": "Qwen-Image-Edit"}[trainer_of(options)])
+        passes = PASSES.get(name, 1)
+        if options.steps % passes:
+            raise DancegrpoError(f"--steps {options.steps}: the {PER_PASS_NAMES[name]} trainer makes {passes} passes "
+                                 f"over its prompts, each of --steps / {passes} steps", f"give a multiple of {passes}",
+                                 exit_code=2)
+        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), PER_PASS_NAMES[name], passes)
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 
@@ -255,12 +262,14 @@ def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResu
 def _run_qwen(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
     from dancegrpo_npu.smoke import qwen_smoke
 
+    name = trainer_of(options)
     return _run_in_035_set(project, options, start, lambda hps, python: qwen_smoke.fixtures(
-        project, hps.prompts, trainer_of(options), python), qwen_smoke.trainer_args, "QwenImageTransformer2DModel")
+        project, hps.prompts, name, python), lambda *a: qwen_smoke.trainer_args(*a, trainer=name),
+        "QwenImageTransformer2DModel", qwen_smoke.PASSES[name])
 
 
 def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtures, trainer_args,
-                    model_class: str) -> SmokeResult:
+                    model_class: str, passes: int = 1) -> SmokeResult:
     """The smoke of a trainer of the diffusers-0.35 set (Wan2.1, Qwen-Image): its fixtures built
     by that set's interpreter, then the FLUX smoke's checks plus every rank's equal weights
     (smoke.trained)."""
@@ -277,15 +286,27 @@ def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtu
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc)
-    budget = decay_budget(args, options.steps + 1)  # checkpoint-S-0 holds all S steps' updates (trained)
+    budget = decay_budget(args, options.steps + 1)  # every step's updates; the checkpoint's: trained
     check = trained.check_last_checkpoint(record.run_dir / "outputs", built.model_dir, model_class,
-                                          options.steps, budget, python)
+                                          options.steps, budget, python, passes)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
 
 
-# --steps S runs --max_train_steps S - k (smoke.wan_smoke, smoke.qwen_smoke say why)
-MAX_TRAIN_STEPS_BELOW = {"wan": 1, "qwenimage": 2, "qwenimage-edit": 2}
+PER_PASS_NAMES = {"wan": "Wan", "qwenimage": "Qwen-Image", "qwenimage-edit": "Qwen-Image-Edit"}
+
+
+def smoke_steps(trainer: str, max_train_steps: int) -> int:
+    """The smoke's --steps that passes the trainer ``max_train_steps`` (smoke.wan_smoke and
+    smoke.qwen_smoke say why)."""
+    below = {"wan": 1, "qwenimage": 2, "qwenimage-edit": 2}.get(trainer, 0)
+    return (max_train_steps + below) * {"qwenimage-edit": 3}.get(trainer, 1)
+
+
+def default_steps(trainer: str) -> int:
+    """--steps when not given: STEPS, or one step a pass for the Edit trainer's three passes."""
+    return 3 if trainer == "qwenimage-edit" else STEPS
+
 
 TRAINERS: dict[str, SmokeTrainer] = {
     "flux": SmokeTrainer("flux", "full FLUX GRPO", _run_flux),
@@ -316,7 +337,7 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
         return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                       steps=int(v["--max_train_steps"]) + MAX_TRAIN_STEPS_BELOW.get(launch["script"], 0),
+                       steps=smoke_steps(launch["script"], int(v["--max_train_steps"])),
                        generations=int(v["--num_generations"]),
                        checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
     except (OSError, ValueError, KeyError, TypeError):

@@ -21,19 +21,24 @@ UNSYNCED_HINT = ("the ranks train separate copies of the model: their gradients 
                  "(no FSDP, DDP or all-reduce), and only rank 0's copy is saved")
 
 
-def checkpoint_step(steps: int) -> int:
-    """The checkpoint a smoke of ``steps`` steps checks: the Wan2.1 and Qwen-Image trainers save
-    checkpoint-S-0 as their loop reaches step S, never checkpoint-1-0 (smoke.wan_smoke)."""
-    return steps if steps >= 2 else 0
+def last_checkpoint(steps: int, passes: int = 1) -> tuple[str, int]:
+    """The checkpoint a smoke of ``steps`` steps checks, and the updates it holds.  The Wan2.1 and
+    Qwen-Image trainers save checkpoint-<step>-<pass> as their loop reaches step S of a pass of S
+    steps (never checkpoint-1-<pass>, and checkpoint-0-<pass> before the pass's first update);
+    the Qwen-Image-Edit trainer makes 3 passes (smoke.qwen_smoke)."""
+    per_pass = steps // passes
+    if per_pass >= 2:
+        return f"checkpoint-{per_pass}-{passes - 1}", steps
+    return f"checkpoint-0-{passes - 1}", steps - per_pass  # the last pass's start
 
 
 def check_last_checkpoint(outputs: Path, model_dir: Path, model_class: str, steps: int, budget: DecayBudget,
-                          python: str) -> CheckpointCheck:
-    """check_checkpoint of the smoke's last checkpoint; checkpoint-0-0 holds no update."""
-    step = checkpoint_step(steps)
-    if step == 0:
-        budget = DecayBudget(budget.learning_rate, budget.weight_decay, 0)
-    return check_checkpoint(outputs / f"checkpoint-{step}-0", model_dir, model_class, budget, python)
+                          python: str, passes: int = 1) -> CheckpointCheck:
+    """check_checkpoint of the smoke's last checkpoint; ``budget`` with the updates it holds."""
+    name, updates = last_checkpoint(steps, passes)
+    per_update = budget.updates // steps if steps else 0
+    budget = DecayBudget(budget.learning_rate, budget.weight_decay, updates * per_update)
+    return check_checkpoint(outputs / name, model_dir, model_class, budget, python)
 
 
 def check_checkpoint(path: Path, model_dir: Path, model_class: str, budget: DecayBudget,

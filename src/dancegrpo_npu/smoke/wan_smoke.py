@@ -31,8 +31,10 @@ def trainer_args(wan, hps, steps: int, generations: int) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def steps_problem(steps: int, nproc: int, prompts: int, trainer: str = "Wan") -> str | None:
-    if steps + 1 > prompts // nproc:
-        return (f"--steps {steps}: the {trainer} trainer needs {steps + 1} prompts on each of the {nproc} rank(s) "
-                f"(it saves the last checkpoint as it reaches step {steps}), the fixtures have {prompts}")
+def steps_problem(steps: int, nproc: int, prompts: int, trainer: str = "Wan", passes: int = 1) -> str | None:
+    per_pass = steps // passes
+    if per_pass + 1 > prompts // nproc:
+        where = f"step {per_pass} of each of its {passes} passes" if passes > 1 else f"step {steps}"
+        return (f"--steps {steps}: the {trainer} trainer needs {per_pass + 1} prompts on each of the {nproc} rank(s) "
+                f"(it saves the last checkpoint as it reaches {where}), the fixtures have {prompts}")
     return None

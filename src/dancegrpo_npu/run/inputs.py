@@ -98,3 +98,23 @@ def input_problem(kind: str, path: Path, what: str) -> str | None:
         return f"the {what} directory {path} does not exist"
     problems = _dir_problems(path, kind)
     return f"the {what} directory {path} is incomplete: {', '.join(problems)}" if problems else None
+
+
+def reference_sizes_problem(data_json: Path, train_batch_size: int) -> str | None:
+    """The Qwen-Image-Edit trainer's batches: torch's default collate stacks a batch's reference
+    latents, so prompts of --train_batch_size > 1 must share their reference size
+    (``calculated_height`` x ``calculated_width``), or the first batch that mixes two stops the
+    run with a traceback."""
+    if train_batch_size <= 1 or not data_json.is_file() or data_json.stat().st_size > _JSON_READ_LIMIT:
+        return None
+    try:
+        data = json.loads(data_json.read_text(errors="replace"))
+        sizes = sorted({(int(d["calculated_height"]), int(d["calculated_width"])) for d in data})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # _embeddings_problem says what is wrong with the file itself
+    if len(sizes) <= 1:
+        return None
+    shown = ", ".join(f"{h}x{w}" for h, w in sizes[:4]) + (", ..." if len(sizes) > 4 else "")
+    return (f"--train_batch_size {train_batch_size}: {data_json} holds reference images of {len(sizes)} sizes "
+            f"({shown}), which torch's default collate cannot stack in one batch; give --train_batch_size 1, "
+            "or a dataset of one reference size")

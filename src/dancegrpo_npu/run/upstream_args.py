@@ -349,6 +349,17 @@ def input_problems(info: ScriptInfo, script_args: list[str]) -> list[str]:
             problem = input_problem(kind, p, what)
             if problem:
                 problems.append(f"{flag}: {problem}")
+    if info.name == "qwenimage-edit":
+        from dancegrpo_npu.run.inputs import reference_sizes_problem
+
+        values = flag_values(script_args)
+        try:
+            batch = int(values.get("--train_batch_size") or 1)
+        except ValueError:
+            batch = 1  # the trainer's argparse refuses it
+        if values.get("--data_json_path"):
+            problem = reference_sizes_problem(Path(values["--data_json_path"]), batch)
+            problems += [problem] if problem else []
     return problems
 
 

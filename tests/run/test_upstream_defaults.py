@@ -89,11 +89,17 @@ def test_recipe_names_come_from_the_file_names(patched_tree):
         ("flux", 1, 8, "finetune_flux_grpo_8gpus.sh"),
         ("flux", 2, 8, "finetune_flux_grpo.sh"),
         ("flux-lora", 1, 8, "finetune_flux_grpo_8gpus_lora.sh"),
+        ("wan", 1, 8, "finetune_wan_2_1_grpo.sh"),
+        ("qwenimage", 1, 8, "finetune_qwenimage_grpo.sh"),
+        ("qwenimage-edit", 1, 8, "finetune_qwenimage_edit_grpo.sh"),
     ],
 )
 def test_a_launch_of_the_scripts_world_size_passes_its_values(patched_tree, scripts, script, nnodes, nproc,
                                                               upstream_file):
     tree = patched_tree.tree
+    if upstream_file not in {p.name for p in scripts}:
+        scripts = {tree / "scripts/finetune" / upstream_file:
+                   script_words((tree / "scripts/finetune" / upstream_file).read_text())}
     spec = LaunchSpec(script, nproc_per_node=nproc, nnodes=nnodes, master_addr="192.0.2.1" if nnodes > 1 else None,
                       master_port=29500, device="cpu")
     plan = build_plan(patched_tree.project, spec, tree.parent / "RUN", dry_run=True)

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+# the tests' shared checks report their failing asserts as a test's own do
+pytest.register_assert_rewrite("smoke_runs")
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LS_REMOTE_TIMEOUT_S = 20
 # Every skip for lack of upstream starts with this; scripts/test_summary.py counts them.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from dancegrpo_npu.rundirs.records import records_index
 from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args
@@ -49,9 +50,11 @@ def align_options(args, project: Project) -> AlignOptions:
 def run(args) -> int:
     project = project_from_args(args)
     options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device, verbose=args.verbose,
-                           steps=args.steps if args.steps is not None else runner.default_steps(args.trainer or ("flux-lora" if args.lora else "flux")), generations=args.generations, extra_args=tuple(args.trainer_args),
+                           generations=args.generations, extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume)
+    steps = args.steps if args.steps is not None else runner.TRAINERS[runner.trainer_of(options)].default_steps
+    options = replace(options, steps=steps)
     if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
         raise DancegrpoError("smoke --resume continues a run as it was started",
                              "give --resume RUN alone (and -v as before)", exit_code=2)
@@ -94,7 +97,7 @@ def register(sub, common) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.default_steps('qwenimage-edit')}, "
+                   help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.TRAINERS['qwenimage-edit'].default_steps}, "
                    "one a pass of its three passes, so a multiple of 3); the checkpoint of step N (the weights after "
                    "step N-1) is checked, so the weight check needs 2 or more")
     p.add_argument("--generations", type=int, default=runner.GENERATIONS, metavar="G",

@@ -7,7 +7,9 @@ smoke's ``--steps S`` passes ``--max_train_steps S-2`` and ``--checkpointing_ste
 train (the seam numbers them 1..S), and ``checkpoint-S-0``, saved as the loop reaches step S,
 holds the weights after all S updates (S = 1: ``checkpoint-0-0``, the starting weights).  The
 dataloader must have S + 1 batches on every rank.  The Edit trainer makes three such passes
-(``PASSES``).
+(``for epoch in range(3)``, each of --max_train_steps + 2 steps, saving checkpoint-<step>-<pass>):
+a smoke of S steps makes three of S / 3 and checks the last pass's checkpoint (smoke.runner's
+``TRAINERS`` hold the passes, smoke.trained the checkpoint).
 
 Qwen-Image runs with the diffusers-0.35 set; its checkpoint is loaded back with
 ``QwenImageTransformer2DModel.from_pretrained`` in a child of that set's interpreter
@@ -20,23 +22,18 @@ from __future__ import annotations
 from dancegrpo_npu.smoke.recipe import shrunk_recipe
 
 
-# Upstream's Edit trainer makes three passes over its prompts (``for epoch in range(3)``), each
-# of --max_train_steps + 2 steps, saving checkpoint-<step>-<pass>: a smoke of S steps makes three
-# of S / 3 (S a multiple of 3), and checks the last pass's checkpoint (smoke.trained).
-PASSES = {"qwenimage": 1, "qwenimage-edit": 3}
 SELECTIVE_CHECKPOINTING = {"qwenimage": "0.5", "qwenimage-edit": "1.0"}  # upstream's recipes
 
 
-def trainer_args(qwen, hps, steps: int, generations: int, trainer: str = "qwenimage") -> tuple[str, ...]:
-    """Upstream's recipe (finetune_qwenimage*_grpo.sh) shrunk: S steps at 64x64, 4 sampling steps,
-    on the tiny Qwen-Image and the HPS fixture."""
-    # max_train_steps S - 2: the trainer stops past max_train_steps + 1 (see the module doc)
+def trainer_args(qwen, hps, max_train_steps: int, generations: int, trainer: str = "qwenimage") -> tuple[str, ...]:
+    """Upstream's recipe (finetune_qwenimage*_grpo.sh) shrunk: S steps a pass (``max_train_steps``
+    S - 2: the trainer stops past max_train_steps + 1) at 64x64, 4 sampling steps, on the tiny
+    Qwen-Image and the HPS fixture."""
     return (
-        *shrunk_recipe(qwen.model_dir, qwen.data_json, hps, generations, steps // PASSES[trainer] - 2, 1),
+        *shrunk_recipe(qwen.model_dir, qwen.data_json, hps, generations, max_train_steps, 1),
         "--selective_checkpointing", SELECTIVE_CHECKPOINTING[trainer],
         "--weights_digest",
     )  # fmt: skip
-
 
 
 def fixtures(project, hps_prompts, trainer: str, python: str):

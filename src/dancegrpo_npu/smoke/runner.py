@@ -100,6 +100,24 @@ class SmokeTrainer:
     script: str  # launch's script name (run.upstream_args.SCRIPTS)
     title: str
     run: object  # (project, options, start time) -> SmokeResult
+    # The Wan2.1 and Qwen-Image trainers count their loop from 0 and save as they reach a pass's
+    # step S (smoke.trained): their --max_train_steps is a pass's steps less ``loop_below``, and
+    # the Qwen-Image-Edit trainer makes ``passes`` passes over its prompts.  The FLUX trainers: 0, 1.
+    label: str = ""  # the trainer in messages
+    loop_below: int = 0
+    passes: int = 1
+
+    def max_train_steps(self, steps: int) -> int:
+        return steps // self.passes - self.loop_below
+
+    def smoke_steps(self, max_train_steps: int) -> int:
+        """The smoke's --steps that passes the trainer ``max_train_steps``."""
+        return (max_train_steps + self.loop_below) * self.passes
+
+    @property
+    def default_steps(self) -> int:
+        """--steps when not given: STEPS, or one step a pass for a trainer of several passes."""
+        return self.passes if self.passes > 1 else STEPS
 
 
 def trainer_of(options: SmokeOptions) -> str:
@@ -195,18 +213,16 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
-    name = trainer_of(options)
-    if name in PER_PASS_NAMES:  # the trainers whose loop saves as it reaches a pass's step S
+    trainer = TRAINERS[trainer_of(options)]
+    if trainer.loop_below:  # the trainers whose loop saves as it reaches a pass's step S
         from dancegrpo_npu.smoke.fixtures import PROMPTS
-        from dancegrpo_npu.smoke.qwen_smoke import PASSES
-        from dancegrpo_npu.smoke.wan_smoke import steps_problem
+        from dancegrpo_npu.smoke.trained import steps_problem
 
-        passes = PASSES.get(name, 1)
-        if options.steps % passes:
-            raise DancegrpoError(f"--steps {options.steps}: the {PER_PASS_NAMES[name]} trainer makes {passes} passes "
-                                 f"over its prompts, each of --steps / {passes} steps", f"give a multiple of {passes}",
-                                 exit_code=2)
-        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), PER_PASS_NAMES[name], passes)
+        if options.steps % trainer.passes:
+            raise DancegrpoError(f"--steps {options.steps}: the {trainer.label} trainer makes {trainer.passes} passes "
+                                 f"over its prompts, each of --steps / {trainer.passes} steps",
+                                 f"give a multiple of {trainer.passes}", exit_code=2)
+        problem = steps_problem(options.steps, options.nproc, len(PROMPTS), trainer.label, trainer.passes)
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 
@@ -265,11 +281,11 @@ def _run_qwen(project: Project, options: SmokeOptions, start: float) -> SmokeRes
     name = trainer_of(options)
     return _run_in_035_set(project, options, start, lambda hps, python: qwen_smoke.fixtures(
         project, hps.prompts, name, python), lambda *a: qwen_smoke.trainer_args(*a, trainer=name),
-        "QwenImageTransformer2DModel", qwen_smoke.PASSES[name])
+        "QwenImageTransformer2DModel")
 
 
 def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtures, trainer_args,
-                    model_class: str, passes: int = 1) -> SmokeResult:
+                    model_class: str) -> SmokeResult:
     """The smoke of a trainer of the diffusers-0.35 set (Wan2.1, Qwen-Image): its fixtures built
     by that set's interpreter, then the FLUX smoke's checks plus every rank's equal weights
     (smoke.trained)."""
@@ -279,41 +295,29 @@ def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtu
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     name = trainer_of(options)
+    trainer = TRAINERS[name]
     python = python_for(script_info(name).depset, needed_by=name)
     hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
     built = fixtures(hps, python)
-    args = trainer_args(built, hps, options.steps, options.generations) + tuple(options.extra_args)
+    args = trainer_args(built, hps, trainer.max_train_steps(options.steps), options.generations)
+    args += tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc)
-    budget = decay_budget(args, options.steps + 1)  # every step's updates; the checkpoint's: trained
-    check = trained.check_last_checkpoint(record.run_dir / "outputs", built.model_dir, model_class,
-                                          options.steps, budget, python, passes)
+    checkpoint, updates = trained.last_checkpoint(options.steps, trainer.passes)
+    check = trained.check_checkpoint(record.run_dir / "outputs" / checkpoint, built.model_dir, model_class,
+                                     decay_budget(args, updates + 1), python)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
-
-
-PER_PASS_NAMES = {"wan": "Wan", "qwenimage": "Qwen-Image", "qwenimage-edit": "Qwen-Image-Edit"}
-
-
-def smoke_steps(trainer: str, max_train_steps: int) -> int:
-    """The smoke's --steps that passes the trainer ``max_train_steps`` (smoke.wan_smoke and
-    smoke.qwen_smoke say why)."""
-    below = {"wan": 1, "qwenimage": 2, "qwenimage-edit": 2}.get(trainer, 0)
-    return (max_train_steps + below) * {"qwenimage-edit": 3}.get(trainer, 1)
-
-
-def default_steps(trainer: str) -> int:
-    """--steps when not given: STEPS, or one step a pass for the Edit trainer's three passes."""
-    return 3 if trainer == "qwenimage-edit" else STEPS
 
 
 TRAINERS: dict[str, SmokeTrainer] = {
     "flux": SmokeTrainer("flux", "full FLUX GRPO", _run_flux),
     "flux-lora": SmokeTrainer("flux-lora", "LoRA FLUX GRPO", _run_flux),
-    "wan": SmokeTrainer("wan", "Wan2.1 GRPO (one frame)", _run_wan),
-    "qwenimage": SmokeTrainer("qwenimage", "Qwen-Image GRPO", _run_qwen),
-    "qwenimage-edit": SmokeTrainer("qwenimage-edit", "Qwen-Image-Edit GRPO", _run_qwen),
+    "wan": SmokeTrainer("wan", "Wan2.1 GRPO (one frame)", _run_wan, "Wan", loop_below=1),
+    "qwenimage": SmokeTrainer("qwenimage", "Qwen-Image GRPO", _run_qwen, "Qwen-Image", loop_below=2),
+    "qwenimage-edit": SmokeTrainer("qwenimage-edit", "Qwen-Image-Edit GRPO", _run_qwen, "Qwen-Image-Edit",
+                                   loop_below=2, passes=3),
 }
 
 
@@ -337,7 +341,7 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
         return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                       steps=smoke_steps(launch["script"], int(v["--max_train_steps"])),
+                       steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
                        generations=int(v["--num_generations"]),
                        checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
     except (OSError, ValueError, KeyError, TypeError):

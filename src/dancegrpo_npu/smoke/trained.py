@@ -25,20 +25,22 @@ def last_checkpoint(steps: int, passes: int = 1) -> tuple[str, int]:
     """The checkpoint a smoke of ``steps`` steps checks, and the updates it holds.  The Wan2.1 and
     Qwen-Image trainers save checkpoint-<step>-<pass> as their loop reaches step S of a pass of S
     steps (never checkpoint-1-<pass>, and checkpoint-0-<pass> before the pass's first update);
-    the Qwen-Image-Edit trainer makes 3 passes (smoke.qwen_smoke)."""
+    the Qwen-Image-Edit trainer makes 3 passes (smoke.runner.TRAINERS)."""
     per_pass = steps // passes
     if per_pass >= 2:
         return f"checkpoint-{per_pass}-{passes - 1}", steps
     return f"checkpoint-0-{passes - 1}", steps - per_pass  # the last pass's start
 
 
-def check_last_checkpoint(outputs: Path, model_dir: Path, model_class: str, steps: int, budget: DecayBudget,
-                          python: str, passes: int = 1) -> CheckpointCheck:
-    """check_checkpoint of the smoke's last checkpoint; ``budget`` with the updates it holds."""
-    name, updates = last_checkpoint(steps, passes)
-    per_update = budget.updates // steps if steps else 0
-    budget = DecayBudget(budget.learning_rate, budget.weight_decay, updates * per_update)
-    return check_checkpoint(outputs / name, model_dir, model_class, budget, python)
+def steps_problem(steps: int, nproc: int, prompts: int, trainer: str, passes: int = 1) -> str | None:
+    """Why the fixtures' prompts are too few for ``steps`` steps on ``nproc`` ranks, or None: the
+    loop reaches step S of a pass (S + 1 batches on every rank) before it saves the last checkpoint."""
+    per_pass = steps // passes
+    if per_pass + 1 > prompts // nproc:
+        where = f"step {per_pass} of each of its {passes} passes" if passes > 1 else f"step {steps}"
+        return (f"--steps {steps}: the {trainer} trainer needs {per_pass + 1} prompts on each of the {nproc} rank(s) "
+                f"(it saves the last checkpoint as it reaches {where}), the fixtures have {prompts}")
+    return None
 
 
 def check_checkpoint(path: Path, model_dir: Path, model_class: str, budget: DecayBudget,

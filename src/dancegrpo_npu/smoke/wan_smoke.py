@@ -19,22 +19,13 @@ from __future__ import annotations
 from dancegrpo_npu.smoke.recipe import shrunk_recipe
 
 
-def trainer_args(wan, hps, steps: int, generations: int) -> tuple[str, ...]:
-    """Upstream's recipe (finetune_wan_2_1_grpo.sh) shrunk: S steps at 64x64, one frame, 4 sampling
-    steps, CFG 5.0 in the rollout as upstream, on the tiny Wan and the HPS fixture."""
-    # max_train_steps S - 1: the Wan trainer counts its steps from 0 and stops past S - 1; a
-    # checkpoint every step (the smoke checks the last one)
+def trainer_args(wan, hps, max_train_steps: int, generations: int) -> tuple[str, ...]:
+    """Upstream's recipe (finetune_wan_2_1_grpo.sh) shrunk: S steps (``max_train_steps`` S - 1: the
+    Wan trainer counts its steps from 0 and stops past S - 1) at 64x64, one frame, 4 sampling steps,
+    CFG 5.0 in the rollout as upstream, on the tiny Wan and the HPS fixture; a checkpoint every step
+    (the smoke checks the last one)."""
     return (
-        *shrunk_recipe(wan.model_dir, wan.data_json, hps, generations, steps - 1, 1),
+        *shrunk_recipe(wan.model_dir, wan.data_json, hps, generations, max_train_steps, 1),
         "--cfg_infer", "5.0",
         "--weights_digest",
     )  # fmt: skip
-
-
-def steps_problem(steps: int, nproc: int, prompts: int, trainer: str = "Wan", passes: int = 1) -> str | None:
-    per_pass = steps // passes
-    if per_pass + 1 > prompts // nproc:
-        where = f"step {per_pass} of each of its {passes} passes" if passes > 1 else f"step {steps}"
-        return (f"--steps {steps}: the {trainer} trainer needs {per_pass + 1} prompts on each of the {nproc} rank(s) "
-                f"(it saves the last checkpoint as it reaches {where}), the fixtures have {prompts}")
-    return None

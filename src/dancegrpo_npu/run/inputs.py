@@ -100,11 +100,16 @@ def input_problem(kind: str, path: Path, what: str) -> str | None:
     return f"the {what} directory {path} is incomplete: {', '.join(problems)}" if problems else None
 
 
-def reference_sizes_problem(data_json: Path, train_batch_size: int) -> str | None:
-    """The Qwen-Image-Edit trainer's batches: torch's default collate stacks a batch's reference
-    latents, so prompts of --train_batch_size > 1 must share their reference size
-    (``calculated_height`` x ``calculated_width``), or the first batch that mixes two stops the
-    run with a traceback."""
+def reference_sizes_problem(values: dict) -> str | None:
+    """The Qwen-Image-Edit trainer's batches (its ``argument_checks``, given the flag values):
+    torch's default collate stacks a batch's reference latents, so prompts of --train_batch_size
+    > 1 must share their reference size (``calculated_height`` x ``calculated_width``), or the
+    first batch that mixes two stops the run with a traceback."""
+    try:
+        train_batch_size = int(values.get("--train_batch_size") or 1)
+    except ValueError:
+        return None  # the trainer's argparse refuses it
+    data_json = Path(values.get("--data_json_path") or "")
     if train_batch_size <= 1 or not data_json.is_file() or data_json.stat().st_size > _JSON_READ_LIMIT:
         return None
     try:

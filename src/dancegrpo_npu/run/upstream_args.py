@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.run.inputs import reference_sizes_problem
 
 # upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
 FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
@@ -104,31 +105,38 @@ class ScriptInfo:
     recipe_glob: str | None = None
     # The dependency set it runs with (run.depsets): the interpreter launch starts it with.
     depset: str = "diffusers-0.32"
+    # Checks of the script's arguments taken together, each (flag values) -> one line or None,
+    # run with the input checks (run.inputs).
+    argument_checks: tuple = ()
 
+
+# The HPS reward's files, which every trainer reads.
+_HPS_INPUTS = (
+    ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
+    ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+)
 
 _TRAIN_INPUTS = (
     ("--pretrained_model_name_or_path", "flux", "FLUX.1-dev weights"),
     ("--vae_model_path", "vae", "FLUX.1-dev VAE weights"),
     ("--dit_model_name_or_path", "model", "transformer weights"),
     ("--data_json_path", "embeddings", "RL-embeddings dataset: run `dancegrpo-npu launch preprocess` first"),
-    ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
-    ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+    *_HPS_INPUTS,
 )
 
 _WAN_INPUTS = (
     ("--pretrained_model_name_or_path", "flux", "Wan2.1-T2V-1.3B weights"),
     ("--vae_model_path", "vae", "Wan2.1-T2V-1.3B VAE weights"),
     ("--data_json_path", "embeddings", "RL-embeddings dataset: run `dancegrpo-npu launch preprocess-wan` first"),
-    ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
-    ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+    *_HPS_INPUTS,
 )
+
 
 def _qwen_inputs(model: str, preprocess: str) -> tuple[tuple[str, str, str], ...]:
     return (
         ("--pretrained_model_name_or_path", "flux", f"{model} weights (transformer/, vae/)"),
         ("--data_json_path", "embeddings", f"RL-embeddings dataset: run `dancegrpo-npu launch {preprocess}` first"),
-        ("--hps_open_clip_ckpt", "file", "open_clip ViT-H-14 weights for the HPS reward"),
-        ("--hps_ckpt", "file", "HPS_v2.1_compressed.pt reward weights"),
+        *_HPS_INPUTS,
     )
 
 
@@ -179,7 +187,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
     "qwenimage-edit": ScriptInfo(
         "qwenimage-edit", "fastvideo/train_grpo_qwenimage_edit.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
         _qwen_inputs("Qwen-Image-Edit", "preprocess-qwenimage-edit"), True, QWENIMAGE_EDIT_RECIPE_GLOB,
-        depset="diffusers-0.35",
+        depset="diffusers-0.35", argument_checks=(reference_sizes_problem,),
     ),
     "preprocess-wan": ScriptInfo(
         "preprocess-wan",
@@ -349,17 +357,8 @@ def input_problems(info: ScriptInfo, script_args: list[str]) -> list[str]:
             problem = input_problem(kind, p, what)
             if problem:
                 problems.append(f"{flag}: {problem}")
-    if info.name == "qwenimage-edit":
-        from dancegrpo_npu.run.inputs import reference_sizes_problem
-
-        values = flag_values(script_args)
-        try:
-            batch = int(values.get("--train_batch_size") or 1)
-        except ValueError:
-            batch = 1  # the trainer's argparse refuses it
-        if values.get("--data_json_path"):
-            problem = reference_sizes_problem(Path(values["--data_json_path"]), batch)
-            problems += [problem] if problem else []
+    values = flag_values(script_args)
+    problems += [p for p in (check(values) for check in info.argument_checks) if p]
     return problems
 
 

@@ -19,33 +19,26 @@ from contextlib import contextmanager
 import torch
 
 
-def text_length(original_length: torch.Tensor, batch_idx):
+def text_length(original_length: torch.Tensor, batch_idx) -> torch.Tensor:
     """The prompt length of a rollout batch: upstream's ``original_length[batch_idx]`` for one
-    sample, the batch's one length for more (``original_length`` is on the CPU)."""
-    lengths = original_length[batch_idx]
-    if lengths.numel() == 1:
-        return lengths  # upstream's index, exactly
-    return _one(lengths, "lengths")
+    sample, the batch's one length (a one-element tensor, as upstream's) for more
+    (``original_length`` is on the CPU)."""
+    return one_value(original_length, batch_idx, "lengths")
 
 
 def one_value(values: torch.Tensor, batch_idx, what: str) -> torch.Tensor:
-    """The Edit trainer's per-sample figure of a rollout batch (the reference image's
-    ``calculated_height`` or ``calculated_width``), of which upstream takes
-    ``values[batch_idx].item()``, one sample's: the batch's one value, as a one-element tensor
-    (its samples are generations of one prompt and one reference image)."""
+    """A rollout batch's per-sample figure (the prompt's length; the Edit trainer's reference
+    image ``calculated_height`` or ``calculated_width``, of which upstream takes
+    ``values[batch_idx].item()``): upstream's one-sample index exactly, and for a batch (its
+    samples are generations of one prompt) its one value as a one-element tensor."""
     picked = values[batch_idx]
     if picked.numel() == 1:
         return picked  # upstream's index, exactly
-    _one(picked, what)
-    return picked[:1]
-
-
-def _one(values: torch.Tensor, what: str) -> int:
-    if not bool((values == values[0]).all()):
-        raise RuntimeError(f"a rollout batch holds prompts of different {what} {values.tolist()}: "
+    if not bool((picked == picked[0]).all()):
+        raise RuntimeError(f"a rollout batch holds prompts of different {what} {picked.tolist()}: "
                            "a batch must hold generations of one prompt (--sample_batch_size divides "
                            "--num_generations, with --use_group)")
-    return int(values[0])
+    return picked[:1]
 
 
 def resume_pass(init_steps: int, epoch: int, steps_per_epoch: int, sampler, batch_size: int) -> int:

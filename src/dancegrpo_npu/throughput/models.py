@@ -38,9 +38,10 @@ VAE_CONFIG_FILE = "flux1-dev-vae.json"
 SHIPPED = {
     "flux1-dev": (TRANSFORMER_CONFIG_FILE, VAE_CONFIG_FILE),
     "wan2.1-t2v-1.3b": ("wan2.1-t2v-1.3b-transformer.json", "wan2.1-t2v-1.3b-vae.json"),
-    # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE is
-    # AutoencoderKLQwenImage's defaults
-    "qwen-image": (None, "qwen-image-vae.json"),
+    # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE,
+    # AutoencoderKLQwenImage, is Wan2.1's architecture with Wan2.1's configuration (and latents
+    # mean and std): the Wan file, built as the Qwen-Image class (CLASSES)
+    "qwen-image": (None, "wan2.1-t2v-1.3b-vae.json"),
 }
 # diffusers' (transformer, VAE) classes of each trainer's models
 CLASSES = {"flux": ("FluxTransformer2DModel", "AutoencoderKL"), "wan": ("WanTransformer3DModel", "AutoencoderKLWan"),

@@ -45,8 +45,8 @@ from dancegrpo_npu.errors import DancegrpoError
 TRAINER = "fastvideo/train_grpo_flux.py"
 # upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX = 1e-5, 1e-4, 1.0, 1e-4, 5.0
-CAPTION = "a photo of a red fox in the snow"
-LIBRARY_LOGGERS = ("diffusers", "transformers")  # their warnings during a step go to console.log  # every step's prompt (its tokens go to HPS)
+CAPTION = "a photo of a red fox in the snow"  # every step's prompt (its tokens go to HPS)
+LIBRARY_LOGGERS = ("diffusers", "transformers")  # their warnings during a step go to console.log
 
 
 def load_trainer(tree: Path, device: str, relpath: str = TRAINER):

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bench_wan import PHASES, bench
+from bench_runs import PHASES, bench
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import models, presets
 
 
 def test_the_qwenimage_preset_is_qwen_image():
-    """Qwen-Image's transformer/config.json (the memory plan's, plan/models.json), and
-    AutoencoderKLQwenImage's defaults (Qwen-Image's VAE), shipped as package data; its recipe."""
+    """Qwen-Image's transformer/config.json (the memory plan's, plan/models.json), and its VAE's
+    (AutoencoderKLQwenImage: Wan2.1's configuration, the Wan file shipped as package data); its recipe."""
     transformer, vae, _hps = models.model_configs(presets.PRESETS["qwenimage"])
     assert (transformer["num_layers"], transformer["attention_head_dim"], transformer["num_attention_heads"],
             transformer["joint_attention_dim"], transformer["in_channels"], transformer["out_channels"],

@@ -9,24 +9,15 @@ itself in the set's interpreter and writes the same table, run directory and rec
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_runs import PHASES, bench
 
 from dancegrpo_npu.throughput import presets
 
 ROOT = Path(__file__).resolve().parents[2]
-PHASES = {"rollout", "decode", "reward", "train"}
 SET_ENV = "DANCEGRPO_VENV_DIFFUSERS_0_35"
-
-
-def bench(project_root, *args, env=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(project_root), "bench", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def test_the_wan_preset_is_wan2_1_t2v_1_3b():

@@ -75,8 +75,9 @@ VISION_CONFIG = {
     "fullatt_block_indexes": [0],
 }
 
-# The Qwen2-VL image processor: the real one's patching, with a small pixel budget, so the
-# 1024x1024 reference image is seen as 112x112 (16 vision tokens) instead of 1369 tokens.
+# The Qwen2-VL image processor: the real one's patching, with a small pixel budget, so a
+# reference image is seen as at most 112x112 (16 vision tokens; upstream's 1024x1024 reference
+# gives the real processor 1369).
 IMAGE_PROCESSOR_CONFIG = {"min_pixels": 3136, "max_pixels": 112 * 112, "patch_size": 14, "merge_size": 2,
                           "temporal_patch_size": 2}
 
@@ -236,8 +237,6 @@ def build_parts(edit: bool):
         parts["processor"] = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**IMAGE_PROCESSOR_CONFIG),
                                               tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor())
     return parts
-
-
 
 
 def build_pipeline(edit: bool):

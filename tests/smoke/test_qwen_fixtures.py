@@ -1,7 +1,7 @@
 """The tiny Qwen-Image and Qwen-Image-Edit fixtures, and their preprocessing through the port.
 
-Built once per module with the diffusers-0.35 set (``build_qwen_fixtures``, cached by its
-stamp), from the FLUX fixtures' prompts:
+The smokes' fixtures, built with the diffusers-0.35 set (``build_qwen_fixtures``, cached by its
+stamp) from the FLUX fixtures' prompts in the session's project:
 
 - the datasets read through the patched tree's own LatentDataset and collate function of both
   dataset modules as the trainers read them: embeddings padded to 1024 (Edit: 5000) tokens of the
@@ -49,19 +49,21 @@ def _dataset_module(tree, name):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(patched_tree):
+    """The smokes' own fixtures, in the session's project: built once for these tests and the
+    Qwen-Image smokes (when they run in the same process)."""
     from depset_035 import diffusers_035_python
 
-    from dancegrpo_npu.smoke.fixtures import PROMPTS
-    from dancegrpo_npu.smoke.qwen_fixtures import build_qwen_fixtures
+    from dancegrpo_npu.smoke import qwen_smoke
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     python = diffusers_035_python()
-    root = tmp_path_factory.mktemp("qwen-fixtures")
-    prompts = root / "prompts.txt"
-    prompts.write_text("".join(p + "\n" for p in PROMPTS[:4]))
-    plain = build_qwen_fixtures(root / "qwenimage", prompts, python)
-    edit = build_qwen_fixtures(root / "qwenimage-edit", prompts, python, edit=True)
-    return {"python": python, "prompts": PROMPTS[:4], "plain": plain, "edit": edit, "prompts_file": prompts}
+    project = patched_tree.project
+    prompts = build_fixtures(project.build_dir / "fixtures").prompts  # the HPS fixture's, as the smokes
+    plain = qwen_smoke.fixtures(project, prompts, "qwenimage", python)
+    edit = qwen_smoke.fixtures(project, prompts, "qwenimage-edit", python)
+    return {"python": python, "prompts": prompts.read_text().splitlines(), "plain": plain, "edit": edit,
+            "prompts_file": prompts}
 
 
 @pytest.mark.slow

@@ -7,17 +7,36 @@
 #   ./scripts/bootstrap.sh --with diffusers-0.35
 #                                       also the diffusers-0.35 dependency set (Wan2.1,
 #                                       Qwen-Image), layered on .venv (docs/dependencies.md)
+#   ./scripts/bootstrap.sh --torch 2.7  on an Ascend host, the torch line to install: 2.10 (the
+#                                       default), 2.7 (MindSpeed-MM's), 2.9 or 2.8
+#   ./scripts/bootstrap.sh --print-torch
+#                                       print the torch / torchvision / torch-npu pins this host
+#                                       gets (and, on stderr, why), install nothing
+#
+# The torch pair: on an Ascend host it follows the host's CANN (the version file of the CANN that
+# ASCEND_HOME_PATH names, else of /usr/local/Ascend/{cann,cann-*,ascend-toolkit/latest}), by
+# Ascend's compatibility table (src/dancegrpo_npu/host/torch_stack.json; docs/ascend-910b.md):
+# torch_npu of the chosen line for that CANN, with the CPU build of its torch (from PyTorch's CPU
+# index, never a CUDA build) and the torchvision built with it.  Elsewhere: x86_64 torch 2.14.1 +
+# torchvision 0.29.1, aarch64 2.9.1 + 0.24.1.
 #
 # Idempotent: a second run with nothing to do skips every step in seconds.
 #
 # Environment (all optional):
-#   PYTHON=python3.10          the interpreter for .venv (3.10 or 3.11; default: the first found)
+#   PYTHON=python3.12          the interpreter for .venv (3.10, 3.11 or 3.12; default: the first found)
 #   DANCEGRPO_VENV=DIR         where the virtualenv lives (default: .venv)
 #   DANCEGRPO_VENV_DIFFUSERS_0_35=DIR
 #                              where the diffusers-0.35 set lives (default: DANCEGRPO_VENV
 #                              with -diffusers-0.35 appended); the tool looks there too
+#   DANCEGRPO_TORCH=2.7        the torch line, as --torch (the command line wins)
 #   DANCEGRPO_TORCH="torch==X torchvision==Y [torch-npu==Z]"
-#                              the torch pair to install instead of the platform default
+#                              exact pins instead; on an Ascend host a pair the table does not
+#                              list for its CANN is refused, unless DANCEGRPO_TORCH_UNCHECKED=1
+#   DANCEGRPO_TORCH_INDEX=URL  where torch and torchvision's CPU builds come from on an Ascend host
+#                              (default: PyPI's CPU index of PyTorch; a local mirror of it)
+#   DANCEGRPO_ASCEND_BASES=DIR[:DIR]
+#                              where CANN is installed when ASCEND_HOME_PATH is unset
+#                              (default: /usr/local/Ascend:/usr/local/npu)
 #   DANCEGRPO_PIP_ARGS="..."   extra pip arguments (e.g. --index-url of a local mirror)
 #   DANCEGRPO_SOURCE=URL|DIR|FILE.tar.gz   where to fetch upstream from (see README)
 #   DANCEGRPO_DEVICE=auto|cpu|cuda|npu     the device of the smoke run
@@ -28,23 +47,27 @@ ROOT=$PWD
 VENV=${DANCEGRPO_VENV:-$ROOT/.venv}
 MODE=all
 LAYERS=()
-want_layer=no
+TORCH_LINE=
+want=
 for arg in "$@"; do
-  if [ "$want_layer" = yes ]; then
-    LAYERS+=("$arg")
-    want_layer=no
-    continue
-  fi
+  case "$want" in
+    layer) LAYERS+=("$arg"); want=; continue ;;
+    torch) TORCH_LINE=$arg; want=; continue ;;
+  esac
   case "$arg" in
     --deps-only) MODE=deps ;;
     --no-smoke) MODE=nosmoke ;;
-    --with) want_layer=yes ;;
+    --print-torch) MODE=print-torch ;;
+    --with) want=layer ;;
     --with=*) LAYERS+=("${arg#--with=}") ;;
+    --torch) want=torch ;;
+    --torch=*) TORCH_LINE=${arg#--torch=} ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bootstrap.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
-[ "$want_layer" = yes ] && { echo "bootstrap.sh: --with needs a dependency set: diffusers-0.35" >&2; exit 2; }
+[ "$want" = layer ] && { echo "bootstrap.sh: --with needs a dependency set: diffusers-0.35" >&2; exit 2; }
+[ "$want" = torch ] && { echo "bootstrap.sh: --torch needs a torch line: 2.10 (the default), 2.7, 2.9 or 2.8" >&2; exit 2; }
 for layer in "${LAYERS[@]+"${LAYERS[@]}"}"; do
   [ -f "scripts/deps/$layer.txt" ] ||
     { echo "bootstrap.sh: no dependency set $layer (one of: $(cd scripts/deps && ls | sed 's/\.txt$//' | tr '\n' ' '))" >&2; exit 2; }
@@ -55,54 +78,48 @@ die() { printf 'bootstrap.sh: error: %s\n' "$*" >&2; exit 1; }
 
 # --- 1. Python -----------------------------------------------------------------
 is_supported_python() {
-  "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11)) else 1)' 2>/dev/null
+  "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11), (3, 12)) else 1)' 2>/dev/null
 }
 pick_python() {
   local c
   if [ -n "${PYTHON:-}" ]; then
     command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON is not an interpreter on this machine"
     is_supported_python "$PYTHON" ||
-      die "PYTHON=$PYTHON is not Python 3.10 or 3.11 (torch_npu and the pinned stack support those)"
+      die "PYTHON=$PYTHON is not Python 3.10, 3.11 or 3.12 (torch_npu and the pinned stack support those)"
     PICKED_PYTHON=$PYTHON
     return
   fi
-  for c in python3.11 python3.10 python3; do
+  for c in python3.11 python3.12 python3.10 python3; do
     if command -v "$c" >/dev/null 2>&1 && is_supported_python "$c"; then
       PICKED_PYTHON=$c
       return
     fi
   done
-  die "no Python 3.10 or 3.11 found; install one or set PYTHON=/path/to/python3.11"
+  die "no Python 3.10, 3.11 or 3.12 found; install one or set PYTHON=/path/to/python3.11"
 }
 
 # --- 2. Which torch pair ---------------------------------------------------------
-# A torch/torchvision pair built for each other (PyPI's torchvision does not import
-# beside a CPU-only torch); on Ascend hosts the torch / torch_npu pair of the
-# version table in docs/ascend-910b.md.  Upstream's own pins (flash-attn, liger_kernel, decord, CUDA wheels)
-# are never installed.
-is_ascend() {
-  [ -d /usr/local/Ascend ] || [ -n "${ASCEND_HOME_PATH:-}" ] || command -v npu-smi >/dev/null 2>&1
-}
-torch_spec() {
-  if [ -n "${DANCEGRPO_TORCH:-}" ]; then echo "$DANCEGRPO_TORCH"; return; fi
-  local arch; arch=$(uname -m)
-  if is_ascend; then
-    echo "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1"
-  elif [ "$arch" = x86_64 ]; then
-    echo "torch==2.14.1 torchvision==0.29.1"
-  else
-    echo "torch==2.9.1 torchvision==0.24.1"
+# A torch/torchvision pair built for each other (PyPI's torchvision does not import beside a
+# CPU-only torch); on an Ascend host the torch_npu of the host's CANN by Ascend's table, chosen by
+# src/dancegrpo_npu/host/torch_stack.py (run by path: nothing is installed yet).  Upstream's own
+# pins (flash-attn, liger_kernel, decord, CUDA wheels) are never installed.
+choose_torch() {
+  local py=$1 out err
+  err=$(mktemp)
+  if ! out=$("$py" src/dancegrpo_npu/host/torch_stack.py choose ${TORCH_LINE:+--torch "$TORCH_LINE"} 2>"$err"); then
+    printf 'bootstrap.sh: error: %s\n' "$(cat "$err")" >&2
+    rm -f "$err"
+    exit 2
   fi
-}
-# On x86_64 Ascend hosts PyPI's torch is a CUDA build; torch_npu wants the CPU one.
-torch_pip_args() {
-  if [ -z "${DANCEGRPO_TORCH:-}" ] && is_ascend && [ "$(uname -m)" = x86_64 ]; then
-    echo "--extra-index-url https://download.pytorch.org/whl/cpu"
-  fi
+  rm -f "$err"
+  TORCH_ASCEND=$(sed -n 's/^ascend=//p' <<<"$out")
+  TORCH_SPEC=$(sed -n 's/^spec=//p' <<<"$out")
+  TORCH_INDEX=${DANCEGRPO_TORCH_INDEX:-$(sed -n 's/^index=//p' <<<"$out")}
+  TORCH_WHY=$(sed -n 's/^why=//p' <<<"$out")
+  TORCH_WARNING=$(sed -n 's/^warning=//p' <<<"$out")
 }
 
 EXTRAS=flux,test,msprobe
-is_ascend && EXTRAS=flux,test,msprobe,npu
 HPSV2_SPEC="hpsv2==1.2.0"
 # hpsv2's wheel asks for pytest==7.2.0 and protobuf<4 (and more it never imports);
 # install it without them, with the one module it imports that nothing else brings (clint).
@@ -111,7 +128,7 @@ HPSV2_NEEDS="clint"
 setup_stamp() {
   {
     echo "python=$("$VENV/bin/python" -c 'import sys; print(sys.version)')"
-    echo "torch=$(torch_spec) $(torch_pip_args)"
+    echo "torch=$TORCH_SPEC index=$TORCH_INDEX"
     echo "extras=$EXTRAS hpsv2=$HPSV2_SPEC needs=$HPSV2_NEEDS"
     sha256sum pyproject.toml
   } | sha256sum | cut -c1-64
@@ -132,8 +149,19 @@ install_deps() {
   local pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
   # shellcheck disable=SC2086
   {
-    say "installing the torch pair: $(torch_spec)"
-    "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} $(torch_pip_args) $(torch_spec)
+    say "installing the torch pair: $TORCH_SPEC"
+    if [ "$TORCH_ASCEND" = 1 ]; then
+      # torch and torchvision from the CPU index (torch_npu refuses a torch that brings CUDA, and
+      # PyPI's default torch is a CUDA build on both architectures); torch-npu from the usual index
+      local req cpu=() npu=()
+      for req in $TORCH_SPEC; do
+        case "$req" in torch-npu==*) npu+=("$req") ;; *) cpu+=("$req") ;; esac
+      done
+      "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} --index-url "$TORCH_INDEX" "${cpu[@]}"
+      "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} "${npu[@]}"
+    else
+      "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} $TORCH_SPEC
+    fi
     say "installing dancegrpo-npu[$EXTRAS]"
     "${pip[@]}" install -q ${DANCEGRPO_PIP_ARGS:-} -e ".[$EXTRAS]"
     say "installing $HPSV2_SPEC (without its test-tool pins)"
@@ -194,7 +222,19 @@ PY
   echo "$want" >"$stamp_file"
 }
 
+# the choice needs only the standard library: the virtualenv's Python, or the one that will make it
+if [ -x "$VENV/bin/python" ]; then choose_torch "$VENV/bin/python"; else pick_python; choose_torch "$PICKED_PYTHON"; fi
+[ "$TORCH_ASCEND" = 1 ] && EXTRAS=flux,test,msprobe,npu
+if [ "$MODE" = print-torch ]; then
+  printf '%s\n' "$TORCH_WHY" >&2
+  [ -n "$TORCH_WARNING" ] && printf 'bootstrap.sh: warning: %s\n' "$TORCH_WARNING" >&2
+  printf '%s\n' "$TORCH_SPEC"
+  exit 0
+fi
+
 say "dancegrpo-npu bootstrap in $ROOT"
+say "torch: $TORCH_WHY"
+[ -n "$TORCH_WARNING" ] && printf 'bootstrap.sh: warning: %s\n' "$TORCH_WARNING" >&2
 install_deps
 for layer in "${LAYERS[@]+"${LAYERS[@]}"}"; do install_layer "$layer"; done
 [ "$MODE" = deps ] && exit 0

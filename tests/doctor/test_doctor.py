@@ -14,8 +14,7 @@ from synthetic_tree import make_project, trust_synthetic_tree
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.doctor.report import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.doctor.versions import base_version, table_row
-from dancegrpo_npu.doctor.checks import torch_npu_suggestion
+from dancegrpo_npu.doctor.checks import stack_pair
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -102,11 +101,6 @@ def test_matmul_check_is_independent_of_the_kernel_it_checks(monkeypatch):
     assert wrong.status == FAIL and "matmul on cpu is off by" in wrong.detail and wrong.fix
 
 
-def test_version_helpers():
-    assert base_version("2.7.1+cpu") == base_version("2.7.1.post2") == base_version("2.7.1rc1") == "2.7.1"
-    assert table_row("2.7.1.post2") == ("2.7.1.post2", "2.7.1", "8.5.0") and table_row("9.9.9") is None
-
-
 # ---------------------------------------------------------------- NPU branch, fake torch_npu
 # doctor runs in a child process: the fake registers the "npu" device with torch, which cannot
 # be undone, and torch imports it inside `import torch` (its entry point), as the real one.
@@ -116,6 +110,10 @@ import json, sys
 from pathlib import Path
 from dancegrpo_npu.doctor.report import DoctorOptions, run_checks
 kw = json.loads(sys.argv[1])
+if kw.get("torch_version"):  # the table check reads the versions the two modules report
+    import torch, torch_npu
+    torch.__version__ = kw["torch_version"]
+    torch_npu.__version__ = kw["torch_npu_version"]
 opts = DoctorOptions(environ=kw["environ"], dev_dir=Path(kw["dev"]), driver_file=Path(kw["driver"]), min_free_gb=0,
                      device=kw["device"], skip=tuple(kw["skip"]) + ("disk", "tree", "weights"), timeout=120)
 print(json.dumps([c.__dict__ for c in run_checks(None, opts)]))
@@ -124,13 +122,15 @@ print(json.dumps([c.__dict__ for c in run_checks(None, opts)]))
 
 @pytest.fixture
 def fake_npu(tmp_path):
-    """Fake CANN dirs, driver file and /dev/davinci0-7 for the FAKE torch_npu (tests/fakes)."""
-    cann = tmp_path / "Ascend" / "ascend-toolkit" / "latest"
+    """A CANN 9.1.0 install (CANN 8.5 and newer's layout, with its set_env.sh), a driver file and
+    /dev/davinci0-7 for the FAKE torch_npu (tests/fakes)."""
+    cann = tmp_path / "Ascend" / "cann"
     for arch in ("x86_64-linux", "aarch64-linux"):
         (cann / arch).mkdir(parents=True)
         (cann / arch / "ascend_toolkit_install.info").write_text(
-            "package_name=Ascend-cann-toolkit\nversion=8.2.RC1\ninnerversion=V100R001C22\n"
+            "package_name=Ascend-cann-toolkit\nversion=9.1.0\ninnerversion=V100R001C26\n"
         )
+    (cann / "set_env.sh").write_text("export ASCEND_HOME_PATH=/usr/local/Ascend/cann\n")
     driver = tmp_path / "driver_version.info"
     driver.write_text("Version=25.0.rc1.1\nascendhal_version=7.35.23\n")
     dev = tmp_path / "dev"
@@ -140,13 +140,18 @@ def fake_npu(tmp_path):
     return {"cann": cann, "driver": driver, "dev": dev, "tmp": tmp_path}
 
 
-def doctor_with_fake(fake, environ=None, skip=("matmul", "all_reduce", "numerics"), device="auto", cann=True):
-    """doctor's stack checks in a child process that has the FAKE torch_npu installed."""
+def doctor_with_fake(fake, environ=None, skip=("matmul", "all_reduce", "numerics"), device="auto", cann=True,
+                     versions=None):
+    """doctor's stack checks in a child process that has the FAKE torch_npu installed.  ``versions``:
+    (torch, torch_npu) for the modules to report, where a test needs a pair of the table."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_TORCH_NPU_DEVICES": "8",
-           "PYTHONPATH": os.pathsep.join([str(FAKES), str(SRC)]), **(environ or {})}
+           "PYTHONPATH": os.pathsep.join([str(FAKES), str(SRC)]),
+           "DANCEGRPO_ASCEND_BASES": str(fake["tmp"] / "Ascend"), **(environ or {})}
     if cann:
         env["ASCEND_TOOLKIT_HOME"] = str(fake["cann"])
     kw = {"environ": env, "dev": str(fake["dev"]), "driver": str(fake["driver"]), "skip": list(skip), "device": device}
+    if versions:
+        kw["torch_version"], kw["torch_npu_version"] = versions
     proc = subprocess.run([sys.executable, "-c", DOCTOR_IN_CHILD, json.dumps(kw)], env=env, cwd=fake["tmp"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -155,13 +160,16 @@ def doctor_with_fake(fake, environ=None, skip=("matmul", "all_reduce", "numerics
 
 @pytest.mark.fake_npu
 def test_npu_branch_finds_torch_npu_cann_and_devices(fake_npu):
-    checks = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}, skip=("all_reduce", "numerics"))
+    checks = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}, skip=("all_reduce", "numerics"),
+                              versions=("2.10.0+cpu", "2.10.0.post6"))
     assert checks["torch_npu"].status == PASS and "matches torch" in checks["torch_npu"].detail
     assert (
         checks["cann"].status == PASS
-        and "CANN 8.2.RC1" in checks["cann"].detail
+        and "CANN 9.1.0" in checks["cann"].detail
         and "driver 25.0.rc1.1" in checks["cann"].detail
+        and "torch_npu 2.10.0.post6 is a wheel of this CANN's row" in checks["cann"].detail
     )
+    assert checks["visible"].status == PASS
     assert checks["devices"].status == PASS
     assert checks["devices"].detail.startswith("2 NPU(s) (ASCEND_RT_VISIBLE_DEVICES=2,3): 0: Ascend910B3 64 GiB")
     # under transfer_to_npu init_process_group rewrites nccl to hccl: no accelerate version is refused
@@ -184,7 +192,8 @@ def test_npu_branch_all_reduce_runs_hccl_workers_and_reports_their_failure(fake_
 @pytest.mark.fake_npu
 def test_npu_branch_version_mismatch(fake_npu):
     c = doctor_with_fake(fake_npu, {"FAKE_TORCH_NPU_VERSION": "2.1.0.post13"})["torch_npu"]
-    assert c.status == FAIL and "built for torch 2.1.0" in c.detail and "install the pair" in c.fix
+    assert c.status == FAIL and "built for torch 2.1.0" in c.detail
+    assert c.fix.startswith("install torch==2.10.0 torch-npu==2.10.0.post6 (the CPU build of torch; ")
 
 
 @pytest.mark.fake_npu
@@ -201,7 +210,7 @@ def test_missing_cann_libraries_are_not_a_broken_torch(fake_npu):
     c = checks["torch"]
     assert c.status == FAIL and c.detail.startswith("CANN's environment is missing: torch_npu does not load "
                                                     "(ImportError: libhccl.so: cannot open shared object file")
-    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in c.fix and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in c.fix
+    assert f"source {fake_npu['cann'] / 'set_env.sh'}" in c.fix and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in c.fix
     assert "virtualenv without torch_npu" in c.fix
     # CANN's own package check raises a bare Exception: the same verdict, through torch_npu's import
     checks = doctor_with_fake(fake_npu, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
@@ -214,16 +223,18 @@ def test_missing_cann_libraries_are_not_a_broken_torch(fake_npu):
 
 @pytest.mark.fake_npu
 def test_npu_branch_visible_device_that_does_not_exist(fake_npu):
-    c = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "0,9"})["devices"]
+    c = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": "0,9"})["visible"]
     assert c.status == FAIL and "names device 9; this host shows 8 NPU(s)" in c.detail
 
 
 @pytest.mark.fake_npu
 @pytest.mark.parametrize("visible, works", [("3,2", "2,3"), ("1,1", "1")])
 def test_npu_branch_refuses_a_device_list_torch_npu_counts_as_none(fake_npu, visible, works):
-    c = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": visible})["devices"]
+    checks = doctor_with_fake(fake_npu, {"ASCEND_RT_VISIBLE_DEVICES": visible})
+    c = checks["visible"]
     assert c.status == FAIL and "torch_npu then sees no NPU at all (device_count() is 0)" in c.detail
     assert c.fix == f"list each NPU once, in ascending order: ASCEND_RT_VISIBLE_DEVICES={works}"
+    assert checks["devices"].status == FAIL and checks["devices"].detail == "torch_npu sees no NPU"
 
 
 @pytest.mark.fake_npu
@@ -244,15 +255,7 @@ def test_device_npu_requested_without_npu_stack(project):
     assert checks["torch_npu"].status == FAIL and checks["devices"].status == FAIL
     import torch
 
-    assert checks["torch_npu"].fix == torch_npu_suggestion(torch.__version__)  # for the torch installed here
-
-
-def test_torch_npu_suggestion_matches_the_installed_torch():
-    assert torch_npu_suggestion("2.8.0+cpu").startswith("pip install torch-npu==2.8.0.post2 (built for your torch 2.8.0, ")
-    assert torch_npu_suggestion("2.1.0").startswith("pip install torch-npu==2.1.0.post17 ")
-    none = torch_npu_suggestion("2.14.1+cu130")  # no torch_npu is built for it: no "matching" wheel is named
-    assert none.startswith("Ascend has no torch_npu for torch 2.14.1+cu130 (its table covers torch 2.1.0, 2.5.1, ")
-    assert "install the pair torch==2.7.1 and torch-npu==2.7.1" in none and "matching" not in none
+    assert checks["torch_npu"].fix.startswith("no CANN on this host: install CANN first")
 
 
 def test_numerics_warns_where_the_npu_side_differs_and_says_what_it_means(monkeypatch):

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.host import ascend
-from dancegrpo_npu.doctor.versions import KNOWN_GOOD, MIN_PYTHON, TORCH_NPU_TABLE, base_version, table_row
+from dancegrpo_npu.host import ascend, torch_stack
+from dancegrpo_npu.host.torch_stack import base_version
 
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"  # WARN: worth reading, training can start
 
@@ -53,15 +53,29 @@ class Facts:
     count: int = 0
 
 
+# The Pythons scripts/bootstrap.sh installs for (Ascend's CANN images ship 3.11 and 3.12).
+PYTHONS = ((3, 10), (3, 11), (3, 12))
+
+
 def check_python() -> Check:
     v = sys.version_info
     text = f"{v.major}.{v.minor}.{v.micro} ({sys.executable})"
-    if (v.major, v.minor) < MIN_PYTHON:
-        return Check("python", FAIL, text, f"use Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer (docs/ascend-910b.md)")
+    if (v.major, v.minor) < PYTHONS[0]:
+        return Check("python", FAIL, text, "use Python 3.10, 3.11 or 3.12 (docs/ascend-910b.md)")
+    if (v.major, v.minor) > PYTHONS[-1]:
+        return Check("python", WARN, f"{text}: newer than 3.12, the newest Python the port is set up and tested on")
     return Check("python", PASS, text)
 
 
-SET_ENV = "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN's environment; your toolkit's path)"
+def set_env_hint(environ) -> str:
+    """Which ``set_env.sh`` to source: the ones this host has, else where CANN puts it."""
+    found = torch_stack.set_env_scripts(environ)
+    if found:
+        return f"source {found[0]} (CANN's environment)"
+    return ("source CANN's set_env.sh (CANN's environment: /usr/local/Ascend/cann/set_env.sh from CANN 8.5 on, "
+            "/usr/local/Ascend/ascend-toolkit/set_env.sh before; none was found on this host)")
+
+
 # torch alone (doctor, the tool) starts with autoload off; the trainers' diffusers imports torch_npu itself
 CPU_ONLY = ("for CPU-only work on this Ascend host: TORCH_DEVICE_BACKEND_AUTOLOAD=0 lets torch start (the trainers "
             "also need a virtualenv without torch_npu: diffusers imports it)")
@@ -78,23 +92,23 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def torch_npu_failure(error: BaseException, what: str) -> Check:
+def torch_npu_failure(error: BaseException, what: str, environ) -> Check:
     """The check for an import that failed inside torch_npu: CANN's environment missing, or a
     torch_npu that is broken otherwise (torch itself is fine in both cases)."""
     cause = error.__cause__ if AUTOLOAD_FAILED in str(error) and error.__cause__ is not None else error
     if any(mark in str(cause) for mark in CANN_MISSING_MARKS):
         return Check(what, FAIL, f"CANN's environment is missing: torch_npu does not load ({_first_line(cause)})",
-                     f"{SET_ENV} in this shell; {CPU_ONLY}")
+                     f"{set_env_hint(environ)} in this shell; {CPU_ONLY}")
     return Check(what, FAIL, f"torch_npu does not load ({_first_line(cause)}); torch itself is not the problem",
-                 f"match torch/torch_npu/CANN (docs/ascend-910b.md, Versions); {CPU_ONLY}")
+                 f"install the pair for this host's CANN (./scripts/bootstrap.sh; docs/ascend-910b.md, Versions); {CPU_ONLY}")
 
 
-def check_torch(facts: Facts) -> Check:
+def check_torch(facts: Facts, opts: DoctorOptions) -> Check:
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure is the answer
         if AUTOLOAD_FAILED in str(e):
-            return torch_npu_failure(e, "torch")
+            return torch_npu_failure(e, "torch", opts.environ)
         return Check(
             "torch",
             FAIL,
@@ -105,18 +119,24 @@ def check_torch(facts: Facts) -> Check:
     return Check("torch", PASS, torch.__version__)
 
 
-def torch_npu_suggestion(torch_version: str | None) -> str:
-    """What to install for torch_npu: the table's wheels for the installed torch, else the
-    known-good pair (Ascend builds torch_npu for a few torch releases only)."""
-    pair = f"install the pair torch=={KNOWN_GOOD['torch']} and torch-npu=={KNOWN_GOOD['torch_npu']} (docs/ascend-910b.md, Versions)"
-    if torch_version is None:
-        return pair
-    wheels = [(wheel, cann) for wheel, torch, cann in TORCH_NPU_TABLE if torch == base_version(torch_version)]
-    if not wheels:
-        covered = ", ".join(dict.fromkeys(torch for _, torch, _ in TORCH_NPU_TABLE))
-        return f"Ascend has no torch_npu for torch {torch_version} (its table covers torch {covered}): {pair}"
-    wheel, cann = wheels[-1]  # the newest CANN's
-    return f"pip install torch-npu=={wheel} (built for your torch {base_version(torch_version)}, with CANN {cann}; docs/ascend-910b.md, Versions)"
+def stack_pair(environ, line: str | None = None) -> str:
+    """What to install: the pair this host's CANN takes by Ascend's table, as ``torch==X
+    torch-npu==Y``, in ``line`` where the CANN's rows list it, else the default line; what to do
+    first when no CANN (or no usable row) is found."""
+    clean = {**environ, "DANCEGRPO_TORCH": ""}
+    try:
+        try:
+            choice = torch_stack.choose(clean, line=line)
+        except DancegrpoError:
+            if line is None:
+                raise
+            line, choice = None, torch_stack.choose(clean)
+    except DancegrpoError as e:
+        return e.one_line()
+    if choice.torch_npu is None:
+        return "no CANN on this host: install CANN first (docs/ascend-910b.md), then ./scripts/bootstrap.sh"
+    return (f"install torch=={choice.torch} torch-npu=={choice.torch_npu} (the CPU build of torch; "
+            f"./scripts/bootstrap.sh{' --torch ' + line if line else ''} installs the pair for this CANN)")
 
 
 def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
@@ -127,7 +147,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
                 "torch_npu",
                 FAIL,
                 "torch_npu is not installed",
-                torch_npu_suggestion(getattr(facts.torch, "__version__", None)),
+                stack_pair(opts.environ),
             )
         return Check("torch_npu", SKIP, "not installed: no NPU stack on this machine, the CUDA/CPU checks run instead")
     if facts.torch is None:
@@ -135,7 +155,7 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
     try:
         import torch_npu
     except Exception as e:  # noqa: BLE001 - ImportError (libhccl.so), or the bare Exception of CANN's package check
-        return torch_npu_failure(e, "torch_npu")
+        return torch_npu_failure(e, "torch_npu", opts.environ)
     npu_version = getattr(torch_npu, "__version__", "?")
     torch_version = facts.torch.__version__
     built_for, have = base_version(npu_version), base_version(torch_version)
@@ -144,47 +164,51 @@ def check_torch_npu(facts: Facts, opts: DoctorOptions) -> Check:
             "torch_npu",
             FAIL,
             f"torch_npu {npu_version} is built for torch {built_for}, but torch is {torch_version}",
-            f"install the pair: torch=={built_for} with torch_npu {npu_version}, or the torch_npu built for torch {have}",
+            stack_pair(opts.environ, _line_of(torch_version)),
         )
     facts.npu = opts.device in ("auto", "npu")
-    note = "" if table_row(npu_version) else " (not a row of docs/ascend-910b.md's table: untested here)"
-    return Check("torch_npu", PASS, f"{npu_version} matches torch {torch_version}{note}")
+    return Check("torch_npu", PASS, f"{npu_version} matches torch {torch_version}")
+
+
+def _line_of(torch_version: str | None) -> str | None:
+    line = torch_stack.load_table().line_of(torch_version or "")
+    return line.name if line else None
 
 
 def check_cann(facts: Facts, opts: DoctorOptions) -> Check:
-    home = ascend.cann_home(opts.environ)
+    """CANN's version (the file the torch pair is chosen by), and torch / torch_npu against the
+    rows of Ascend's table for it."""
     needed = facts.npu or opts.device == "npu"
+    home = torch_stack.active_home(opts.environ)
+    cann = torch_stack.find_cann(opts.environ)
     if home is None:
-        if needed:
-            return Check(
-                "cann",
-                FAIL,
-                "ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH are not set",
-                "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN's environment) in this shell",
-            )
-        return Check("cann", SKIP, "CANN not in the environment (not needed off NPU)")
-    if not home.is_dir():
-        return Check(
-            "cann",
-            FAIL,
-            f"{home} (from ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH) does not exist",
-            "source the set_env.sh of an installed toolkit",
-        )
-    version, source = ascend.cann_version(home)
-    if version is None:
-        return Check(
-            "cann",
-            FAIL,
-            f"no ascend_toolkit_install.info with a version under {home}",
-            "reinstall the CANN toolkit, or source the right set_env.sh",
-        )
+        if not needed:
+            return Check("cann", SKIP, "CANN not in the environment (not needed off NPU)")
+        installed = f"CANN {cann.version} is installed ({cann.info_file}) but " if cann else ""
+        return Check("cann", FAIL, f"{installed}ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME are not set",
+                     f"{set_env_hint(opts.environ)} in this shell")
+    if not Path(home).is_dir():
+        return Check("cann", FAIL, f"{home} (from ASCEND_HOME_PATH/ASCEND_TOOLKIT_HOME) does not exist",
+                     "source the set_env.sh of an installed CANN")
+    if cann is None:
+        return Check("cann", FAIL, f"no {torch_stack.INFO_FILE} with a version under {home}",
+                     "reinstall the CANN toolkit, or source the right set_env.sh")
     driver = ascend.driver_version(opts.driver_file) or "unknown"
-    detail = f"CANN {version} ({source}); driver {driver}"
+    detail = f"CANN {cann.version} ({cann.info_file}); driver {driver}"
     npu_version = _module_version("torch_npu")
-    row = table_row(npu_version) if npu_version else None
-    if row and not version.upper().startswith(row[2].upper()):
-        detail += f"; note: Ascend's table pairs torch_npu {row[0]} with CANN {row[2]}"
-    return Check("cann", PASS, detail)
+    torch_version = getattr(facts.torch, "__version__", None)
+    if not (npu_version and torch_version):
+        return Check("cann", PASS, detail)
+    table = torch_stack.load_table()
+    try:
+        torch_stack.usable_rows(table, cann)
+    except DancegrpoError as e:
+        return Check("cann", FAIL, f"{detail}; {e.message}", e.hint)
+    problem = torch_stack.pair_problem(table, cann, torch_version, npu_version)
+    if problem:
+        return Check("cann", FAIL, f"{detail}; torch {torch_version} with torch_npu {npu_version}: {problem}",
+                     stack_pair(opts.environ, _line_of(torch_version)))
+    return Check("cann", PASS, f"{detail}; torch_npu {npu_version} is a wheel of this CANN's row")
 
 
 def _module_version(name: str) -> str | None:
@@ -207,28 +231,32 @@ def check_accelerate(facts: Facts) -> Check:
     return Check("accelerate", PASS, f"{version} (transfer_to_npu rewrites nccl to hccl in init_process_group)")
 
 
+def check_visible_devices(opts: DoctorOptions) -> Check:
+    """ASCEND_RT_VISIBLE_DEVICES by its own rule (each NPU once, ascending; else torch_npu counts
+    none), whether or not torch_npu is installed here, and against the NPUs /dev shows."""
+    visible = opts.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    if visible is None:
+        return Check("visible", SKIP, "ASCEND_RT_VISIBLE_DEVICES is not set (every NPU is visible)")
+    try:
+        ids = ascend.parse_visible_devices(visible)
+    except DancegrpoError as e:
+        return Check("visible", FAIL, e.message, e.hint)
+    present = ascend.davinci_count(opts.dev_dir)
+    bad = [i for i in ids if i >= present]
+    if present and bad:
+        return Check("visible", FAIL, f"ASCEND_RT_VISIBLE_DEVICES={visible} names device {bad[0]}; this host shows "
+                     f"{present} NPU(s)", "list only existing NPUs (npu-smi info)")
+    shown = f"; this host shows {present} NPU(s)" if present else "; no /dev/davinci* here to check the ids against"
+    return Check("visible", PASS, f"ASCEND_RT_VISIBLE_DEVICES={visible}: each NPU once, ascending{shown}")
+
+
 def check_devices(facts: Facts, opts: DoctorOptions) -> Check:
     torch = facts.torch
     if torch is None:
         return Check("devices", FAIL, "torch does not import", "fix torch first")
     if facts.npu:
         visible = opts.environ.get("ASCEND_RT_VISIBLE_DEVICES")
-        present = ascend.davinci_count(opts.dev_dir)
-        if visible is not None:
-            try:
-                ascend.parse_visible_devices(visible)  # each NPU once, ascending: else torch_npu sees none
-            except DancegrpoError as e:
-                return Check("devices", FAIL, e.message, e.hint)
         try:
-            if visible is not None:
-                bad = [i for i in ascend.parse_visible_devices(visible) if i >= present]
-                if bad:
-                    return Check(
-                        "devices",
-                        FAIL,
-                        f"ASCEND_RT_VISIBLE_DEVICES={visible} names device {bad[0]}; this host shows {present} NPU(s)",
-                        "list only existing NPUs (npu-smi info)",
-                    )
             n = torch.npu.device_count()
             names = [
                 f"{torch.npu.get_device_name(i)} {torch.npu.get_device_properties(i).total_memory / 2**30:.0f} GiB"

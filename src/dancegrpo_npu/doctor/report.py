@@ -24,6 +24,7 @@ from dancegrpo_npu.doctor.checks import (
     check_python,
     check_torch,
     check_torch_npu,
+    check_visible_devices,
 )
 from dancegrpo_npu.doctor.compute import check_all_reduce, check_matmul
 from dancegrpo_npu.doctor.numerics import check_numerics
@@ -102,10 +103,11 @@ def check_weights(project: Project, opts: DoctorOptions) -> Check:
 # an earlier check (torch, the device kind) feed the later ones.
 STEPS = (
     ("python", lambda project, opts, facts: check_python()),
-    ("torch", lambda project, opts, facts: check_torch(facts)),
+    ("torch", lambda project, opts, facts: check_torch(facts, opts)),
     ("torch_npu", lambda project, opts, facts: check_torch_npu(facts, opts)),
     ("cann", lambda project, opts, facts: check_cann(facts, opts)),
     ("accelerate", lambda project, opts, facts: check_accelerate(facts)),
+    ("visible", lambda project, opts, facts: check_visible_devices(opts)),
     ("devices", lambda project, opts, facts: check_devices(facts, opts)),
     ("matmul", lambda project, opts, facts: check_matmul(facts)),
     ("numerics", lambda project, opts, facts: check_numerics(facts)),

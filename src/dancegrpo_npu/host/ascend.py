@@ -8,20 +8,19 @@
   ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES, but torch_npu 2.7.1 counts them only
   in strictly ascending order: for ``3,2`` (or ``1,1``) ``torch.npu.device_count()`` is 0
   (``torch_npu/npu/__init__.py``, ``_device_count_ascend_hal``: "`rts` need ascending order").
-- CANN: ``source set_env.sh`` exports ASCEND_TOOLKIT_HOME / ASCEND_HOME_PATH; the toolkit's
-  version is the ``version=`` line of ``<home>/<arch>-linux/ascend_toolkit_install.info``.
-  The driver's is the ``Version=`` line of ``/usr/local/Ascend/driver/version.info``.
+- CANN: where it is and its version are ``torch_stack``'s (the same rule chooses the torch pair).
+  The driver's version is the ``Version=`` line of ``/usr/local/Ascend/driver/version.info``.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.host.torch_stack import read_key
 
 DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
 
@@ -110,40 +109,8 @@ def check_visible_devices(
     return ids
 
 
-def cann_home(environ: dict[str, str]) -> Path | None:
-    """The CANN toolkit that ``set_env.sh`` put in the environment, if any."""
-    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
-        value = environ.get(var)
-        if value:
-            return Path(value)
-    return None
-
-
-def _read_key(path: Path, key: str) -> str | None:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name.strip().lower() == key.lower():
-            return value.strip().strip('"') or None
-    return None
-
-
-def cann_version(home: Path) -> tuple[str | None, Path | None]:
-    """(version, the file it was read from); (None, None) when no version file is found."""
-    candidates = [home / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"]
-    candidates += sorted(home.glob("*-linux/ascend_toolkit_install.info"))
-    for path in candidates:
-        version = _read_key(path, "version")
-        if version:
-            return version, path
-    return None, None
-
-
 def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
-    return _read_key(path, "Version")
+    return read_key(path, "Version")
 
 
 # torch_npu 2.7.1's PathManager._input_path_common_check, applied by its profiler to the REAL

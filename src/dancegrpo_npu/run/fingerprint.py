@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dancegrpo_npu import __version__
 
-from dancegrpo_npu.host import ascend
+from dancegrpo_npu.host import ascend, torch_stack
 from dancegrpo_npu.host.devices import nvidia_driver, package_versions, probe_devices
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import rev_parse
@@ -88,8 +88,8 @@ def left_out_patches(project: Project) -> list[str] | None:
 def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True,
                 python: str | None = None) -> dict:
     """``python``: the job's interpreter (a dependency set's, run.depsets), default the tool's."""
-    home = ascend.cann_home(env)
-    cann_version, cann_file = ascend.cann_version(home) if home else (None, None)
+    home = torch_stack.active_home(env)
+    cann = torch_stack.find_cann(env)
     devices = probe_devices(env, python=python) if probe else {"skipped": True}
     return {
         "host": socket.gethostname(),
@@ -101,9 +101,9 @@ def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: 
         "packages": package_versions(python),
         "devices": devices,
         "cann": {
-            "home": str(home) if home else None,
-            "version": cann_version,
-            "version_file": str(cann_file) if cann_file else None,
+            "home": home,
+            "version": cann.version if cann else None,
+            "version_file": str(cann.info_file) if cann else None,
         },
         "npu_driver": ascend.driver_version(),
         "nvidia_driver": nvidia_driver(),

@@ -1,0 +1,181 @@
+"""The torch / torch_npu pair by the host's CANN: ``bootstrap.sh --print-torch`` on simulated hosts.
+
+A simulated Ascend host is a CANN tree with its version file (in the layout of its CANN: the
+``ascend-toolkit/latest`` of 8.3 and older, the ``cann`` and ``cann-<version>`` of 8.5 and newer)
+under a base directory (``DANCEGRPO_ASCEND_BASES``), and a fake ``npu-smi`` on PATH.  The pairs
+expected here are Ascend's compatibility table, written out by hand from its rows (not read from
+the project's data file, which they check).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dancegrpo_npu.host import torch_stack
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP = ROOT / "scripts" / "bootstrap.sh"
+
+# CANN -> (default pins, --torch 2.7 pins), from Ascend's table (TorchNPU 7.2.0 ... 26.1.1)
+EXPECTED = {
+    "8.3.RC1": ("torch==2.8.0 torchvision==0.23.0 torch-npu==2.8.0", "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1"),
+    "8.5.0": ("torch==2.9.0 torchvision==0.24.0 torch-npu==2.9.0",
+              "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post2"),
+    "9.0.0": ("torch==2.10.0 torchvision==0.25.0 torch-npu==2.10.0",
+              "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post4"),
+    "9.1.0": ("torch==2.10.0 torchvision==0.25.0 torch-npu==2.10.0.post6",
+              "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post10"),
+    "9.1.1": ("torch==2.10.0 torchvision==0.25.0 torch-npu==2.10.0.post6",
+              "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post10"),
+}
+# where each CANN puts itself
+LAYOUT = {"8.3.RC1": "ascend-toolkit/latest", "8.5.0": "cann", "9.0.0": "cann-9.0.0", "9.1.0": "cann",
+          "9.1.1": "cann", "8.2.RC1": "ascend-toolkit/latest", "8.1.RC1": "ascend-toolkit/latest", "9.2.0": "cann"}
+
+
+def ascend_host(tmp_path: Path, version: str) -> dict[str, str]:
+    """The environment of a simulated Ascend host with CANN ``version`` installed (not sourced)."""
+    base = tmp_path / "Ascend"
+    root = base / LAYOUT[version]
+    info = root / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"
+    info.parent.mkdir(parents=True)
+    info.write_text(f"package_name=Ascend-cann-toolkit\nversion={version}\ninnerversion=V100R001\n")
+    (root.parent if root.name == "latest" else root).joinpath("set_env.sh").write_text("# CANN's\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "npu-smi"
+    smi.write_text("#!/bin/sh\necho 'npu-smi 25.0.rc1.1'\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "DANCEGRPO_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", DANCEGRPO_ASCEND_BASES=str(base),
+               DANCEGRPO_VENV=str(tmp_path / "venv"))  # no virtualenv: bootstrap must create nothing
+    return env
+
+
+def print_torch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", str(BOOTSTRAP), "--print-torch", *args], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert not Path(env["DANCEGRPO_VENV"]).exists(), "--print-torch created the virtualenv"
+    return proc
+
+
+@pytest.mark.parametrize("version", sorted(EXPECTED))
+def test_print_torch_gives_the_tables_pair_by_default_and_for_the_27_line(tmp_path, version):
+    env = ascend_host(tmp_path, version)
+    default, line_27 = EXPECTED[version]
+    proc = print_torch(env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == default + "\n"
+    assert f"CANN {version} (from {tmp_path}" in proc.stderr and "CPU build" in proc.stderr  # says what and why
+    proc = print_torch(env, "--torch", "2.7")
+    assert (proc.returncode, proc.stdout) == (0, line_27 + "\n"), proc.stderr
+    assert "MindSpeed-MM" in proc.stderr
+    proc = print_torch({**env, "DANCEGRPO_TORCH": "2.7"})  # the variable says the same
+    assert proc.stdout == line_27 + "\n"
+
+
+def test_the_cann_that_set_env_made_active_wins_over_the_installed_ones(tmp_path):
+    env = ascend_host(tmp_path, "9.1.0")
+    old = tmp_path / "old" / "ascend-toolkit" / "latest"
+    (old / f"{platform.machine()}-linux").mkdir(parents=True)
+    (old / f"{platform.machine()}-linux" / "ascend_toolkit_install.info").write_text("version=8.5.0\n")
+    proc = print_torch({**env, "ASCEND_HOME_PATH": str(old)})
+    assert proc.stdout == EXPECTED["8.5.0"][0] + "\n", proc.stderr
+
+
+@pytest.mark.parametrize("version", ["8.2.RC1", "8.1.RC1"])
+def test_a_cann_without_a_supported_wheel_is_refused_in_one_line_naming_the_rows(tmp_path, version):
+    proc = print_torch(ascend_host(tmp_path, version))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(f"bootstrap.sh: error: CANN {version} (")
+    assert "upgrade CANN to 8.3.RC1 or later (rows that list one: CANN 9.1.x, 9.1.0, 9.0.0, 8.5.0, 8.3.RC1)" in line
+
+
+def test_a_cann_newer_than_the_table_is_refused_with_how_to_force(tmp_path):
+    proc = print_torch(ascend_host(tmp_path, "9.2.0"))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert "CANN 9.2.0" in proc.stderr and "not in Ascend's table as read on 2026-12-01" in proc.stderr
+    assert "DANCEGRPO_TORCH_UNCHECKED=1" in proc.stderr
+
+
+def test_an_ascend_host_without_a_cann_version_file_is_refused(tmp_path):
+    env = ascend_host(tmp_path, "9.1.0")
+    proc = print_torch({**env, "DANCEGRPO_ASCEND_BASES": str(tmp_path / "nowhere")})  # only npu-smi says Ascend
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert "this is an Ascend host, but no CANN version file" in proc.stderr and "set_env.sh" in proc.stderr
+
+
+def test_a_forced_pair_the_table_does_not_list_for_this_cann_is_refused_unless_unchecked(tmp_path):
+    env = {**ascend_host(tmp_path, "9.1.0"), "DANCEGRPO_TORCH": "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1"}
+    proc = print_torch(env)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    line = proc.stderr.strip()
+    assert "Ascend's table does not list torch_npu 2.7.1 for CANN 9.1.0" in line
+    assert "torch==2.10.0 torch-npu==2.10.0.post6" in line and "torch==2.7.1 torch-npu==2.7.1.post8" in line
+    proc = print_torch({**env, "DANCEGRPO_TORCH_UNCHECKED": "1"})
+    assert proc.returncode == 0 and proc.stdout == "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1\n"
+    assert "bootstrap.sh: warning: Ascend's table does not list torch_npu 2.7.1" in proc.stderr
+    listed = {**env, "DANCEGRPO_TORCH": "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post8"}
+    assert print_torch(listed).stdout == "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post8\n"
+
+
+def test_a_line_the_cann_lacks_or_the_port_does_not_support_is_refused(tmp_path):
+    env = ascend_host(tmp_path, "8.5.0")
+    proc = print_torch(env, "--torch", "2.10")
+    assert proc.returncode == 2 and "--torch 2.10: no row of CANN 8.5.0 lists a torch_npu 2.10.0" in proc.stderr
+    proc = print_torch(env, "--torch=2.12")
+    assert proc.returncode == 2 and "choose one of 2.10, 2.9, 2.8, 2.7" in proc.stderr
+
+
+def test_off_ascend_the_platform_pair_is_unchanged(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "DANCEGRPO_"))}
+    env.update(DANCEGRPO_ASCEND_BASES=str(tmp_path / "none"), DANCEGRPO_VENV=str(tmp_path / "venv"))
+    if torch_stack.is_ascend_host(env):
+        pytest.skip("this machine is an Ascend host")
+    proc = print_torch(env)
+    want = {"x86_64": "torch==2.14.1 torchvision==0.29.1", "aarch64": "torch==2.9.1 torchvision==0.24.1"}
+    assert proc.returncode == 0 and proc.stdout == want[platform.machine()] + "\n"
+
+
+@pytest.mark.parametrize("python, ok", [("python3.12", True), ("python3.10", True), ("python3.13", False)])
+def test_python_312_is_accepted_and_313_refused(tmp_path, python, ok):
+    interpreter = runnable(python)
+    if interpreter is None:
+        pytest.skip(f"{python} is not on this machine")
+    env = {**ascend_host(tmp_path, "9.1.0"), "PYTHON": interpreter}
+    proc = print_torch(env)
+    assert (proc.returncode == 0) == ok, proc.stderr
+    if not ok:
+        assert "is not Python 3.10, 3.11 or 3.12" in proc.stderr
+
+
+def runnable(name: str) -> str | None:
+    """An interpreter that runs: on PATH, or one of pyenv's versions (its shims run only the selected ones)."""
+    import glob
+    import shutil
+
+    found = [shutil.which(name), *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/*/bin/{name}")))]
+    for path in filter(None, found):
+        if subprocess.run([path, "-c", "pass"], capture_output=True).returncode == 0:
+            return path
+    return None
+
+
+def test_the_table_is_the_one_the_docs_show():
+    """docs/ascend-910b.md's table of rows is this file's data."""
+    table = torch_stack.load_table()
+    text = (ROOT / "docs" / "ascend-910b.md").read_text()
+    shown = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].replace(".", "").isdigit():
+            shown.append((cells[0], cells[2], tuple(w.strip() for w in cells[1].split(","))))
+    assert shown == [(r.release, r.cann, r.wheels) for r in table.rows]
+    assert f"read {table.read}" in text

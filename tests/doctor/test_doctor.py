@@ -283,3 +283,87 @@ def test_numerics_warns_where_the_npu_side_differs_and_says_what_it_means(monkey
     assert "2 x msprobe api_accuracy_checker StandardConfig._rtol[float32]" in trap.line()
     others = [r for key, r in results.items() if key != ("gelu, erf (npu_gelu 'none')", "float32")]
     assert others and all(r.status == "PASS" for r in others), [r.line() for r in others if r.status != "PASS"]
+
+
+@pytest.mark.parametrize("args", [["--timeout", "0"], ["--timeout", "-5"], ["--timeout", "nan"], ["--timeout", "inf"],
+                                  ["--min-free-gb", "-1"], ["--min-free-gb", "nan"], ["--min-free-gb", "inf"]])
+def test_a_timeout_or_free_space_that_means_nothing_is_one_line(project, capsys, args):
+    assert main(["-C", str(project.root), "doctor", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"argument {args[0]}" in err and "Traceback" not in err, err
+
+
+def test_numerics_under_device_npu_without_an_npu_fails_and_points_at_the_devices_check(project):
+    if "torch_npu" in sys.modules:
+        pytest.skip("a torch_npu is loaded in this process")
+    opts = DoctorOptions(device="npu", skip=("matmul", "all_reduce"), min_free_gb=0)
+    c = by_name(run_checks(project, opts))["numerics"]
+    assert c.status == FAIL and "--device npu asks for one" in c.detail and "not an NPU run" not in c.detail
+    assert by_name(run_checks(project, DoctorOptions(skip=("matmul", "all_reduce"), min_free_gb=0)))["numerics"].status \
+        == SKIP  # auto on a machine without an NPU: not an NPU run
+
+
+@pytest.mark.parametrize("visible, works", [("3,2", "2,3"), ("1,1", "1"), ("0,2,1,2", "0,1,2")])
+def test_a_visible_device_list_torch_npu_counts_as_none_is_named_without_torch_npu(project, visible, works):
+    """The rule is the variable's: doctor names it on a host where torch_npu is not installed (yet)."""
+    if "torch_npu" in sys.modules:
+        pytest.skip("a torch_npu is loaded in this process")
+    import importlib.util
+
+    assert importlib.util.find_spec("torch_npu") is None
+    opts = DoctorOptions(environ={"ASCEND_RT_VISIBLE_DEVICES": visible}, skip=("matmul", "all_reduce"), min_free_gb=0)
+    c = by_name(run_checks(project, opts))["visible"]
+    assert c.status == FAIL and "torch_npu then sees no NPU at all" in c.detail
+    assert c.fix == f"list each NPU once, in ascending order: ASCEND_RT_VISIBLE_DEVICES={works}"
+    good = DoctorOptions(environ={"ASCEND_RT_VISIBLE_DEVICES": "0,1,2"}, skip=("matmul", "all_reduce"), min_free_gb=0)
+    assert by_name(run_checks(project, good))["visible"].status == PASS
+
+
+CANN_CHECK_IN_CHILD = r"""
+import json, sys
+from pathlib import Path
+import torch, torch_npu
+from dancegrpo_npu.doctor.report import DoctorOptions, run_checks
+kw = json.loads(sys.argv[1])
+out = []
+for torch_version, npu_version in kw["pairs"]:  # the table check reads the versions the two modules report
+    torch.__version__, torch_npu.__version__ = torch_version, npu_version
+    opts = DoctorOptions(environ=kw["environ"], dev_dir=Path(kw["dev"]), driver_file=Path(kw["driver"]), min_free_gb=0,
+                         skip=("devices", "matmul", "numerics", "all_reduce", "disk", "tree", "weights"))
+    out.append({c.name: [c.status, c.detail, c.fix] for c in run_checks(None, opts)}["cann"])
+print(json.dumps(out))
+"""
+
+# CANN -> (the pair Ascend's table gives it, a pair of another CANN)
+CANN_PAIRS = {
+    "8.3.RC1": (("2.8.0+cpu", "2.8.0"), ("2.10.0+cpu", "2.10.0.post6")),
+    "8.5.0": (("2.9.0+cpu", "2.9.0"), ("2.7.1+cpu", "2.7.1")),
+    "9.0.0": (("2.10.0+cpu", "2.10.0"), ("2.10.0+cpu", "2.10.0.post6")),
+    "9.1.0": (("2.10.0+cpu", "2.10.0.post6"), ("2.7.1+cpu", "2.7.1")),
+    "9.1.1": (("2.7.1", "2.7.1.post10"), ("2.9.0", "2.9.0")),
+}
+# what the FAIL names for the mismatch: the table's pair of that CANN in the installed torch's line, else its default
+CANN_FIX = {"8.3.RC1": "torch==2.8.0 torch-npu==2.8.0", "8.5.0": "torch==2.7.1 torch-npu==2.7.1.post2",
+            "9.0.0": "torch==2.10.0 torch-npu==2.10.0", "9.1.0": "torch==2.7.1 torch-npu==2.7.1.post10",
+            "9.1.1": "torch==2.9.0 torch-npu==2.9.0.post8"}
+
+
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("version", sorted(CANN_PAIRS))
+def test_doctor_checks_the_pair_against_the_hosts_cann(fake_npu, version):
+    """Simulated hosts of each CANN (the layout of 8.5 and newer; the version file only differs):
+    PASS on the table's pair, FAIL naming the pair to install on another CANN's."""
+    for arch in ("x86_64-linux", "aarch64-linux"):
+        (fake_npu["cann"] / arch / "ascend_toolkit_install.info").write_text(f"version={version}\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_TORCH_NPU_DEVICES": "8",
+           "PYTHONPATH": os.pathsep.join([str(FAKES), str(SRC)]), "ASCEND_TOOLKIT_HOME": str(fake_npu["cann"]),
+           "DANCEGRPO_ASCEND_BASES": str(fake_npu["tmp"] / "Ascend")}
+    kw = {"environ": env, "dev": str(fake_npu["dev"]), "driver": str(fake_npu["driver"]), "pairs": CANN_PAIRS[version]}
+    proc = subprocess.run([sys.executable, "-c", CANN_CHECK_IN_CHILD, json.dumps(kw)], env=env, cwd=fake_npu["tmp"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (good, bad) = json.loads(proc.stdout.splitlines()[-1])
+    assert good[0] == PASS and f"CANN {version}" in good[1] and "is a wheel of this CANN's row" in good[1], good
+    assert bad[0] == FAIL and f"Ascend's table does not list torch_npu {CANN_PAIRS[version][1][1]} for CANN {version}" \
+        in bad[1], bad
+    assert bad[2].startswith(f"install {CANN_FIX[version]} (the CPU build of torch; "), bad

@@ -10,6 +10,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.doctor.report import CHECK_NAMES, format_report, run_checks
 from dancegrpo_npu.doctor import report
+from dancegrpo_npu.commands.numbers import non_negative, positive
 
 
 def register(sub, common) -> None:
@@ -33,10 +34,12 @@ def register(sub, common) -> None:
         "--hps-open-clip-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/open_clip_pytorch_model.bin"
     )
     p.add_argument(
-        "--min-free-gb", type=float, default=50.0, metavar="GB", help="free disk the check asks for (default 50)"
+        "--min-free-gb", type=non_negative, default=50.0, metavar="GB",
+        help="free disk the check asks for (default 50; 0 or more)"
     )
     p.add_argument(
-        "--timeout", type=float, default=180.0, metavar="S", help="seconds the all_reduce may take (default 180)"
+        "--timeout", type=positive, default=180.0, metavar="S",
+        help="seconds the all_reduce may take (default 180; above 0)"
     )
     p.add_argument(
         "--skip",

@@ -48,6 +48,7 @@ class Facts:
     """What earlier checks found, for the later ones."""
 
     torch: object = None
+    wanted_npu: bool = False  # --device npu: training will not start without an NPU
     npu: bool = False  # torch_npu imported and the run is meant for NPUs
     kind: str = "cpu"  # npu | cuda | cpu: where the compute checks run
     count: int = 0

@@ -250,6 +250,9 @@ def check_numerics(facts) -> "Check":
 
     torch = facts.torch
     if torch is None or facts.kind != "npu" or facts.count == 0:
+        if facts.wanted_npu:  # --device npu: the devices check has said why there is none
+            return Check("numerics", FAIL, "no NPU to check: --device npu asks for one and none is usable here "
+                         "(see the devices check)", "fix the devices check first")
         return Check("numerics", SKIP, "not an NPU run: the self-check compares NPU 0 with the CPU")
     import torch_npu
 

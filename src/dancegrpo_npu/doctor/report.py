@@ -120,7 +120,7 @@ CHECK_NAMES = tuple(name for name, _ in STEPS)
 
 
 def run_checks(project: Project, opts: DoctorOptions) -> list[Check]:
-    facts = Facts()
+    facts = Facts(wanted_npu=opts.device == "npu")
     return [
         Check(name, SKIP, "skipped by --skip") if name in opts.skip else fn(project, opts, facts) for name, fn in STEPS
     ]

@@ -293,11 +293,11 @@ def parse_spec(spec: str) -> dict[str, str]:
     return out
 
 
-def pair_problem(table: Table, cann: Cann, torch: str, torch_npu: str | None) -> str | None:
+def pair_problem(table: Table, cann: Cann, torch: str, npu_version: str | None) -> str | None:
     """Why this torch / torch_npu does not go with this CANN by the table, or None."""
-    if torch_npu is None:
+    if npu_version is None:
         return "no torch_npu is named"
-    wheel = torch_npu.split("+")[0]
+    wheel = npu_version.split("+")[0]
     if base_version(torch) != base_version(wheel):
         return f"torch_npu {wheel} is built for torch {base_version(wheel)}, not torch {torch}"
     rows = rows_for(table, cann.version)

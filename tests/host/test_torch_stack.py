@@ -179,3 +179,19 @@ def test_the_table_is_the_one_the_docs_show():
             shown.append((cells[0], cells[2], tuple(w.strip() for w in cells[1].split(","))))
     assert shown == [(r.release, r.cann, r.wheels) for r in table.rows]
     assert f"read {table.read}" in text
+
+
+@pytest.mark.parametrize("where", ["Ascend/ascend-toolkit", "Ascend/cann", "Ascend/cann-9.0.0", "npu/cann",
+                                   "npu/ascend-toolkit"])
+def test_set_env_sh_is_found_where_each_cann_puts_it(tmp_path, where):
+    script = tmp_path / where / "set_env.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text("# CANN's\n")
+    bases = os.pathsep.join(str(tmp_path / b) for b in ("Ascend", "npu"))
+    assert torch_stack.set_env_scripts({torch_stack.BASES_ENV: bases}) == [script]
+    # with CANN's environment set, the active CANN's own comes first
+    active = tmp_path / "active" / "cann"
+    active.mkdir(parents=True)
+    (active / "set_env.sh").write_text("# CANN's\n")
+    assert torch_stack.set_env_scripts({torch_stack.BASES_ENV: bases, "ASCEND_HOME_PATH": str(active)}) == [
+        active / "set_env.sh", script]

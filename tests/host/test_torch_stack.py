@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,35 @@ def test_set_env_sh_is_found_where_each_cann_puts_it(tmp_path, where):
     (active / "set_env.sh").write_text("# CANN's\n")
     assert torch_stack.set_env_scripts({torch_stack.BASES_ENV: bases, "ASCEND_HOME_PATH": str(active)}) == [
         active / "set_env.sh", script]
+
+
+def test_bootstrap_installs_torchs_cpu_build_then_torch_npu_on_an_ascend_host(tmp_path):
+    """What pip is asked for on a simulated CANN 9.1.0 host: torch and torchvision from the CPU
+    index alone (PyPI's default torch is a CUDA build, which torch_npu refuses), then torch-npu
+    from the usual index, then the port with its npu extra.  pip itself is a stand-in here."""
+    env = ascend_host(tmp_path, "9.1.0")
+    venv = Path(env["DANCEGRPO_VENV"])
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    stub = venv / "bin" / "python"
+    stub.write_text(f"""#!/bin/bash
+if [ "$1 $2" = "-m pip" ]; then shift 2; echo "$*" >> {log}; exit 0; fi
+case "$*" in *"import torch"*|*ensure_hpsv2_vocab*|*"import tkinter"*) exit 0 ;; esac
+exec {sys.executable} "$@"
+""")
+    stub.chmod(0o755)
+    proc = subprocess.run(["bash", str(BOOTSTRAP), "--deps-only"], env={**env, "DANCEGRPO_PIP_ARGS": ""},
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert calls[0] == ["--disable-pip-version-check", "install", "-q", "--index-url",
+                        "https://download.pytorch.org/whl/cpu", "torch==2.10.0", "torchvision==0.25.0"]
+    assert calls[1] == ["--disable-pip-version-check", "install", "-q", "torch-npu==2.10.0.post6"]
+    assert calls[2][-2:] == ["-e", ".[flux,test,msprobe,npu]"]
+    assert "TorchNPU 26.1.1 row" in proc.stdout  # it says what it chose and why
+    mirror = {**env, "DANCEGRPO_TORCH_INDEX": "http://mirror.invalid/cpu"}
+    (venv / ".dancegrpo-npu-setup").unlink()
+    log.unlink()
+    assert subprocess.run(["bash", str(BOOTSTRAP), "--deps-only"], env=mirror, capture_output=True, timeout=60,
+                          cwd=ROOT).returncode == 0
+    assert log.read_text().splitlines()[0].split()[3:5] == ["--index-url", "http://mirror.invalid/cpu"]

@@ -124,10 +124,11 @@ def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(capsys):
     status, out, err = _plan(capsys, "qwenimage")
     assert status == 0 and err == ""
     assert "20.43e9 parameters, 60 blocks), 8 ranks, 720x720, 12 generations" in out
-    assert "30 of 60 blocks checkpointed" in out and "runtime reserve (assumed" in out
+    assert "30 of 60 blocks checkpointed" in out and "runtime reserve (an assumption" in out
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("16 ranks, selective"))
     assert row[-2:] == ["fits", "fits"]
-    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in out
+    assert ("dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 --node-rank $NODE_RANK --master-addr $MASTER_ADDR "
+            "-- --selective_checkpointing 1.0") in out
 
 
 def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
@@ -136,7 +137,7 @@ def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
     [line] = err.strip().splitlines()
     assert line.startswith("dancegrpo-npu: error: plan: qwenimage at 8 ranks needs about 57.") and "the device has 32 GiB" in line
     assert "these fit: 16 ranks, selective checkpointing 1.0 (29." in line
-    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in line
+    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 --node-rank $NODE_RANK" in line
     # the port honours the Qwen-Image trainers' --use_cpu_offload; they have no LoRA, which is not offered
     assert "FSDP CPU offload (" in line and "launch qwenimage --nproc-per-node 8 -- --use_cpu_offload" in line
     assert "LoRA" not in line
@@ -158,6 +159,72 @@ def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
 def test_bad_input_is_one_line_exit_2(capsys, argv, expected):
     status, out, err = _plan(capsys, *argv)
     assert status == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
+
+
+# Every option of plan that takes a number, and a valid value of it (the refusals must come from the value).
+NUMERIC_OPTIONS = ("--world-size", "--ranks-per-node", "--device-memory", "--lora-rank", "--reserve",
+                   "--selective-checkpointing", "--height", "--width", "--generations", "--sampling-steps",
+                   "--text-tokens", "--sample-batch-size")
+
+
+def test_the_numeric_options_are_all_covered():
+    from dancegrpo_npu.cli import build_parser
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
+    numeric = {o for a in plan_parser._actions if a.type in (int, float) for o in a.option_strings}
+    assert numeric == set(NUMERIC_OPTIONS)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "-0.5"])
+@pytest.mark.parametrize("option", NUMERIC_OPTIONS)
+def test_nan_inf_and_negative_values_are_one_line_exit_2(capsys, option, value):
+    status, out, err = _plan(capsys, "qwenimage", f"{option}={value}")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and option in err, err
+
+
+def test_the_reserve_is_in_the_total_and_says_so(capsys):
+    status, out, _ = _plan(capsys, "qwenimage", "--reserve", "5")
+    table = out.split("per rank, as asked")[1].split("\n\n")[0].splitlines()[1:]
+    rows = {line[:74].strip(): float(line[74:]) for line in table}
+    total = rows.pop("total")
+    reserve = next(k for k in rows if k.startswith("runtime reserve"))
+    assert rows[reserve] == 5.0 and "not counted" not in reserve and "in the total" in reserve
+    assert abs(sum(rows.values()) - total) <= 0.05 * len(rows)  # the rows are rounded to 0.1
+    without = dict(memory.estimate(*models.load("qwenimage")[:2], memory.Options(world_size=8, reserve_bytes=0)).parts)
+    assert abs(total - sum(without.values()) / GiB - 5.0) <= 0.05  # the total is rounded to 0.1
+
+
+def test_options_a_trainer_lacks_are_not_marked_as_fitting(capsys):
+    status, out, _ = _plan(capsys, "qwenimage")
+    lora_rows = [line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "GiB" not in line
+                 and "launch" not in line and "none:" not in line]
+    assert len(lora_rows) == 2 and all("fits" not in row for row in lora_rows), lora_rows
+    _, out, _ = _plan(capsys, "flux")
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "fits" in line)
+    assert row[-2:] == ["fits", "fits"]
+
+
+def test_a_several_node_launch_line_is_one_launch_accepts(capsys):
+    """Run on each node with its NODE_RANK and node 0's MASTER_ADDR, the printed line passes
+    launch's own checks of the node options (it needs --node-rank and --master-addr)."""
+    import shlex
+
+    from dancegrpo_npu.cli import build_parser
+    from dancegrpo_npu.commands import launch as launch_cmd
+    from dancegrpo_npu.run.launch import check_spec
+    from dancegrpo_npu.run.plan import LaunchSpec
+
+    _, out, _ = _plan(capsys, "qwenimage")
+    line = next(line for line in out.splitlines() if line.strip().startswith("16 ranks:"))
+    command = line.split("dancegrpo-npu ", 1)[1]
+    for node_rank in ("0", "1"):
+        words = shlex.split(command.replace("$NODE_RANK", node_rank).replace("$MASTER_ADDR", "192.0.2.7"))
+        args = build_parser().parse_args(words)
+        script, upstream = launch_cmd._parse_words(args)
+        spec = LaunchSpec(script=script, args=tuple(upstream), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                          node_rank=args.node_rank, master_addr=args.master_addr)
+        check_spec(spec)
+        assert (spec.nnodes, spec.node_rank, spec.nproc_per_node) == (2, int(node_rank), 8)
 
 
 def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens():

@@ -16,7 +16,8 @@ per rank, in bytes:
   checkpointed block keeps only its input and any other block all it saved for backward
   (upstream's ``--selective_checkpointing`` fraction picks which);
 - a runtime reserve (the device runtime, collective buffers, the allocator's slack):
-  an assumption, not a count, and printed as one.
+  an assumption (``--reserve``), not derived from shapes; it is part of the total, and the
+  table says both.
 
 The constants that are not counts (hidden-sized tensors a block saves) are the bench's
 own (:mod:`dancegrpo_npu.throughput.models`), checked against the peaks it measures
@@ -227,7 +228,7 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     if largest == "train":
         label += f" ({ckpt} of {model.blocks} blocks checkpointed)"
     parts.append((label, phases[largest]))
-    parts.append(("runtime reserve (assumed, not counted)", options.reserve_bytes))
+    parts.append(("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes))
     return Estimate(tuple(parts), host, ckpt, model.blocks)
 
 

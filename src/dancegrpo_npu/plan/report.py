@@ -8,6 +8,7 @@ compares with the peaks bench measures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from dancegrpo_npu.errors import DancegrpoError
@@ -53,7 +54,9 @@ def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int)
     extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
     per_node = min(ranks_per_node, opts.world_size)
     nodes = -(-opts.world_size // per_node)
-    where = f"--nproc-per-node {per_node}" + (f" --nnodes {nodes}" if nodes > 1 else "")
+    where = f"--nproc-per-node {per_node}"
+    if nodes > 1:  # the same line on every node, each with its own rank; launch refuses it without them
+        where += f" --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR"
     return f"dancegrpo-npu launch {trainer} {where} -- " + " ".join(extra)
 
 
@@ -89,10 +92,16 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
                      f"{_gib(asked.estimate.host_bytes_per_rank * min(ranks_per_node, options.world_size)):>7}")
     lines += ["", f"  {'options':<52} {'GiB/rank':>9}  " + "  ".join(f"{label:>15}" for _, label in CARDS)]
     for c in choices:
-        marks = ["fits" if memory.fits(c.estimate, gib * GiB) else "no" for gib, _ in CARDS]
+        if launch_line(model, c, ranks_per_node).startswith("(none"):  # the trainer has no such option
+            marks = ["no option"] * len(CARDS)
+        else:
+            marks = ["fits" if memory.fits(c.estimate, gib * GiB) else "no" for gib, _ in CARDS]
         lines.append(f"  {c.label:<52} {_gib(c.estimate.total):>9}  " + "  ".join(f"{m:>15}" for m in marks))
     lines += ["", "  launch arguments:"]
     lines += [f"  {c.label + ':':<52} {launch_line(model, c, ranks_per_node)}" for c in choices]
+    if any("$NODE_RANK" in launch_line(model, c, ranks_per_node) for c in choices):
+        lines.append(f"  {'':<52} several nodes: the same line on each, with NODE_RANK=0, 1, ... (0 on the master) "
+                     "and MASTER_ADDR=node 0's address")
 
     if memory.fits(asked.estimate, device_bytes):
         return "\n".join(lines), None
@@ -107,14 +116,19 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
 
 
 def _check(recipe, world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib) -> None:
+    for flag, value in (("--device-memory", device_memory_gib), ("--reserve", reserve_gib)):
+        if not math.isfinite(value):
+            raise _bad(f"{flag} {value:g} is not a number of GiB", "give a finite number, e.g. 64")
     if world_size is not None and world_size < 1:
         raise _bad(f"--world-size {world_size} is below 1", "give the number of ranks (NPUs) of the job")
     if ranks_per_node < 1:
         raise _bad(f"--ranks-per-node {ranks_per_node} is below 1", "an Atlas 800T A2 node has 8")
     if device_memory_gib <= 0:
         raise _bad(f"--device-memory {device_memory_gib:g} is not positive", "give the card's memory in GiB: 64, or 32 for a 910B4")
-    if lora_rank < 0 or reserve_gib < 0:
-        raise _bad("--lora-rank and --reserve cannot be negative", "give 0 or more")
+    if lora_rank < 0:
+        raise _bad(f"--lora-rank {lora_rank} is negative", "give 0 (full fine-tuning) or a rank such as 64")
+    if reserve_gib < 0:
+        raise _bad(f"--reserve {reserve_gib:g} is negative", "give the GiB a rank keeps for the runtime, 0 or more (default 3)")
     for flag, value in (("--height", recipe.height), ("--width", recipe.width)):
         if value < 16 or value % 16:
             raise _bad(f"{flag} {value} is not a positive multiple of 16", f"use e.g. {max(16, value // 16 * 16)}")

@@ -1,6 +1,7 @@
 """The CLI shell: help, -C, one-line errors without tracebacks."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,39 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, entry, delays):
         # Before the tool's first line runs, a Ctrl-C is the interpreter's own: it dies silently,
         # or with Python's start-up traceback (site, runpy); never with a frame of the tool's code.
         assert delay < 0.5 and "dancegrpo_npu" not in err and (not err or "<frozen" in err), (delay, proc.returncode, err)
+
+
+def _every_help(capsys) -> dict[str, str]:
+    """The --help of the tool and of each verb, as printed."""
+    from dancegrpo_npu.cli import COMMAND_MODULES, main
+
+    texts = {}
+    for verb in ("", *(m.replace("_", "-") for m in COMMAND_MODULES)):
+        with pytest.raises(SystemExit) as stop:
+            main([*verb.split(), "--help"])
+        assert stop.value.code == 0
+        texts[verb or "dancegrpo-npu"] = capsys.readouterr().out
+    return texts
+
+
+def test_no_help_text_shows_raw_markup(capsys):
+    """Descriptions taken from module docstrings carry reST (``x``, :func:`x`): none of it is
+    printed as such."""
+    texts = _every_help(capsys)
+    assert len(texts) == 18 and all(texts.values())
+    shown = {verb: [line for line in text.splitlines() if "``" in line or re.search(r":(func|mod|class):`", line)]
+             for verb, text in texts.items()}
+    assert not any(shown.values()), {v: lines for v, lines in shown.items() if lines}
+    assert "`dancegrpo-npu smoke`: the embedded default" in texts["smoke"]  # the text itself stays
+
+
+def test_the_top_level_help_names_every_model(capsys):
+    from dancegrpo_npu.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "GRPO post-training for FLUX)" not in out
+    assert all(name in out for name in ("FLUX.1-dev", "Qwen-Image", "Qwen-Image-Edit", "Wan2.1-T2V-1.3B", "docs/weights.md"))
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "(GRPO for FLUX)" not in pyproject and "Wan2.1" in pyproject

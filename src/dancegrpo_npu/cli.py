@@ -36,7 +36,8 @@ COMMAND_MODULES = (
 )
 
 DESCRIPTION = """\
-Run upstream DanceGRPO (GRPO post-training for FLUX) on Ascend NPUs, CUDA or CPU,
+Run upstream DanceGRPO (GRPO post-training of FLUX.1-dev, Qwen-Image, Qwen-Image-Edit
+and Wan2.1-T2V-1.3B) on Ascend NPUs, CUDA or CPU,
 from a pinned upstream commit (upstream.lock), an ordered patch series
 (patches/series) and an overlay of added modules (overlay/).
 
@@ -46,6 +47,8 @@ The usual path:
   dancegrpo-npu verify     exit 0 only if the tree is exactly lock + series + overlay
   dancegrpo-npu smoke      a 2-step GRPO run with tiny models (CPU is enough)
   dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
+                           (also: wan, qwenimage, qwenimage-edit, flux-lora)
+Weights to download, and where they go: docs/weights.md.
 """
 
 EXIT_STATUS = """\
@@ -92,6 +95,15 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
     return p
 
 
+def plain_text(text: str) -> str:
+    """Help text as a terminal shows it: the docstrings' reST markup (``x``, :func:`x`) that
+    descriptions taken from module docs carry, as the `x` the tool's messages use."""
+    import re
+
+    text = re.sub(r":(?:func|mod|class|meth|attr|data|obj):`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``([^`]+?)``", r"`\1`", text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import argparse
     import importlib
@@ -100,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     class Parser(argparse.ArgumentParser):
         """Usage errors as the tool's other errors: one line, with what to run (exit 2)."""
+
+        def format_help(self) -> str:
+            return plain_text(super().format_help())
 
         def error(self, message: str):
             verb = self.prog.split()[1:]  # "dancegrpo-npu compare" -> ["compare"]

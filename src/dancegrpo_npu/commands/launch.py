@@ -100,7 +100,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
                    help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
-                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; flux and flux-lora only")
+                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; the GRPO trainers only")
 
 
 EPILOG = textwrap.dedent(

@@ -89,8 +89,8 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
         "--runs-dir",
         metavar="DIR",
         default=default,
-        help="where run records go (launch, smoke) and are read (runs, plot, compare); "
-        "default: $DANCEGRPO_RUNS, else runs/ in the project",
+        help="where run records go (launch, smoke) and are read (runs, plot, compare: with --runs-dir or "
+        "$DANCEGRPO_RUNS they need no project); default: $DANCEGRPO_RUNS, else runs/ in the project",
     )
     return p
 

@@ -238,3 +238,32 @@ def test_the_top_level_help_names_every_model(capsys):
     assert all(name in out for name in ("FLUX.1-dev", "Qwen-Image", "Qwen-Image-Edit", "Wan2.1-T2V-1.3B", "docs/weights.md"))
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert "(GRPO for FLUX)" not in pyproject and "Wan2.1" in pyproject
+
+
+@pytest.mark.parametrize(
+    "argv, meant, help_cmd",
+    [
+        (["launch", "flux", "--nproc_per_node", "8", "--dry-run"], "--nproc-per-node", "launch"),
+        (["launch", "flux", "--dryrun"], "--dry-run", "launch"),
+        (["launch", "--dryrun", "flux"], "--dry-run", "launch"),
+        (["launch", "flux", "--master_addr=10.0.0.1"], "--master-addr", "launch"),
+        (["smoke", "--nproc_per_node", "2"], "--nproc", "smoke"),
+        (["runs", "--jsn"], "--json", "runs"),
+        (["plan", "qwenimage", "--world_size", "4"], "--world-size", "plan"),
+    ],
+)
+def test_a_mistyped_option_gets_did_you_mean(tmp_path, capsys, argv, meant, help_cmd):
+    from dancegrpo_npu.cli import main
+
+    assert main(["-C", str(tmp_path), *argv]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"did you mean {meant}?" in line and f"dancegrpo-npu {help_cmd} --help" in line
+    assert "after --, e.g." not in line
+
+
+def test_a_trainer_flag_before_the_separator_still_says_where_it_goes(tmp_path, capsys):
+    from dancegrpo_npu.cli import main
+
+    assert main(["-C", str(tmp_path), "launch", "flux", "--max_train_steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "put the script's own arguments after --" in err

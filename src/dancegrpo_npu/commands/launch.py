@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from dancegrpo_npu.cli import did_you_mean
 from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
@@ -166,6 +167,11 @@ def _parse_words(args) -> tuple[str, list[str]]:
     inner.add_argument("--workdir", default=argparse.SUPPRESS)
     inner.add_argument("--runs-dir", dest="runs_dir", default=argparse.SUPPRESS)
     _, unknown = inner.parse_known_args(rest, namespace=args)
+    meant = did_you_mean(unknown[0], [o for a in inner._actions for o in a.option_strings]) if unknown else None
+    if meant:
+        raise DancegrpoError(f"launch: unknown option {unknown[0].split('=', 1)[0]!r}",
+                             f"did you mean {meant}? (launch's options go before --, the script's own after it: "
+                             "`dancegrpo-npu launch --help`)", exit_code=2)
     if unknown:
         raise DancegrpoError(
             f"launch: unknown option {unknown[0]!r}",

@@ -267,3 +267,43 @@ def test_a_trainer_flag_before_the_separator_still_says_where_it_goes(tmp_path, 
     assert main(["-C", str(tmp_path), "launch", "flux", "--max_train_steps", "3"]) == 2
     err = capsys.readouterr().err
     assert "did you mean" not in err and "put the script's own arguments after --" in err
+
+
+@pytest.mark.parametrize("verb", ["launch", "smoke"])
+def test_dancegrpo_device_in_the_environment_is_the_default_device(tmp_path, monkeypatch, capsys, verb):
+    """DANCEGRPO_DEVICE=npu is what the user asked for: --device's default follows it (an
+    explicit --device wins), and a value that is no device is refused in one line."""
+    from dancegrpo_npu.cli import main
+    from dancegrpo_npu.commands import launch as launch_cmd
+    from dancegrpo_npu.smoke import runner
+
+    (tmp_path / "upstream.lock").write_text((ROOT / "upstream.lock").read_text())
+    seen = []
+
+    class Planned(Exception):
+        pass
+
+    def stop_launch(project, spec, dry_run=False):
+        seen.append(spec.device)
+        raise Planned
+
+    def stop_smoke(project, options):
+        seen.append(options.device)
+        raise Planned
+
+    monkeypatch.setattr(launch_cmd, "launch", stop_launch)
+    monkeypatch.setattr(runner, "resumed_options", stop_smoke)
+    argv = ["-C", str(tmp_path), verb] + (["flux", "--dry-run"] if verb == "launch" else [])
+    monkeypatch.setenv("DANCEGRPO_DEVICE", "npu")
+    with pytest.raises(Planned):
+        main(argv)
+    with pytest.raises(Planned):
+        main([*argv[:3], "--device", "cpu", *argv[3:]])
+    monkeypatch.delenv("DANCEGRPO_DEVICE")
+    with pytest.raises(Planned):
+        main(argv)
+    assert seen == ["npu", "cpu", "auto"]
+    monkeypatch.setenv("DANCEGRPO_DEVICE", "gpu")
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "DANCEGRPO_DEVICE=gpu is not a device" in line

@@ -53,8 +53,9 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--device",
         choices=DEVICES,
-        default=d("auto"),
-        help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)",
+        default=d(None),
+        help="DANCEGRPO_DEVICE for the scripts (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, "
+        "else cpu)",
     )
     p.add_argument(
         "--strict",
@@ -181,6 +182,22 @@ def _parse_words(args) -> tuple[str, list[str]]:
     return script, upstream
 
 
+def resolve_device(device: str | None, environ=None) -> str:
+    """--device as given, else $DANCEGRPO_DEVICE (the variable the trainers read: a user who set
+    it means it), else auto."""
+    import os
+
+    from dancegrpo_npu.contract import DEVICE_ENV
+
+    if device is not None:
+        return device
+    value = (os.environ if environ is None else environ).get(DEVICE_ENV) or "auto"
+    if value not in DEVICES:
+        raise DancegrpoError(f"{DEVICE_ENV}={value} is not a device", f"set it to one of {', '.join(DEVICES)}, "
+                             "or unset it and pass --device", exit_code=2)
+    return value
+
+
 def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
     names = {"npu": ["HCCL_SOCKET_IFNAME"], "cuda": ["NCCL_SOCKET_IFNAME"], "cpu": []}
     chosen = names.get(device, ["HCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
@@ -188,6 +205,7 @@ def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
 
 
 def run(args) -> int:
+    args.device = resolve_device(args.device)
     if args.resume is not None or (args.words and "--resume" in args.words[: (args.words + ["--"]).index("--")]):
         return _resume(args)
     script, upstream = _parse_words(args)

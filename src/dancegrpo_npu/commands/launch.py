@@ -107,13 +107,14 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 EPILOG = textwrap.dedent(
     """\
-    flux and flux-lora start from upstream's own recipe: the trainer arguments of its launch
-    script in the patched tree, read from scripts/finetune/finetune_flux_grpo*.sh (8gpus: the
-    one-node script, 2nodes: finetune_flux_grpo.sh, 8gpus-lora for flux-lora).  The default
-    is the recipe for the launch's world size; a world size no recipe has runs the nearest one
+    The GRPO trainers start from upstream's own recipe: the trainer arguments of its launch
+    script in the patched tree, read from scripts/finetune/finetune_*_grpo*.sh (flux: 8gpus,
+    the one-node script, and 2nodes, finetune_flux_grpo.sh; 8gpus-lora for flux-lora; wan,
+    qwenimage, qwenimage-edit: 8gpus).  The default is the recipe for the launch's world size; a world size no recipe has runs the nearest one
     scaled to it (the same prompts per step and effective batch where it divides them), and
-    says so.  The port adds the HPS reward paths; preprocess gets the arguments of
-    scripts/preprocess/preprocess_flux_rl_embeddings.sh.  Arguments after -- override these.
+    says so.  The port adds the HPS reward paths; preprocess (and preprocess-wan,
+    preprocess-qwenimage...) gets the arguments of its scripts/preprocess/*.sh.  Arguments
+    after -- override these.  The weights each one reads, and where: docs/weights.md.
     Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
     patched tree; relative paths you type, in the current directory.  Without --output_dir,
     training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every

@@ -1,6 +1,7 @@
 """The CLI shell: help, -C, one-line errors without tracebacks."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,108 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, entry, delays):
         # Before the tool's first line runs, a Ctrl-C is the interpreter's own: it dies silently,
         # or with Python's start-up traceback (site, runpy); never with a frame of the tool's code.
         assert delay < 0.5 and "dancegrpo_npu" not in err and (not err or "<frozen" in err), (delay, proc.returncode, err)
+
+
+def _every_help(capsys) -> dict[str, str]:
+    """The --help of the tool and of each verb, as printed."""
+    from dancegrpo_npu.cli import COMMAND_MODULES, main
+
+    texts = {}
+    for verb in ("", *(m.replace("_", "-") for m in COMMAND_MODULES)):
+        with pytest.raises(SystemExit) as stop:
+            main([*verb.split(), "--help"])
+        assert stop.value.code == 0
+        texts[verb or "dancegrpo-npu"] = capsys.readouterr().out
+    return texts
+
+
+def test_no_help_text_shows_raw_markup(capsys):
+    """Descriptions taken from module docstrings carry reST (``x``, :func:`x`): none of it is
+    printed as such."""
+    texts = _every_help(capsys)
+    assert len(texts) == 18 and all(texts.values())
+    shown = {verb: [line for line in text.splitlines() if "``" in line or re.search(r":(func|mod|class):`", line)]
+             for verb, text in texts.items()}
+    assert not any(shown.values()), {v: lines for v, lines in shown.items() if lines}
+    assert "`dancegrpo-npu smoke`: the embedded default" in texts["smoke"]  # the text itself stays
+
+
+def test_the_top_level_help_names_every_model(capsys):
+    from dancegrpo_npu.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "GRPO post-training for FLUX)" not in out
+    assert all(name in out for name in ("FLUX.1-dev", "Qwen-Image", "Qwen-Image-Edit", "Wan2.1-T2V-1.3B", "docs/weights.md"))
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "(GRPO for FLUX)" not in pyproject and "Wan2.1" in pyproject
+
+
+@pytest.mark.parametrize(
+    "argv, meant, help_cmd",
+    [
+        (["launch", "flux", "--nproc_per_node", "8", "--dry-run"], "--nproc-per-node", "launch"),
+        (["launch", "flux", "--dryrun"], "--dry-run", "launch"),
+        (["launch", "--dryrun", "flux"], "--dry-run", "launch"),
+        (["launch", "flux", "--master_addr=10.0.0.1"], "--master-addr", "launch"),
+        (["smoke", "--nproc_per_node", "2"], "--nproc", "smoke"),
+        (["runs", "--jsn"], "--json", "runs"),
+        (["plan", "qwenimage", "--world_size", "4"], "--world-size", "plan"),
+    ],
+)
+def test_a_mistyped_option_gets_did_you_mean(tmp_path, capsys, argv, meant, help_cmd):
+    from dancegrpo_npu.cli import main
+
+    assert main(["-C", str(tmp_path), *argv]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"did you mean {meant}?" in line and f"dancegrpo-npu {help_cmd} --help" in line
+    assert "after --, e.g." not in line
+
+
+def test_a_trainer_flag_before_the_separator_still_says_where_it_goes(tmp_path, capsys):
+    from dancegrpo_npu.cli import main
+
+    assert main(["-C", str(tmp_path), "launch", "flux", "--max_train_steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "put the script's own arguments after --" in err
+
+
+@pytest.mark.parametrize("verb", ["launch", "smoke"])
+def test_dancegrpo_device_in_the_environment_is_the_default_device(tmp_path, monkeypatch, capsys, verb):
+    """DANCEGRPO_DEVICE=npu is what the user asked for: --device's default follows it (an
+    explicit --device wins), and a value that is no device is refused in one line."""
+    from dancegrpo_npu.cli import main
+    from dancegrpo_npu.commands import launch as launch_cmd
+    from dancegrpo_npu.smoke import runner
+
+    (tmp_path / "upstream.lock").write_text((ROOT / "upstream.lock").read_text())
+    seen = []
+
+    class Planned(Exception):
+        pass
+
+    def stop_launch(project, spec, dry_run=False):
+        seen.append(spec.device)
+        raise Planned
+
+    def stop_smoke(project, options):
+        seen.append(options.device)
+        raise Planned
+
+    monkeypatch.setattr(launch_cmd, "launch", stop_launch)
+    monkeypatch.setattr(runner, "resumed_options", stop_smoke)
+    argv = ["-C", str(tmp_path), verb] + (["flux", "--dry-run"] if verb == "launch" else [])
+    monkeypatch.setenv("DANCEGRPO_DEVICE", "npu")
+    with pytest.raises(Planned):
+        main(argv)
+    with pytest.raises(Planned):
+        main([*argv[:3], "--device", "cpu", *argv[3:]])
+    monkeypatch.delenv("DANCEGRPO_DEVICE")
+    with pytest.raises(Planned):
+        main(argv)
+    assert seen == ["npu", "cpu", "auto"]
+    monkeypatch.setenv("DANCEGRPO_DEVICE", "gpu")
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "DANCEGRPO_DEVICE=gpu is not a device" in line

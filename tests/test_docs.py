@@ -46,6 +46,34 @@ def test_readme_is_a_front_page_linking_every_guide():
         assert f"docs/{page.name}" in readme, f"README does not link docs/{page.name}"
 
 
+def test_the_weights_page_names_each_trainers_repository_and_its_place():
+    """docs/weights.md: the repository of every trainer's model (Wan's Diffusers layout), under
+    the directory launch passes it from; the 910B guide's Weights section links it."""
+    from dancegrpo_npu.run import upstream_args
+
+    page = (ROOT / "docs" / "weights.md").read_text()
+    model_dirs = {
+        "black-forest-labs/FLUX.1-dev": dict(upstream_args.PREPROCESS_DEFAULTS)["--model_path"],
+        "Qwen/Qwen-Image": dict(upstream_args.PREPROCESS_QWENIMAGE_DEFAULTS)["--model_path"],
+        "Qwen/Qwen-Image-Edit": dict(upstream_args.PREPROCESS_QWENIMAGE_EDIT_DEFAULTS)["--model_path"],
+        "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": dict(upstream_args.PREPROCESS_WAN_DEFAULTS)["--model_path"],
+    }
+    rows = {line.split("|")[2]: line for line in page.splitlines() if line.startswith("| `")}
+    for repo, directory in model_dirs.items():
+        row = next((line for cell, line in rows.items() if f"[{repo}]" in cell), None)
+        assert row is not None and f"`{directory}/`" in row, (repo, directory)
+    weights = (ROOT / "docs" / "ascend-910b.md").read_text().split("## Weights")[1].split("\n## ")[0]
+    assert "(weights.md)" in weights
+
+
+def test_alignment_guide_gives_rng_cpu_to_every_trainer_with_the_seam():
+    from dancegrpo_npu.run.align_flags import ALIGN_SCRIPTS
+
+    text = (ROOT / "docs" / "alignment.md").read_text()
+    paragraph = text.split("`--rng cpu` (on")[1].split("\n\n")[0]
+    assert all(f"`{name}`" in paragraph for name in ALIGN_SCRIPTS), paragraph
+
+
 def test_port_guide_names_every_patch_in_series_order():
     series = [
         line.strip().removesuffix(".patch")

@@ -36,7 +36,8 @@ COMMAND_MODULES = (
 )
 
 DESCRIPTION = """\
-Run upstream DanceGRPO (GRPO post-training for FLUX) on Ascend NPUs, CUDA or CPU,
+Run upstream DanceGRPO (GRPO post-training of FLUX.1-dev, Qwen-Image, Qwen-Image-Edit
+and Wan2.1-T2V-1.3B) on Ascend NPUs, CUDA or CPU,
 from a pinned upstream commit (upstream.lock), an ordered patch series
 (patches/series) and an overlay of added modules (overlay/).
 
@@ -46,6 +47,8 @@ The usual path:
   dancegrpo-npu verify     exit 0 only if the tree is exactly lock + series + overlay
   dancegrpo-npu smoke      a 2-step GRPO run with tiny models (CPU is enough)
   dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
+                           (also: wan, qwenimage, qwenimage-edit, flux-lora)
+Weights to download, and where they go: docs/weights.md.
 """
 
 EXIT_STATUS = """\
@@ -86,10 +89,38 @@ def common_options(for_subcommand: bool) -> argparse.ArgumentParser:
         "--runs-dir",
         metavar="DIR",
         default=default,
-        help="where run records go (launch, smoke) and are read (runs, plot, compare); "
-        "default: $DANCEGRPO_RUNS, else runs/ in the project",
+        help="where run records go (launch, smoke) and are read (runs, plot, compare: with --runs-dir or "
+        "$DANCEGRPO_RUNS they need no project); default: $DANCEGRPO_RUNS, else runs/ in the project",
     )
     return p
+
+
+def plain_text(text: str) -> str:
+    """Help text as a terminal shows it: the docstrings' reST markup (``x``, :func:`x`) that
+    descriptions taken from module docs carry, as the `x` the tool's messages use."""
+    import re
+
+    text = re.sub(r":(?:func|mod|class|meth|attr|data|obj):`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``([^`]+?)``", r"`\1`", text)
+
+
+def did_you_mean(word: str, options) -> str | None:
+    """The option a mistyped one meant: ``--nproc_per_node`` (torchrun's spelling) is
+    ``--nproc-per-node``, ``--dryrun`` is ``--dry-run``; None when nothing is close."""
+    import difflib
+
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("--"):
+        return None
+    options = [o for o in options if o.startswith("--")]
+    hyphened = flag.replace("_", "-")
+    if hyphened in options:
+        return hyphened
+    shorter = [o for o in options if hyphened.startswith(o + "-")]  # smoke's --nproc for --nproc_per_node
+    if shorter:
+        return max(shorter, key=len)
+    close = difflib.get_close_matches(hyphened, options, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +132,33 @@ def build_parser() -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         """Usage errors as the tool's other errors: one line, with what to run (exit 2)."""
 
+        def format_help(self) -> str:
+            return plain_text(super().format_help())
+
+        def parse_known_args(self, args=None, namespace=None):
+            self.words = list(sys.argv[1:] if args is None else args)  # what error() suggests from
+            return super().parse_known_args(args, namespace)
+
+        def _suggestion(self, message: str) -> DancegrpoError | None:
+            """"did you mean" for an option left over that is close to one of the verb's."""
+            if not message.startswith("unrecognized arguments:"):
+                return None
+            verbs = self._subparsers._group_actions[0].choices if self._subparsers else {}
+            verb = next((w for w in getattr(self, "words", []) if w in verbs), None)
+            parsers = [self] + ([verbs[verb]] if verb else [])
+            options = [o for p in parsers for a in p._actions for o in a.option_strings]
+            for word in message.split(":", 1)[1].split():
+                meant = did_you_mean(word, options)
+                if meant:
+                    where = f"dancegrpo-npu {verb} --help" if verb else "dancegrpo-npu --help"
+                    return DancegrpoError(f"unknown option {word.split('=', 1)[0]!r}",
+                                          f"did you mean {meant}? see `{where}`", exit_code=2)
+            return None
+
         def error(self, message: str):
+            suggestion = self._suggestion(message)
+            if suggestion is not None:
+                raise suggestion
             verb = self.prog.split()[1:]  # "dancegrpo-npu compare" -> ["compare"]
             help_cmd = " ".join(["dancegrpo-npu", *verb[:1], "--help"])
             raise DancegrpoError(message, f"see `{help_cmd}`", exit_code=2)

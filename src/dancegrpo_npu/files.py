@@ -40,11 +40,27 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 RUNS_HINT = "free space or fix the permissions there, or put the runs elsewhere: --runs-dir DIR or DANCEGRPO_RUNS=DIR"
 
 
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first part of ``path`` that is a file where a directory is needed, if one is."""
+    for part in reversed([path, *path.parents]):
+        if part.exists() and not part.is_dir():
+            return part
+    return None
+
+
 def cannot_write(path: Path, error: OSError, hint: str = RUNS_HINT) -> DancegrpoError:
     """An OSError while writing ``path`` (read-only, full, not a directory) as one line."""
+    import errno
+
     reason = error.strerror or str(error)
     where = error.filename if error.filename and str(error.filename) != str(path) else None
     text = f"cannot write {path}: {reason}" + (f" ({where})" if where else "")
+    blocker = _file_in_the_way(path) if error.errno in (errno.ENOTDIR, errno.EEXIST) else None
+    if blocker is not None:  # not a matter of space or permissions
+        text = f"cannot write {path}: {blocker} is a file, not a directory"
+        elsewhere = hint.split(", or ", 1)[1] if ", or " in hint else "write elsewhere"
+        hint = ("name a directory: --runs-dir DIR or DANCEGRPO_RUNS=DIR" if hint == RUNS_HINT
+                else f"move the file, or {elsewhere}")
     return DancegrpoError(text, hint)
 
 

@@ -415,3 +415,18 @@ def test_no_records_missing_run_and_steps_outside(project, capsys):
         assert rc == 2 and out == "", argv
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert not (project / "runs" / "a" / "compare.json").exists()
+
+
+def test_compare_png_says_identical_images_were_compared(project, capsys, monkeypatch):
+    """Not "no recorded images" when the images were compared and every pair is bit-identical."""
+    from matplotlib.axes import Axes
+
+    shown = []
+    real_text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: shown.append(s) or real_text(self, x, y, s, *a, **k))
+    make_run(project / "runs", "a")
+    make_run(project / "runs", "b")
+    rc, out, _ = compare(project, capsys, "a", "b")
+    assert rc == 0 and "compare.png" in out
+    assert "no recorded images" not in shown
+    assert "images compared at 2 steps: every pair bit-identical (PSNR inf), no difference to show" in shown

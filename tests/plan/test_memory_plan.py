@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.plan.memory import GiB
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan(capsys, *argv):
@@ -124,10 +127,11 @@ def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(capsys):
     status, out, err = _plan(capsys, "qwenimage")
     assert status == 0 and err == ""
     assert "20.43e9 parameters, 60 blocks), 8 ranks, 720x720, 12 generations" in out
-    assert "30 of 60 blocks checkpointed" in out and "runtime reserve (assumed" in out
+    assert "30 of 60 blocks checkpointed" in out and "runtime reserve (an assumption" in out
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("16 ranks, selective"))
     assert row[-2:] == ["fits", "fits"]
-    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in out
+    assert ("dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 --node-rank $NODE_RANK --master-addr $MASTER_ADDR "
+            "-- --selective_checkpointing 1.0") in out
 
 
 def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
@@ -136,7 +140,7 @@ def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
     [line] = err.strip().splitlines()
     assert line.startswith("dancegrpo-npu: error: plan: qwenimage at 8 ranks needs about 57.") and "the device has 32 GiB" in line
     assert "these fit: 16 ranks, selective checkpointing 1.0 (29." in line
-    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 -- --selective_checkpointing 1.0" in line
+    assert "dancegrpo-npu launch qwenimage --nproc-per-node 8 --nnodes 2 --node-rank $NODE_RANK" in line
     # the port honours the Qwen-Image trainers' --use_cpu_offload; they have no LoRA, which is not offered
     assert "FSDP CPU offload (" in line and "launch qwenimage --nproc-per-node 8 -- --use_cpu_offload" in line
     assert "LoRA" not in line
@@ -160,6 +164,72 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, expected):
     assert status == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
 
 
+# Every option of plan that takes a number, and a valid value of it (the refusals must come from the value).
+NUMERIC_OPTIONS = ("--world-size", "--ranks-per-node", "--device-memory", "--lora-rank", "--reserve",
+                   "--selective-checkpointing", "--height", "--width", "--generations", "--sampling-steps",
+                   "--text-tokens", "--sample-batch-size")
+
+
+def test_the_numeric_options_are_all_covered():
+    from dancegrpo_npu.cli import build_parser
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
+    numeric = {o for a in plan_parser._actions if a.type in (int, float) for o in a.option_strings}
+    assert numeric == set(NUMERIC_OPTIONS)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "-0.5"])
+@pytest.mark.parametrize("option", NUMERIC_OPTIONS)
+def test_nan_inf_and_negative_values_are_one_line_exit_2(capsys, option, value):
+    status, out, err = _plan(capsys, "qwenimage", f"{option}={value}")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and option in err, err
+
+
+def test_the_reserve_is_in_the_total_and_says_so(capsys):
+    status, out, _ = _plan(capsys, "qwenimage", "--reserve", "5")
+    table = out.split("per rank, as asked")[1].split("\n\n")[0].splitlines()[1:]
+    rows = {line[:74].strip(): float(line[74:]) for line in table}
+    total = rows.pop("total")
+    reserve = next(k for k in rows if k.startswith("runtime reserve"))
+    assert rows[reserve] == 5.0 and "not counted" not in reserve and "in the total" in reserve
+    assert abs(sum(rows.values()) - total) <= 0.05 * len(rows)  # the rows are rounded to 0.1
+    without = dict(memory.estimate(*models.load("qwenimage")[:2], memory.Options(world_size=8, reserve_bytes=0)).parts)
+    assert abs(total - sum(without.values()) / GiB - 5.0) <= 0.05  # the total is rounded to 0.1
+
+
+def test_options_a_trainer_lacks_are_not_marked_as_fitting(capsys):
+    status, out, _ = _plan(capsys, "qwenimage")
+    lora_rows = [line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "GiB" not in line
+                 and "launch" not in line and "none:" not in line]
+    assert len(lora_rows) == 2 and all("fits" not in row for row in lora_rows), lora_rows
+    _, out, _ = _plan(capsys, "flux")
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "fits" in line)
+    assert row[-2:] == ["fits", "fits"]
+
+
+def test_a_several_node_launch_line_is_one_launch_accepts(capsys):
+    """Run on each node with its NODE_RANK and node 0's MASTER_ADDR, the printed line passes
+    launch's own checks of the node options (it needs --node-rank and --master-addr)."""
+    import shlex
+
+    from dancegrpo_npu.cli import build_parser
+    from dancegrpo_npu.commands import launch as launch_cmd
+    from dancegrpo_npu.run.launch import check_spec
+    from dancegrpo_npu.run.plan import LaunchSpec
+
+    _, out, _ = _plan(capsys, "qwenimage")
+    line = next(line for line in out.splitlines() if line.strip().startswith("16 ranks:"))
+    command = line.split("dancegrpo-npu ", 1)[1]
+    for node_rank in ("0", "1"):
+        words = shlex.split(command.replace("$NODE_RANK", node_rank).replace("$MASTER_ADDR", "192.0.2.7"))
+        args = build_parser().parse_args(words)
+        script, upstream = launch_cmd._parse_words(args)
+        spec = LaunchSpec(script=script, args=tuple(upstream), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                          node_rank=args.node_rank, master_addr=args.master_addr)
+        check_spec(spec)
+        assert (spec.nnodes, spec.node_rank, spec.nproc_per_node) == (2, int(node_rank), 8)
+
+
 def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens():
     edit, edit_recipe, _, script = models.load("qwenimage-edit")
     base, *_ = models.load("qwenimage")
@@ -177,9 +247,11 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
 
     from dancegrpo_npu.run.upstream_args import SCRIPTS
 
-    for model in ("flux", "qwenimage", "qwenimage-edit"):
+    for model in ("flux", "qwenimage", "qwenimage-edit", "wan"):
         for extra in ([], ["--lora-rank", "128"]):
-            _, out, _ = _plan(capsys, model, *extra)
+            status = main(["-C", str(patched_tree.project.root), "plan", model, *extra])
+            out = capsys.readouterr().out
+            assert status == 0, model
             for line in re.findall(r"dancegrpo-npu launch (\S+) [^\n]*? -- ([^\n;)]*)", out):
                 trainer, flags = line
                 script = {"qwenimage": "fastvideo/train_grpo_qwenimage.py",
@@ -187,3 +259,120 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
                 source = (patched_tree.tree / script).read_text()
                 for flag in re.findall(r"--\w+", flags):
                     assert f'"{flag}"' in source, (trainer, flag)
+
+
+# ------------------------------------------------------------------ FLUX's EMA, Wan
+
+
+def test_fluxs_ema_copy_on_rank_0_is_counted(capsys):
+    """Upstream's FSDP_EMA (the 8-rank recipe's --use_ema) holds a full fp32 copy of the
+    transformer on rank 0, in host memory, and gathers the full state dict there at each update."""
+    status, out, _ = _plan(capsys, "flux")
+    assert status == 0
+    rows = [line for line in out.splitlines() if line.strip().startswith("rank 0 host memory")]
+    copy = 4 * 11_901_408_320 / GiB
+    assert len(rows) == 3 and "EMA copy" in rows[0] and "--use_ema" in rows[0]
+    assert float(rows[0].split()[-1]) == round(copy, 1) and float(rows[-1].split()[-1]) == round(2 * copy, 1)
+    model, recipe, _, _ = models.load("flux")
+    assert recipe.ema and sum(b for _, b in memory.estimate(model, recipe, memory.Options(world_size=8)).rank0_host) == 8 * 11_901_408_320
+    lora = memory.estimate(model, recipe, memory.Options(world_size=8, lora_rank=64))
+    assert lora.rank0_host == ()  # the LoRA trainer's recipe keeps no EMA
+    _, out, _ = _plan(capsys, "qwenimage")
+    assert "rank 0 host memory" not in out  # its recipe has no --use_ema
+
+
+WAN_SCRIPT = """\
+torchrun --nproc_per_node={nproc} --master_port 19002 \\
+    fastvideo/train_grpo_wan_2_1.py \\
+    --seed 42 \\
+    --gradient_checkpointing \\
+    --train_batch_size 2 \\
+    --h {h} \\
+    --w {w} \\
+    --t 1 \\
+    --sampling_steps {steps} \\
+    --num_generations {generations} \\
+    --use_group
+"""
+# a stand-in for the trainer's argparse (tests only): the defaults the script leaves to it
+WAN_TRAINER = """\
+parser.add_argument("--selective_checkpointing", type=float, default=1.0)
+parser.add_argument(
+    "--cfg_infer",
+    type = float,
+    default=5.0,
+)
+"""
+
+
+def _wan_tree(root, **sizes):
+    import textwrap
+
+    root.mkdir(exist_ok=True)
+    (root / "upstream.lock").write_text((REPO / "upstream.lock").read_text())
+    tree = root / "build" / "DanceGRPO"
+    (tree / "scripts" / "finetune").mkdir(parents=True)
+    (tree / "fastvideo").mkdir()
+    (tree / "scripts/finetune/finetune_wan_2_1_grpo.sh").write_text(WAN_SCRIPT.format(**sizes))
+    (tree / "fastvideo/train_grpo_wan_2_1.py").write_text(textwrap.dedent(WAN_TRAINER))
+    return root
+
+
+def test_wan_reads_its_recipe_from_upstreams_script_in_the_tree(tmp_path, capsys):
+    root = _wan_tree(tmp_path, nproc=8, h=512, w=512, steps=20, generations=12)
+    status = main(["-C", str(root), "plan", "wan"])
+    out, err = capsys.readouterr()
+    assert status == 0 and err == "", err
+    assert "plan: wan (WanTransformer3DModel, 1.42e9 parameters, 30 blocks), 8 ranks, 512x512, 12 generations" in out
+    assert "20 sampling steps, 512 text tokens, 1 frame, selective checkpointing 1.0, classifier-free guidance" in out
+    assert "dancegrpo-npu launch wan --nproc-per-node 8 -- --use_cpu_offload" in out
+    assert "(none: upstream's Wan trainer has no LoRA option)" in out
+    # other sizes in the script are what the plan shows: read, not shipped
+    other = _wan_tree(tmp_path / "other", nproc=4, h=256, w=320, steps=8, generations=6)
+    assert main(["-C", str(other), "plan", "wan"]) == 0
+    assert "4 ranks, 256x320, 6 generations, 8 sampling steps" in capsys.readouterr().out
+    # without the tree: one line naming what to run
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "upstream.lock").write_text((REPO / "upstream.lock").read_text())
+    assert main(["-C", str(tmp_path / "bare"), "plan", "wan"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "finetune_wan_2_1_grpo.sh" in line and "dancegrpo-npu apply" in line
+
+
+def test_wan_counts_are_the_real_classes():
+    """Built on the meta device by the diffusers-0.35 set's interpreter (0.32 has no Wan)."""
+    import json
+
+    from depset_035 import diffusers_035_python
+
+    model = models.model_of("wan")
+    snippet = (
+        "import json, sys, torch\n"
+        "from diffusers import AutoencoderKLWan, WanTransformer3DModel\n"
+        "t, v = ({k: x for k, x in json.load(open(f)).items() if not k.startswith('_')} for f in sys.argv[1:])\n"
+        "with torch.device('meta'):\n"
+        "    t, v = WanTransformer3DModel(**t), AutoencoderKLWan(**v)\n"
+        "print(json.dumps([sum(p.numel() for p in m.parameters()) for m in (t, v, t.blocks[0])]))\n"
+    )
+    files = [str(models.PACKAGE / models.entry("wan")[k]) for k in ("transformer_file", "vae_file")]
+    r = subprocess.run([diffusers_035_python(), "-c", snippet, *files], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    transformer, vae, block = json.loads(r.stdout.splitlines()[-1])
+    assert memory.transformer_parameters(model) == transformer == 1_418_996_800
+    assert memory.block_parameters(model)[0] == block and model.vae["parameters"] == vae
+    assert (model.vae["first_channels"], model.vae["widest_channels"]) == (96, 384)
+
+
+@pytest.mark.upstream
+def test_shipped_recipe_sizes_are_upstreams_and_wan_reads_them(patched_tree, capsys):
+    """The sizes models.json ships are what run.recipes reads from upstream's scripts; Wan's are
+    read there by the plan itself."""
+    for name in models.names():
+        read, world = models.read_recipe(name, patched_tree.tree)
+        _, shipped, shipped_world, _ = models.load(name, patched_tree.tree)
+        assert (read, world) == (shipped, shipped_world), name
+    wan, world = models.read_recipe("wan", patched_tree.tree)
+    assert (wan.height, wan.width, wan.frames, wan.generations, wan.sampling_steps, world) == (512, 512, 1, 12, 20, 8)
+    assert wan.guidance_batch == 2 and wan.selective_checkpointing == 1.0 and not wan.ema
+    status = main(["-C", str(patched_tree.project.root), "plan", "wan"])
+    assert status == 0 and "plan: wan (WanTransformer3DModel" in capsys.readouterr().out

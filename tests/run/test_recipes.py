@@ -253,3 +253,19 @@ def test_network_options_that_fit_pass(project, monkeypatch, capsys):
         assert main(["-C", str(project.root), "launch", "flux", "--nnodes", "2", "--nproc-per-node", "8",
                      "--device", "cpu", *argv, "--dry-run"]) == 0, capsys.readouterr().err  # fmt: skip
         capsys.readouterr()
+
+
+def test_a_dry_run_of_several_nodes_on_a_login_node_names_what_it_could_not_check(project, monkeypatch, capsys):
+    """The compute nodes' interface is not the login node's: the dry run plans the job (exit 1,
+    as for a job that cannot start here) and names the interface as not checked; a real launch
+    on that host, and a dry run of one node, still refuse it."""
+    monkeypatch.setattr(network, "this_host", lambda: HOST)
+    argv = ["-C", str(project.root), "launch", "flux", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+            "10.1.1.9", "--nproc-per-node", "8", "--device", "cpu", "--ifname", "ib0"]
+    assert main([*argv, "--dry-run"]) == 1
+    out, err = capsys.readouterr()
+    assert "torch.distributed.run" in out and "--ifname ib0: this host has no such network interface" in out
+    assert "not checked against the job's nodes" in out and err.count("\n") == 1
+    assert main(argv) == 2 and "--ifname ib0: this host has no such network interface" in capsys.readouterr().err
+    one_node = ["-C", str(project.root), "launch", "flux", "--nproc-per-node", "8", "--ifname", "ib0", "--dry-run"]
+    assert main(one_node) == 2

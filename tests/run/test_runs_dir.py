@@ -83,7 +83,7 @@ def test_a_runs_directory_that_cannot_be_made_is_one_line(project, tmp_path, cap
                "--device", "cpu"])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f"dancegrpo-npu: error: cannot write {blocker / 'runs'}: Not a directory")
+    assert err.startswith(f"dancegrpo-npu: error: cannot write {blocker / 'runs'}: {blocker} is a file, not a directory")
     assert "--runs-dir DIR or DANCEGRPO_RUNS" in err
 
 
@@ -95,7 +95,7 @@ def test_plot_to_a_place_that_cannot_be_written_is_one_line(project, tmp_path, c
     rc = main(["-C", str(project.root), "plot", "a", "-o", str(blocker / "x.png")])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
-    assert f"cannot write {blocker / 'x.png'}: File exists ({blocker})" in err
+    assert f"cannot write {blocker / 'x.png'}: {blocker} is a file, not a directory; move the file, or write elsewhere: --output" in err
 
 
 def test_compare_on_a_full_disk_is_one_line(project, monkeypatch, capsys):

@@ -123,3 +123,56 @@ def test_find_run_by_suffix_and_ambiguity(tmp_path):
         find_run(runs, "20260101")
     with pytest.raises(DancegrpoError, match="no run 'tpu'"):
         find_run(runs, "tpu")
+
+
+def test_find_run_by_a_unique_part_anywhere_in_the_name(tmp_path):
+    """The help says "a unique part of its name": the middle of a name finds it too; a prefix or
+    suffix is still preferred where it is unique."""
+    runs = tmp_path / "runs"
+    fake_run(runs, "20260101-100000-gpu")
+    fake_run(runs, "20260101-110000-gpu-2")
+    assert find_run(runs, "1-100000-g").name == "20260101-100000-gpu"
+    assert find_run(runs, "110000-gpu-").name == "20260101-110000-gpu-2"
+    assert find_run(runs, "gpu").name == "20260101-100000-gpu"  # its suffix; the other only holds it
+    with pytest.raises(DancegrpoError, match="ambiguous"):
+        find_run(runs, "0000-gp")
+
+
+def test_a_runs_directory_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "upstream.lock").write_text("")
+    not_a_dir = tmp_path / "runs.txt"
+    not_a_dir.write_text("")
+    for argv in (["runs"], ["runs", "--json"], ["plot", "x"], ["compare", "a", "b"]):
+        assert main(["-C", str(tmp_path), "--runs-dir", str(not_a_dir), *argv]) == 2, argv
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert f"the runs directory {not_a_dir} is a file, not a directory" in line and "no runs" not in line
+
+
+def test_read_only_verbs_with_a_runs_directory_need_no_checkout(tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "shared" / "runs"
+    fake_run(runs, "20260101-100000-gpu", rewards=[0.3, 0.35])
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no upstream.lock here or above
+    assert main(["runs", "--runs-dir", str(runs)]) == 0
+    assert "20260101-100000-gpu" in capsys.readouterr().out
+    monkeypatch.setenv("DANCEGRPO_RUNS", str(runs))
+    assert main(["runs", "--json"]) == 0 and json.loads(capsys.readouterr().out)["name"] == "20260101-100000-gpu"
+    assert main(["compare", "gpu", "gpu"]) == 2  # found: refused for what the run lacks, not for the place
+    assert "run 20260101-100000-gpu has no records" in capsys.readouterr().err
+    monkeypatch.delenv("DANCEGRPO_RUNS")
+    assert main(["runs"]) == 2 and "not a dancegrpo-npu project" in capsys.readouterr().err
+
+
+def test_a_runs_directory_that_is_a_file_is_named_when_a_run_is_created(tmp_path):
+    """Not "free space or fix the permissions": the file in the way is named."""
+    from dancegrpo_npu.run.directory import create_run_dir
+
+    not_a_dir = tmp_path / "runs"
+    not_a_dir.write_text("")
+    for runs_dir in (not_a_dir, not_a_dir / "below"):
+        with pytest.raises(DancegrpoError) as e:
+            create_run_dir(runs_dir, "smoke")
+        line = e.value.one_line()
+        assert f"{not_a_dir} is a file, not a directory" in line and "--runs-dir DIR" in line
+        assert "free space" not in line and "permissions" not in line

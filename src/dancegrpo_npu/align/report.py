@@ -232,6 +232,20 @@ def _curves(run, key: str, fallback: dict | None = None):
     return [], []
 
 
+def images_panel_text(result) -> str:
+    """What the image panel says when there is no pair to show: the images were compared and
+    every pair is bit-identical, or neither run recorded images."""
+    rows = [r for r in result.rows if r.stage == "images"]
+    if not rows:
+        return "no recorded images"
+    unpaired = [r for r in rows if r.extra.get("problem")]
+    if unpaired:
+        return f"images not compared at step {unpaired[0].step}: {unpaired[0].extra['problem']}"
+    steps = sorted({r.step for r in rows})
+    return (f"images compared at {len(steps)} step{'s' if len(steps) > 1 else ''}: every pair bit-identical "
+            "(PSNR inf), no difference to show")
+
+
 def write_png(result, path: Path) -> None:
     import matplotlib
 
@@ -273,7 +287,7 @@ def write_png(result, path: Path) -> None:
     if worst is None:
         ax = fig.add_subplot(grid[2, :])
         ax.axis("off")
-        ax.text(0.5, 0.5, "no recorded images", ha="center", va="center")
+        ax.text(0.5, 0.5, images_panel_text(result), ha="center", va="center")
     else:
         psnr, step, rank, sample, img_a, img_b = worst
         diff = np.abs(img_a.astype(np.int16) - img_b.astype(np.int16)).max(axis=-1)

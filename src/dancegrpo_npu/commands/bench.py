@@ -43,10 +43,12 @@ process's peak RSS in the phase (weights included).
 
 
 def options_from_args(args) -> dict:
+    from dancegrpo_npu.commands.launch import resolve_device
+
     options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
     options.update(
         preset=args.preset, sample_batch_sizes=args.sample_batch_sizes, vae_decode_chunk=args.vae_decode_chunk,
-        device=args.device, dtype=args.dtype, record=args.record,
+        device=resolve_device(args.device), dtype=args.dtype, record=args.record,
     )  # fmt: skip
     return options
 
@@ -77,7 +79,8 @@ def register(sub, common) -> None:
     )
     # Names are checked in presets.resolve, so a wrong one is a one-line error, not argparse's usage.
     p.add_argument("--preset", default="full", help=f"one of {', '.join(presets.PRESETS)} (default full)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | npu (default auto: npu, else cuda, else cpu)")
+    p.add_argument("--device", default=None,
+                   help="auto | cpu | cuda | npu (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 (default auto: bf16 on npu/cuda, fp32 on cpu)")
     p.add_argument("--sample-batch-sizes", default="1", metavar="N,N,...",
                    help="samples per transformer call in the rollout, each measured in turn; each must divide "

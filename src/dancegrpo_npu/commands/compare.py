@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
-from dancegrpo_npu.project import project_from_args
+from dancegrpo_npu.rundirs.rundir import runs_of_args
 from dancegrpo_npu.align import compare as compare_module
 from dancegrpo_npu.align.compare import compare
 
@@ -42,4 +42,4 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
-    return compare(project_from_args(args), args.run_a, args.run_b, args.tol, args.steps)
+    return compare(runs_of_args(args), args.run_a, args.run_b, args.tol, args.steps)

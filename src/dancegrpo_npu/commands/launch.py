@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from dancegrpo_npu.cli import did_you_mean
 from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
@@ -52,8 +53,9 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--device",
         choices=DEVICES,
-        default=d("auto"),
-        help="DANCEGRPO_DEVICE for the scripts (default auto: npu, else cuda, else cpu)",
+        default=d(None),
+        help="DANCEGRPO_DEVICE for the scripts (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, "
+        "else cpu)",
     )
     p.add_argument(
         "--strict",
@@ -100,18 +102,19 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
                    help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
-                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; flux and flux-lora only")
+                   "the NPU, torch.profiler elsewhere), e.g. 3, 2-4 or 1,5; the GRPO trainers only")
 
 
 EPILOG = textwrap.dedent(
     """\
-    flux and flux-lora start from upstream's own recipe: the trainer arguments of its launch
-    script in the patched tree, read from scripts/finetune/finetune_flux_grpo*.sh (8gpus: the
-    one-node script, 2nodes: finetune_flux_grpo.sh, 8gpus-lora for flux-lora).  The default
-    is the recipe for the launch's world size; a world size no recipe has runs the nearest one
+    The GRPO trainers start from upstream's own recipe: the trainer arguments of its launch
+    script in the patched tree, read from scripts/finetune/finetune_*_grpo*.sh (flux: 8gpus,
+    the one-node script, and 2nodes, finetune_flux_grpo.sh; 8gpus-lora for flux-lora; wan,
+    qwenimage, qwenimage-edit: 8gpus).  The default is the recipe for the launch's world size; a world size no recipe has runs the nearest one
     scaled to it (the same prompts per step and effective batch where it divides them), and
-    says so.  The port adds the HPS reward paths; preprocess gets the arguments of
-    scripts/preprocess/preprocess_flux_rl_embeddings.sh.  Arguments after -- override these.
+    says so.  The port adds the HPS reward paths; preprocess (and preprocess-wan,
+    preprocess-qwenimage...) gets the arguments of its scripts/preprocess/*.sh.  Arguments
+    after -- override these.  The weights each one reads, and where: docs/weights.md.
     Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
     patched tree; relative paths you type, in the current directory.  Without --output_dir,
     training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every
@@ -166,6 +169,11 @@ def _parse_words(args) -> tuple[str, list[str]]:
     inner.add_argument("--workdir", default=argparse.SUPPRESS)
     inner.add_argument("--runs-dir", dest="runs_dir", default=argparse.SUPPRESS)
     _, unknown = inner.parse_known_args(rest, namespace=args)
+    meant = did_you_mean(unknown[0], [o for a in inner._actions for o in a.option_strings]) if unknown else None
+    if meant:
+        raise DancegrpoError(f"launch: unknown option {unknown[0].split('=', 1)[0]!r}",
+                             f"did you mean {meant}? (launch's options go before --, the script's own after it: "
+                             "`dancegrpo-npu launch --help`)", exit_code=2)
     if unknown:
         raise DancegrpoError(
             f"launch: unknown option {unknown[0]!r}",
@@ -175,6 +183,22 @@ def _parse_words(args) -> tuple[str, list[str]]:
     return script, upstream
 
 
+def resolve_device(device: str | None, environ=None) -> str:
+    """--device as given, else $DANCEGRPO_DEVICE (the variable the trainers read: a user who set
+    it means it), else auto."""
+    import os
+
+    from dancegrpo_npu.contract import DEVICE_ENV
+
+    if device is not None:
+        return device
+    value = (os.environ if environ is None else environ).get(DEVICE_ENV) or "auto"
+    if value not in DEVICES:
+        raise DancegrpoError(f"{DEVICE_ENV}={value} is not a device", f"set it to one of {', '.join(DEVICES)}, "
+                             "or unset it and pass --device", exit_code=2)
+    return value
+
+
 def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
     names = {"npu": ["HCCL_SOCKET_IFNAME"], "cuda": ["NCCL_SOCKET_IFNAME"], "cpu": []}
     chosen = names.get(device, ["HCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
@@ -182,6 +206,7 @@ def _ifname_env(ifname: str, device: str) -> list[tuple[str, str]]:
 
 
 def run(args) -> int:
+    args.device = resolve_device(args.device)
     if args.resume is not None or (args.words and "--resume" in args.words[: (args.words + ["--"]).index("--")]):
         return _resume(args)
     script, upstream = _parse_words(args)

@@ -1,11 +1,14 @@
 """``dancegrpo-npu plan``: the memory one rank needs for a GRPO run, before the run.
 
-For a model (Qwen-Image, Qwen-Image-Edit, FLUX.1-dev: shapes shipped with the tool), a world
-size, the device's memory and upstream's recipe sizes, it estimates per rank: the fp32
+For a model (Qwen-Image, Qwen-Image-Edit, FLUX.1-dev, Wan2.1-T2V-1.3B: shapes shipped with
+the tool), a world size, the device's memory and upstream's recipe sizes (Wan's read from
+upstream's script in the patched tree, so plan wan runs in a project after fetch and apply),
+it estimates per rank: the fp32
 master weights, gradients and AdamW moments sharded over the ranks (FSDP FULL_SHARD), FSDP's
 gathered blocks, the HPSv2 reward and the VAE, the activations of the largest phase (from the
 model's config, the recipe's sizes and how many blocks --selective-checkpointing
-checkpoints) and a runtime reserve.  Then it sets the ways to make it smaller side by side
+checkpoints) and a runtime reserve (an assumption, in the total); with the recipe's --use_ema
+(FLUX), the host memory upstream's EMA takes on rank 0.  Then it sets the ways to make it smaller side by side
 - selective checkpointing 1.0, more ranks, FSDP CPU offload, LoRA - each against 64 GiB
 (910B3 and the like) and 32 GiB (910B4) cards, with the launch arguments for it.
 
@@ -20,6 +23,7 @@ import argparse
 import sys
 
 from dancegrpo_npu.plan import models
+from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.plan.report import plan
 
 EXAMPLES = """\
@@ -29,6 +33,7 @@ examples:
   dancegrpo-npu plan qwenimage --world-size 16 --selective-checkpointing 1.0
   dancegrpo-npu plan qwenimage-edit --cpu-offload
   dancegrpo-npu plan flux --lora-rank 128
+  dancegrpo-npu plan wan                             # in the project: the recipe read from the patched tree
 """
 
 
@@ -37,7 +42,7 @@ def run(args) -> int:
                  "sampling_steps": args.sampling_steps, "text_tokens": args.text_tokens,
                  "selective_checkpointing": args.selective_checkpointing, "sample_batch_size": args.sample_batch_size}
     text, refusal = plan(args.model, args.world_size, args.device_memory, args.ranks_per_node, overrides,
-                         args.cpu_offload, args.lora_rank, args.reserve)
+                         args.cpu_offload, args.lora_rank, args.reserve, tree=lambda: _tree(args))
     print(text)
     if refusal is not None:
         sys.stdout.flush()
@@ -45,11 +50,19 @@ def run(args) -> int:
     return 0
 
 
+def _tree(args):
+    """The patched tree, for a model whose recipe sizes are read there (Wan); None where the
+    model ships them, so that plan needs no project for it."""
+    if args.model not in models.names() or not models.recipe_from_tree(args.model):
+        return None
+    return project_from_args(args).workdir
+
+
 def register(sub, common) -> None:
     p = sub.add_parser(
         "plan",
         parents=[common],
-        help="estimate the memory a rank needs for a GRPO run (Qwen-Image, FLUX) and what fits on 64/32 GiB cards",
+        help="estimate the memory a rank needs for a GRPO run (Qwen-Image, FLUX, Wan) and what fits on 64/32 GiB cards",
         description=__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -69,6 +82,6 @@ def register(sub, common) -> None:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--generations", type=int, default=None, metavar="G")
     p.add_argument("--sampling-steps", type=int, default=None)
-    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding tokens (default 256 for Qwen-Image)")
+    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding tokens (default: the model's; 256 for Qwen-Image, 512 for FLUX and Wan)")
     p.add_argument("--sample-batch-size", type=int, default=None, metavar="N", help="samples a transformer call in the rollout (default 1)")
     p.set_defaults(func=run)

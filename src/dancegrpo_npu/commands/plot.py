@@ -7,8 +7,7 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import writing
-from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.rundirs.rundir import find_run, load_run
+from dancegrpo_npu.rundirs.rundir import find_run, load_run, runs_of_args
 from dancegrpo_npu.rundirs.plot import plot_runs
 
 
@@ -33,7 +32,7 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
-    project = project_from_args(args)
+    project = runs_of_args(args)
     runs = [load_run(find_run(project.runs_dir, ref)) for ref in args.runs]
     if args.output:
         output = Path(args.output).expanduser().resolve()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.rundirs.rundir import list_runs
+from dancegrpo_npu.rundirs.rundir import list_runs, runs_of_args
 from dancegrpo_npu.rundirs.listing import format_table, row
 
 
@@ -26,7 +25,7 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
-    project = project_from_args(args)
+    project = runs_of_args(args)
     rows = [row(run) for run in list_runs(project.runs_dir)]
     if args.json:
         for r in rows:

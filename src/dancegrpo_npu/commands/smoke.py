@@ -48,6 +48,9 @@ def align_options(args, project: Project) -> AlignOptions:
 
 
 def run(args) -> int:
+    from dancegrpo_npu.commands.launch import resolve_device
+
+    args.device = resolve_device(args.device)
     project = project_from_args(args)
     options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device, verbose=args.verbose,
                            generations=args.generations, extra_args=tuple(args.trainer_args),
@@ -94,8 +97,9 @@ def register(sub, common) -> None:
                    "wan (train_grpo_wan_2_1.py), qwenimage (train_grpo_qwenimage.py), qwenimage-edit "
                    "(train_grpo_qwenimage_edit.py); the last three with the diffusers-0.35 set: docs/dependencies.md")
     p.add_argument("--lora", action="store_true", help="the same as --trainer flux-lora")
-    p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="DANCEGRPO_DEVICE for the run (default auto: npu, else cuda, else cpu)")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="DANCEGRPO_DEVICE for the run (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, "
+                   "else cpu)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.TRAINERS['qwenimage-edit'].default_steps}, "
                    "one a pass of its three passes, so a multiple of 3); the checkpoint of step N (the weights after "

@@ -5,6 +5,9 @@
 - A node other than the master must be given another host's address: one that is loopback or
   this host's own would again be itself.
 - ``--ifname`` must be an interface of this host (HCCL, NCCL and Gloo bind to it).
+- The dry run of a job of several nodes plans it for the compute nodes, wherever it runs (a
+  login node): what only those nodes can answer (their interfaces, node 0's name in their
+  resolver) is not refused there but named as not checked (``not_checked_here``).
 - Ports are 1024-65535: below 1024 needs root, and torchrun's store would not bind.
 
 This host's interfaces come from ``socket.if_nameindex()``, its IPv4 addresses from each
@@ -84,12 +87,38 @@ def check_port(option: str, port: int | None) -> None:
         )
 
 
-def check_network(nnodes: int, node_rank: int, master_addr: str | None, ifname: str | None, host: Host) -> None:
-    """Refuse the network options a multi-node job would hang or fail on (see module doc)."""
+def _no_such_interface(ifname: str, host: Host) -> str:
+    shown = ", ".join(host.interfaces) or "none found"
+    return f"--ifname {ifname}: this host has no such network interface (it has: {shown})"
+
+
+def not_checked_here(nnodes: int, node_rank: int, master_addr: str | None, ifname: str | None, host: Host) -> list[str]:
+    """What the dry run of a job of several nodes could not check on this host (it may be a
+    login node, not one of the job's nodes); [] for one node, where everything is checked."""
+    if nnodes == 1:
+        return []
+    notes = []
     if ifname is not None and ifname not in host.interfaces:
-        shown = ", ".join(host.interfaces) or "none found"
+        notes.append(f"{_no_such_interface(ifname, host)}: not checked against the job's nodes; "
+                     "check it there (`ip -br addr` lists them)")
+    if master_addr is not None and node_rank != 0:
+        try:
+            socket.getaddrinfo(master_addr, None)
+        except OSError as e:
+            notes.append(f"--master-addr {master_addr} cannot be resolved on this host ({e.strerror or e}): "
+                         "not checked against the job's nodes; pass node 0's IP address")
+    return notes
+
+
+def check_network(nnodes: int, node_rank: int, master_addr: str | None, ifname: str | None, host: Host,
+                  *, elsewhere: bool = False) -> None:
+    """Refuse the network options a multi-node job would hang or fail on (see module doc).
+
+    ``elsewhere``: the job is planned here for other hosts (the dry run of a job of several
+    nodes), so what only they can answer is left to ``not_checked_here``."""
+    if ifname is not None and ifname not in host.interfaces and not elsewhere:
         raise DancegrpoError(
-            f"--ifname {ifname}: this host has no such network interface (it has: {shown})",
+            _no_such_interface(ifname, host),
             "name the interface on the network between the nodes (`ip -br addr` lists them)",
             exit_code=2,
         )
@@ -106,6 +135,8 @@ def check_network(nnodes: int, node_rank: int, master_addr: str | None, ifname: 
     try:
         resolved = {info[4][0] for info in socket.getaddrinfo(master_addr, None)}
     except OSError as e:
+        if elsewhere:
+            return
         raise DancegrpoError(
             f"--master-addr {master_addr} cannot be resolved on this host ({e.strerror or e})",
             "pass node 0's IP address",

@@ -11,12 +11,16 @@ per rank, in bytes:
   runs and the one prefetched), the unsharded bf16 gradients of a block in backward, and
   the root unit (embeddings, the output layers);
 - the reward (HPSv2's ViT-H-14, loaded in float32: about 3.9 GB) and the VAE (bf16);
+- with the recipe's ``--use_ema`` (FLUX's 8-rank recipe), host memory on rank 0: upstream's
+  FSDP_EMA keeps a full fp32 copy of the transformer there, and each update gathers the full
+  state dict there once more;
 - the activations of the largest phase: rollout (no grad, N samples a transformer call,
   the trajectories kept for training), decode, reward, and training, where a
   checkpointed block keeps only its input and any other block all it saved for backward
   (upstream's ``--selective_checkpointing`` fraction picks which);
 - a runtime reserve (the device runtime, collective buffers, the allocator's slack):
-  an assumption, not a count, and printed as one.
+  an assumption (``--reserve``), not derived from shapes; it is part of the total, and the
+  table says both.
 
 The constants that are not counts (hidden-sized tensors a block saves) are the bench's
 own (:mod:`dancegrpo_npu.throughput.models`), checked against the peaks it measures
@@ -49,10 +53,17 @@ class Recipe:
     text_tokens: int  # prompt-embedding tokens the transformer sees
     selective_checkpointing: float  # --selective_checkpointing (fraction of blocks checkpointed)
     sample_batch_size: int = 1  # --sample_batch_size (the port's batched rollout; 1 = upstream)
+    frames: int = 1  # --t (Wan: video frames; the image trainers' recipes give 1)
+    guidance_batch: int = 1  # 2 where --cfg_infer > 1: the prompt and the negative prompt in one call (Wan)
+    ema: bool = False  # --use_ema: rank 0 keeps an fp32 copy of the transformer in host memory
+
+    @property
+    def latent_frames(self) -> int:
+        return (self.frames - 1) // 4 + 1  # Wan's VAE: 4x in time, the first frame alone
 
     @property
     def image_tokens(self) -> int:
-        return (self.height // 16) * (self.width // 16)  # VAE 8x, then 2x2 patches
+        return self.latent_frames * (self.height // 16) * (self.width // 16)  # VAE 8x, then 2x2 patches
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Options:
     fsdp: bool = True  # False: one process with plain modules (the bench)
     attention_scores: bool = False  # the attention backend materialises the S x S scores (CPU math path)
     reserve_bytes: int = 3 * GiB
+    ema: bool = True  # the recipe's --use_ema applies (the LoRA trainer's recipe has none)
 
 
 def bench_on_cpu() -> "Options":
@@ -89,6 +101,21 @@ class Model:
     def blocks(self) -> int:
         return self.transformer["num_layers"] + self.transformer.get("num_single_layers", 0)
 
+    @property
+    def cross_attention(self) -> bool:
+        """Wan's blocks attend to the text by cross-attention; FLUX's and Qwen-Image's run it in
+        the sequence (joint attention)."""
+        return self.transformer["_class_name"] == "WanTransformer3DModel"
+
+    @property
+    def latent_per_token(self) -> int:
+        """Latent values a token carries: 64 for all three (FLUX and Qwen-Image pack 16 channels
+        x 2x2 before the transformer; Wan's patch embedding takes 16 channels x its 1x2x2 patch)."""
+        patch = self.transformer.get("patch_size")
+        if isinstance(patch, list):
+            return self.transformer["in_channels"] * patch[0] * patch[1] * patch[2]
+        return self.transformer["in_channels"]
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -96,6 +123,7 @@ class Estimate:
     host_bytes_per_rank: int  # what CPU offload puts in host memory
     checkpointed_blocks: int
     blocks: int
+    rank0_host: tuple[tuple[str, int], ...] = ()  # host memory rank 0 holds besides (upstream's EMA)
 
     @property
     def total(self) -> int:
@@ -123,15 +151,28 @@ def _single_stream_block(d: int, head_dim: int) -> int:
     return _linear(d, 3 * d) + 3 * _linear(d, d) + 2 * head_dim + _linear(d, 4 * d) + _linear(5 * d, d)
 
 
+def _wan_block(d: int, ffn: int) -> int:
+    """A Wan block: self- and cross-attention (q/k/v/out each, RMSNorm over q and k across heads),
+    the cross-attention's affine LayerNorm, a GELU FFN of ffn_dim, the 6d scale-shift table."""
+    attention = 4 * _linear(d, d) + 2 * d
+    return 2 * attention + 2 * d + _linear(d, ffn) + _linear(ffn, d) + 6 * d
+
+
 def block_parameters(model: Model) -> list[int]:
     cfg, d = model.transformer, model.hidden
     h = cfg["attention_head_dim"]
+    if model.cross_attention:
+        return [_wan_block(d, cfg["ffn_dim"])] * cfg["num_layers"]
     return [_dual_stream_block(d, h)] * cfg["num_layers"] + [_single_stream_block(d, h)] * cfg.get("num_single_layers", 0)
 
 
 def root_parameters(model: Model) -> int:
     """Everything outside the blocks: input projections, time (and guidance, text) embedders, output."""
     cfg, d = model.transformer, model.hidden
+    if model.cross_attention:  # Wan: patch embedding, time and text embedders, the time projection, output
+        patch = cfg["patch_size"][0] * cfg["patch_size"][1] * cfg["patch_size"][2]
+        embedders = _linear(cfg["freq_dim"], d) + _linear(d, d) + _linear(d, 6 * d) + _linear(cfg["text_dim"], d) + _linear(d, d)
+        return cfg["in_channels"] * patch * d + d + embedders + _linear(d, cfg["out_channels"] * patch) + 2 * d
     patch_out = cfg["patch_size"] ** 2 * (cfg.get("out_channels") or cfg["in_channels"])
     timestep = _linear(256, d) + _linear(d, d)
     common = _linear(cfg["in_channels"], d) + _linear(cfg["joint_attention_dim"], d) + timestep
@@ -173,7 +214,10 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     d, heads = model.hidden, model.transformer["num_attention_heads"]
     params = transformer_parameters(model)
     image_tokens = recipe.image_tokens * (2 if model.reference_image_tokens else 1)
-    tokens = image_tokens + recipe.text_tokens
+    # the sequence a block runs on: joint attention carries the text in it; cross-attention keeps
+    # the text's keys and values beside it (two hidden-sized tensors a text token)
+    tokens = image_tokens if model.cross_attention else image_tokens + recipe.text_tokens
+    text_kv = 2 * recipe.text_tokens * d * a if model.cross_attention else 0
 
     parts: list[tuple[str, int]] = []
     host = 0
@@ -207,14 +251,17 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     def scores(batch: int) -> int:
         return batch * heads * tokens * tokens * 4 if options.attention_scores else 0
 
-    per_block = tokens * d * a * SAVED_PER_TOKEN
-    trajectory = recipe.generations * (recipe.sampling_steps + 1) * image_tokens * model.transformer["in_channels"] * 4
-    rollout = recipe.sample_batch_size * per_block + scores(recipe.sample_batch_size) + trajectory
+    per_block = tokens * d * a * SAVED_PER_TOKEN + text_kv
+    trajectory = recipe.generations * (recipe.sampling_steps + 1) * image_tokens * model.latent_per_token * 4
+    calls = recipe.sample_batch_size * recipe.guidance_batch  # samples a transformer call holds
+    rollout = calls * per_block + scores(calls) + trajectory
     ckpt = checkpointed_blocks(model.blocks, recipe.selective_checkpointing)
     kept = model.blocks - ckpt
-    train = kept * (per_block + scores(1)) + ckpt * tokens * d * a + per_block + scores(1) + trajectory
+    g = recipe.guidance_batch
+    train = g * (kept * (per_block + scores(1)) + ckpt * tokens * d * a + per_block + scores(1)) + trajectory
     vae = model.vae
-    tile_h, tile_w = min(recipe.height, vae["tile"]), min(recipe.width, vae["tile"])
+    tile = vae["tile"] or max(recipe.height, recipe.width)  # None: decoded whole (Wan's VAE)
+    tile_h, tile_w = min(recipe.height, tile), min(recipe.width, tile)
     latent_pixels = (tile_h // 8) * (tile_w // 8)
     decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
                                          + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
@@ -227,8 +274,13 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     if largest == "train":
         label += f" ({ckpt} of {model.blocks} blocks checkpointed)"
     parts.append((label, phases[largest]))
-    parts.append(("runtime reserve (assumed, not counted)", options.reserve_bytes))
-    return Estimate(tuple(parts), host, ckpt, model.blocks)
+    parts.append(("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes))
+    rank0_host: tuple[tuple[str, int], ...] = ()
+    if recipe.ema and options.ema and not options.lora_rank:
+        full = params * 4  # get_model_state_dict(full_state_dict=True, cpu_offload=True): fp32, on rank 0
+        rank0_host = (("EMA copy (fp32, the recipe's --use_ema)", full),
+                      ("the state dict each EMA update gathers (fp32)", full))
+    return Estimate(tuple(parts), host, ckpt, model.blocks, rank0_host)
 
 
 @dataclass(frozen=True)

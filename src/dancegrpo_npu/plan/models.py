@@ -1,14 +1,24 @@
-"""The shapes the memory plan knows: shipped in models.json, or the bench's built configs."""
+"""The shapes the memory plan knows: shipped in models.json, or the bench's built configs.
+
+A model's transformer (and VAE) config is in models.json, or names a config file the package
+ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes are shipped
+too (checked against upstream's scripts by tests/plan), or, for an entry whose recipe names
+only its script (Wan), read from upstream's launch script in the patched tree by
+:mod:`dancegrpo_npu.run.recipes`, the reader ``launch`` uses.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan.memory import Model, Recipe
 
 MODELS_FILE = Path(__file__).with_name("models.json")
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 @lru_cache(maxsize=1)
@@ -32,16 +42,83 @@ def data_of(name: str) -> dict:
     return _shipped()[name]
 
 
-def load(name: str) -> tuple[Model, Recipe, int, str]:
-    """(model, upstream's recipe sizes, its world size, its script) of a shipped model."""
+def _config(data: dict, key: str) -> dict:
+    return json.loads((PACKAGE / data[f"{key}_file"]).read_text()) if f"{key}_file" in data else data[key]
+
+
+def model_of(name: str) -> Model:
     data = entry(name)
-    model = Model(name, data["trainer"], data["transformer"], data["vae"], data["hps"],
-                  reference_image_tokens=data.get("reference_image_tokens", False))
+    vae = dict(data["vae"])
+    if "vae_file" in data:  # Wan's VAE: its channels from its config (base_dim x dim_mult)
+        cfg = _config(data, "vae")
+        vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
+    return Model(name, data["trainer"], _config(data, "transformer"), vae, data["hps"],
+                 reference_image_tokens=data.get("reference_image_tokens", False))
+
+
+def recipe_from_tree(name: str) -> bool:
+    """Whether the model's recipe sizes are read from the patched tree (not shipped)."""
+    return "height" not in entry(name)["recipe"]
+
+
+def load(name: str, tree: Path | None = None) -> tuple[Model, Recipe, int, str]:
+    """(model, upstream's recipe sizes, its world size, its script); the sizes of an entry that
+    ships none are read from the script in ``tree`` (the patched tree)."""
+    data = entry(name)
     r = data["recipe"]
+    if recipe_from_tree(name):
+        recipe, world_size = read_recipe(name, tree)
+        return model_of(name), recipe, world_size, r["script"]
     recipe = Recipe(height=r["height"], width=r["width"], generations=r["generations"],
                     sampling_steps=r["sampling_steps"], text_tokens=r["text_tokens"],
-                    selective_checkpointing=r["selective_checkpointing"])
-    return model, recipe, r["world_size"], r["script"]
+                    selective_checkpointing=r["selective_checkpointing"], ema=r.get("ema", False))
+    return model_of(name), recipe, r["world_size"], r["script"]
+
+
+def _argparse_default(source: str, flag: str) -> str | None:
+    """The default of ``parser.add_argument("FLAG", ..., default=X)`` in a trainer's source."""
+    m = re.search(rf'add_argument\(\s*"{re.escape(flag)}"[^)]*?default\s*=\s*([^,)\s]+)', source)
+    return m.group(1) if m else None
+
+
+def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
+    """The recipe sizes of upstream's script for ``name`` in the patched tree, as launch reads
+    it (run.recipes), with the trainer's own defaults for the flags the script leaves out."""
+    from dancegrpo_npu.run import recipes
+
+    r = entry(name)["recipe"]
+    path = (tree / r["script"]) if tree is not None else None
+    if path is None or not path.is_file():
+        raise DancegrpoError(
+            f"plan: {name}'s recipe sizes are read from upstream's {r['script']} in the patched tree, "
+            f"and {path or 'the project'} is missing",
+            "run `dancegrpo-npu fetch` and `dancegrpo-npu apply` in the project first (or pass -C DIR / --workdir DIR)",
+        )
+    script = recipes.parse_recipe(path, "")
+    values = script.values()
+    try:
+        source = (tree / script.trainer).read_text()
+    except OSError as e:
+        raise DancegrpoError(f"plan: {tree / script.trainer} cannot be read ({e.strerror or e})",
+                             "run `dancegrpo-npu apply` to restore the patched tree") from None
+
+    def value(flag: str, kind):
+        text = values.get(flag) if flag in values else _argparse_default(source, flag)
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            raise DancegrpoError(f"plan: {flag} {text!r} in {path} (or its trainer's default) is not a number",
+                                 "pass the size to plan yourself, e.g. --height 512") from None
+
+    checkpointing = value("--selective_checkpointing", float) if "--gradient_checkpointing" in values else 0.0
+    # Wan's --cfg_infer > 1 runs the prompt and the negative prompt in one transformer call
+    has_guidance = "--cfg_infer" in values or _argparse_default(source, "--cfg_infer") is not None
+    guidance_batch = 2 if has_guidance and value("--cfg_infer", float) > 1 else 1
+    recipe = Recipe(height=value("--h", int), width=value("--w", int), frames=value("--t", int),
+                    generations=value("--num_generations", int), sampling_steps=value("--sampling_steps", int),
+                    text_tokens=r["text_tokens"], selective_checkpointing=checkpointing,
+                    guidance_batch=guidance_batch, ema="--use_ema" in values)
+    return recipe, script.world_size
 
 
 def from_bench(name: str, configs, counts) -> Model:

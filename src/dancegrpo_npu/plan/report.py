@@ -8,6 +8,7 @@ compares with the peaks bench measures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from dancegrpo_npu.errors import DancegrpoError
@@ -21,10 +22,12 @@ OFFLOAD = {
     "flux": ("flux", "--use_cpu_offload"),
     "qwenimage": ("qwenimage", "--use_cpu_offload"),  # honoured by the port (upstream ignores it)
     "qwenimage-edit": ("qwenimage-edit", "--use_cpu_offload"),
+    "wan": ("wan", "--use_cpu_offload"),  # the port's FSDP of the Wan trainer (patch 0024) takes it
 }
 LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
 NO_OFFLOAD = "the trainer has no FSDP CPU offload"
-NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
+NO_LORA = {"wan": "upstream's Wan trainer has no LoRA option"}
+NO_LORA_QWEN = "upstream's Qwen-Image trainers have no LoRA option"
 
 
 def _bad(message: str, hint: str) -> DancegrpoError:
@@ -47,24 +50,29 @@ def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int)
     if opts.lora_rank:
         lora = LORA.get(model.trainer)
         if lora is None:
-            return f"(none: {NO_LORA})"
+            return f"(none: {NO_LORA.get(model.trainer, NO_LORA_QWEN)})"
         trainer = lora[0]
         extra.append(lora[1].format(rank=opts.lora_rank, alpha=2 * opts.lora_rank))
     extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
     per_node = min(ranks_per_node, opts.world_size)
     nodes = -(-opts.world_size // per_node)
-    where = f"--nproc-per-node {per_node}" + (f" --nnodes {nodes}" if nodes > 1 else "")
+    where = f"--nproc-per-node {per_node}"
+    if nodes > 1:  # the same line on every node, each with its own rank; launch refuses it without them
+        where += f" --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR"
     return f"dancegrpo-npu launch {trainer} {where} -- " + " ".join(extra)
 
 
 def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_node: int, overrides: dict,
-         cpu_offload: bool, lora_rank: int, reserve_gib: float) -> tuple[str, DancegrpoError | None]:
-    """(the printed plan, the refusal when the asked configuration does not fit, else None)."""
+         cpu_offload: bool, lora_rank: int, reserve_gib: float, tree=None) -> tuple[str, DancegrpoError | None]:
+    """(the printed plan, the refusal when the asked configuration does not fit, else None).
+    ``tree``: the patched tree (or a function giving it, asked only once the values are
+    checked), where a model without shipped recipe sizes (Wan) reads them."""
     if name not in models.names():
         raise _bad(f"unknown model {name!r}", f"choose one of: {', '.join(models.names())}")
-    model, recipe, recipe_world, script = models.load(name)
+    _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
+    model, recipe, recipe_world, script = models.load(name, tree() if callable(tree) else tree)
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
-    _check(recipe, world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib)
+    _check(recipe)
     options = memory.Options(world_size=world_size or recipe_world, cpu_offload=cpu_offload, lora_rank=lora_rank,
                              reserve_bytes=int(reserve_gib * GiB))
     choices = memory.alternatives(model, recipe, options)
@@ -76,7 +84,9 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {model.blocks} blocks), "
         f"{options.world_size} ranks, {recipe.height}x{recipe.width}, {recipe.generations} generations, "
         f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
-        f"selective checkpointing {recipe.selective_checkpointing}"
+        + (f"{recipe.frames} frame{'s' if recipe.frames > 1 else ''}, " if model.cross_attention else "")
+        + f"selective checkpointing {recipe.selective_checkpointing}"
+        + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
         f"  recipe: {script} ({recipe_world} ranks); an estimate from shapes, not a measurement",
         "",
@@ -87,12 +97,22 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     if asked.estimate.host_bytes_per_rank:
         lines.append(f"  {'host memory (CPU offload), per node of ' + str(min(ranks_per_node, options.world_size)) + ' ranks':<72} "
                      f"{_gib(asked.estimate.host_bytes_per_rank * min(ranks_per_node, options.world_size)):>7}")
+    if asked.estimate.rank0_host:
+        lines += [f"  {'rank 0 host memory: ' + what:<72} {_gib(size):>7}" for what, size in asked.estimate.rank0_host]
+        lines.append(f"  {'rank 0 host memory in all (upstream FSDP_EMA; not on the device)':<72} "
+                     f"{_gib(sum(size for _, size in asked.estimate.rank0_host)):>7}")
     lines += ["", f"  {'options':<52} {'GiB/rank':>9}  " + "  ".join(f"{label:>15}" for _, label in CARDS)]
     for c in choices:
-        marks = ["fits" if memory.fits(c.estimate, gib * GiB) else "no" for gib, _ in CARDS]
+        if launch_line(model, c, ranks_per_node).startswith("(none"):  # the trainer has no such option
+            marks = ["no option"] * len(CARDS)
+        else:
+            marks = ["fits" if memory.fits(c.estimate, gib * GiB) else "no" for gib, _ in CARDS]
         lines.append(f"  {c.label:<52} {_gib(c.estimate.total):>9}  " + "  ".join(f"{m:>15}" for m in marks))
     lines += ["", "  launch arguments:"]
     lines += [f"  {c.label + ':':<52} {launch_line(model, c, ranks_per_node)}" for c in choices]
+    if any("$NODE_RANK" in launch_line(model, c, ranks_per_node) for c in choices):
+        lines.append(f"  {'':<52} several nodes: the same line on each, with NODE_RANK=0, 1, ... (0 on the master) "
+                     "and MASTER_ADDR=node 0's address")
 
     if memory.fits(asked.estimate, device_bytes):
         return "\n".join(lines), None
@@ -106,25 +126,43 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     return "\n".join(lines), DancegrpoError(f"plan: {message}", hint, exit_code=1)
 
 
-def _check(recipe, world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib) -> None:
+def _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides) -> None:
+    """The values the user gave, before the recipe is read (a model may read it from the tree)."""
+    for flag, value in (("--device-memory", device_memory_gib), ("--reserve", reserve_gib)):
+        if not math.isfinite(value):
+            raise _bad(f"{flag} {value:g} is not a number of GiB", "give a finite number, e.g. 64")
     if world_size is not None and world_size < 1:
         raise _bad(f"--world-size {world_size} is below 1", "give the number of ranks (NPUs) of the job")
     if ranks_per_node < 1:
         raise _bad(f"--ranks-per-node {ranks_per_node} is below 1", "an Atlas 800T A2 node has 8")
     if device_memory_gib <= 0:
         raise _bad(f"--device-memory {device_memory_gib:g} is not positive", "give the card's memory in GiB: 64, or 32 for a 910B4")
-    if lora_rank < 0 or reserve_gib < 0:
-        raise _bad("--lora-rank and --reserve cannot be negative", "give 0 or more")
-    for flag, value in (("--height", recipe.height), ("--width", recipe.width)):
-        if value < 16 or value % 16:
-            raise _bad(f"{flag} {value} is not a positive multiple of 16", f"use e.g. {max(16, value // 16 * 16)}")
-    for flag, value in (("--generations", recipe.generations), ("--sampling-steps", recipe.sampling_steps),
-                        ("--text-tokens", recipe.text_tokens), ("--sample-batch-size", recipe.sample_batch_size)):
-        if value < 1:
+    if lora_rank < 0:
+        raise _bad(f"--lora-rank {lora_rank} is negative", "give 0 (full fine-tuning) or a rank such as 64")
+    if reserve_gib < 0:
+        raise _bad(f"--reserve {reserve_gib:g} is negative", "give the GiB a rank keeps for the runtime, 0 or more (default 3)")
+    _check_sizes({k: v for k, v in overrides.items() if v is not None})
+
+
+def _check_sizes(sizes: dict) -> None:
+    """Recipe sizes, given or read: heights and widths multiples of 16, counts 1 or more."""
+    for key in ("height", "width"):
+        value = sizes.get(key)
+        if value is not None and (value < 16 or value % 16):
+            raise _bad(f"--{key} {value} is not a positive multiple of 16", f"use e.g. {max(16, value // 16 * 16)}")
+    for key in ("generations", "sampling_steps", "text_tokens", "sample_batch_size"):
+        value = sizes.get(key)
+        if value is not None and value < 1:
+            flag = "--" + key.replace("_", "-")
             raise _bad(f"{flag} {value} is below 1", f"give {flag} 1 or more")
-    if not 0 <= recipe.selective_checkpointing <= 1:
-        raise _bad(f"--selective-checkpointing {recipe.selective_checkpointing:g} is not in [0, 1]",
+    fraction = sizes.get("selective_checkpointing")
+    if fraction is not None and not 0 <= fraction <= 1:
+        raise _bad(f"--selective-checkpointing {fraction:g} is not in [0, 1]",
                    "the fraction of blocks checkpointed: upstream's Qwen-Image recipe uses 0.5, 1.0 checkpoints all")
+
+
+def _check(recipe) -> None:
+    _check_sizes(recipe.__dict__)
     if recipe.generations % recipe.sample_batch_size:
         raise _bad(f"--sample-batch-size {recipe.sample_batch_size} does not divide {recipe.generations} generations",
                    "give a divisor of --generations")

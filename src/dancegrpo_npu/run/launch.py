@@ -51,7 +51,7 @@ def run_name(spec: LaunchSpec) -> str:
     return f"{name}-node{spec.node_rank}" if spec.nnodes > 1 else name
 
 
-def check_spec(spec: LaunchSpec) -> ScriptInfo:
+def check_spec(spec: LaunchSpec, dry_run: bool = False) -> ScriptInfo:
     info = script_info(spec.script)
     if spec.device not in DEVICES:
         raise DancegrpoError(f"unknown device {spec.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
@@ -67,7 +67,8 @@ def check_spec(spec: LaunchSpec) -> ScriptInfo:
     if spec.max_restarts < 0:
         raise DancegrpoError(f"--max-restarts must be 0 or more, not {spec.max_restarts}", "give a count", exit_code=2)
     network.check_port("--master-port", spec.master_port)
-    network.check_network(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname, network.this_host())
+    network.check_network(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname, network.this_host(),
+                          elsewhere=dry_run and spec.nnodes > 1)  # a login node plans for the compute nodes
     if spec.recipe is not None and (info.recipe_glob is None or not spec.upstream_defaults):
         raise DancegrpoError(
             f"--recipe {spec.recipe}: "
@@ -149,7 +150,7 @@ def build_plan(
     Missing or incomplete inputs are refused, unless ``dry_run``: then they are listed in
     ``plan.problems``.  Whether this host can run it (an NPU plan on a host without NPUs) is
     left to ``launch``: a dry run on a login node prints the plan for the NPU node."""
-    info = check_spec(spec)
+    info = check_spec(spec, dry_run)
     environ = dict(os.environ if environ is None else environ)
     state = treecheck.require_tree(project, info.relpath)
     tree = project.workdir
@@ -164,6 +165,9 @@ def build_plan(
         recipe_args=recipe_args,
     )
     problems = input_problems(info, script_args)
+    if dry_run:
+        problems += network.not_checked_here(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname,
+                                             network.this_host())
     if problems and not dry_run:
         raise DancegrpoError(
             "; ".join(problems),
@@ -231,7 +235,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     job here (missing inputs, no NPU on this host); its return code is 0 when the job could
     start here, 1 when not.  A real launch refuses instead, before anything is written."""
     now = time.time()
-    check_spec(spec)
+    check_spec(spec, dry_run)
     spec = restart_spec(spec)
     if spec.resume_of is not None:  # the run continues in its own directory
         plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)

@@ -236,7 +236,40 @@ def load_run(path: Path) -> RunInfo:
     )
 
 
+@dataclass(frozen=True)
+class RunsOnly:
+    """What the read-only verbs (runs, plot, compare) need of a project: where the runs are."""
+
+    runs_dir: Path
+
+
+def check_runs_dir(runs_dir: Path) -> Path:
+    """``runs_dir``, refused in one line when something other than a directory is there (a
+    missing one is a runs directory with no runs yet)."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise DancegrpoError(f"the runs directory {runs_dir} is a file, not a directory",
+                             "give --runs-dir (or DANCEGRPO_RUNS) the directory that holds the runs", exit_code=2)
+    return runs_dir
+
+
+def runs_of_args(args, environ: dict[str, str] | None = None):
+    """Where the read-only verbs read runs: --runs-dir or $DANCEGRPO_RUNS as given, anywhere (no
+    checkout needed), else runs/ of the project (-C or the current directory)."""
+    import os
+
+    from dancegrpo_npu.project import RUNS_ENV, project_from_args
+
+    environ = os.environ if environ is None else environ
+    given = getattr(args, "runs_dir", None) or environ.get(RUNS_ENV) or None
+    if given:
+        return RunsOnly(check_runs_dir(Path(os.path.abspath(Path(given).expanduser()))))
+    project = project_from_args(args, environ)
+    check_runs_dir(project.runs_dir)
+    return project
+
+
 def list_runs(runs_dir: Path) -> list[RunInfo]:
+    check_runs_dir(runs_dir)
     if not runs_dir.is_dir():
         return []
     dirs = [
@@ -246,15 +279,20 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
 
 
 def find_run(runs_dir: Path, ref: str) -> Path:
-    """A run given as a path, a directory name under runs/, or a unique suffix/prefix of one."""
+    """A run given as a path, a directory name under runs/, or a unique part of one: a prefix
+    or suffix first, else anywhere in it (``1-100000-g`` finds ``20260101-100000-gpu``)."""
     p = Path(ref).expanduser()
     if p.is_dir() and ((p / "summary.json").exists() or (p / "launch.json").exists()):
         return p.resolve()
     candidate = runs_dir / ref
     if candidate.is_dir():
         return candidate
+    check_runs_dir(runs_dir)
     names = sorted(d.name for d in runs_dir.iterdir() if d.is_dir()) if runs_dir.is_dir() else []
+    # the name's ends first (`gpu` is 20260101-100000-gpu, not also 20260101-110000-gpu-2), then anywhere
     matches = [n for n in names if n.endswith(ref) or n.startswith(ref)]
+    if not matches and ref:
+        matches = [n for n in names if ref in n]
     if len(matches) == 1:
         return runs_dir / matches[0]
     if len(matches) > 1:

@@ -71,6 +71,7 @@ class CheckpointCheck:
     max_change: float
     decay_max: float  # the largest change weight decay alone could explain (DecayBudget.bound)
     updates: int  # optimizer updates the checkpoint has seen (0: saved before any)
+    unchanged: tuple[str, ...] = ()  # the trainable tensors that did not move beyond weight decay
 
 
 def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
@@ -116,6 +117,12 @@ def _compare(start: dict, end: dict, what: str, budget: DecayBudget) -> tuple[in
     return moved, len(start), biggest, decay_max
 
 
+def unmoved(start: dict, end: dict, budget: DecayBudget) -> tuple[str, ...]:
+    """The tensors of ``start`` that ``end`` moved no further than weight decay alone can."""
+    return tuple(name for name in start
+                 if not bool(((end[name].float() - start[name].float()).abs() > budget.bound(start[name], end[name])).any()))
+
+
 def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
     from diffusers import FluxTransformer2DModel
 
@@ -125,7 +132,8 @@ def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: Dec
     trained = FluxTransformer2DModel.from_pretrained(str(path)).state_dict()
     start = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
     changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
-    return CheckpointCheck(path, "FluxTransformer2DModel.from_pretrained", changed, total, biggest, decay, budget.updates)
+    return CheckpointCheck(path, "FluxTransformer2DModel.from_pretrained", changed, total, biggest, decay, budget.updates,
+                           unmoved(start, trained, budget))
 
 
 def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
@@ -145,7 +153,7 @@ def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: Dec
     start = {k: torch.zeros_like(v) for k, v in loaded.items()}
     changed, total, biggest, decay = _compare(start, loaded, "lora_B", budget)
     return CheckpointCheck(path, "FluxPipeline.lora_state_dict + load_lora_into_transformer",
-                           changed, total, biggest, decay, budget.updates)
+                           changed, total, biggest, decay, budget.updates, unmoved(start, loaded, budget))
 
 
 def check_training_moved(check: CheckpointCheck) -> None:

@@ -31,8 +31,10 @@ continues a smoke run that stopped from its newest complete checkpoint, as ``lau
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -173,19 +175,79 @@ def _accelerator_visible() -> bool:
     return bool(getattr(torch, "npu", None) and torch.npu.is_available())
 
 
+class StepProgress(io.TextIOBase):
+    """Stands in for stdout while the run's own output is hidden (launch keeps it in
+    logs/console.log): a line for each step the run finishes, read from its metrics.jsonl as
+    the output goes by.  The run is the one directory under ``runs_dir`` that was not there
+    before (or ``run_dir``, the run a --resume continues)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, out, runs_dir: Path, steps: int, run_dir: Path | None = None):
+        self.out, self.runs_dir, self.steps, self.run_dir = out, runs_dir, steps, run_dir
+        self.known = {p.name for p in runs_dir.iterdir()} if runs_dir.is_dir() else set()
+        self.offset = self._size() if run_dir is not None else 0  # a resumed run's steps are shown already
+        self.polled = 0.0
+        self.buffer = self  # launch writes the job's lines as bytes to sys.stdout.buffer
+
+    def _size(self) -> int:
+        try:
+            return (self.run_dir / "metrics.jsonl").stat().st_size
+        except OSError:
+            return 0
+
+    def write(self, data) -> int:
+        if time.monotonic() - self.polled >= self.POLL_S:
+            self.poll()
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def poll(self) -> None:
+        self.polled = time.monotonic()
+        if self.run_dir is None:
+            new = sorted(p for p in self.runs_dir.iterdir() if p.name not in self.known and p.is_dir()) \
+                if self.runs_dir.is_dir() else []
+            if not new:
+                return
+            self.run_dir = new[-1]
+        size = self._size()
+        if size <= self.offset:
+            self.offset = min(self.offset, size)  # a resume cut the file back to its checkpoint
+            return
+        with open(self.run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(size - self.offset)
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                rec = json.loads(line)
+                figures = (f"reward {float(rec['reward_mean']):.4f}, loss {float(rec['loss']):.4g}, "
+                           f"grad norm {float(rec['grad_norm']):.4g}, {float(rec['step_time']):.1f} s")
+                step = int(rec["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            print(f"smoke: step {step} of {self.steps} done: {figures}", file=self.out, flush=True)
+
+
 @contextmanager
-def _quiet(enabled: bool):
-    """Send the run's streamed output to /dev/null (launch keeps it in logs/console.log)."""
+def _quiet(enabled: bool, progress: StepProgress | None = None):
+    """Hide the run's streamed output (launch keeps it in logs/console.log); with ``progress``,
+    show a line a step instead."""
     if not enabled:
         yield
         return
     saved = sys.stdout
-    with open(os.devnull, "w") as sink:
-        sys.stdout = sink
+    with open(os.devnull, "w") as devnull:
+        sys.stdout = progress or devnull
         try:
             yield
         finally:
             sys.stdout = saved
+            if progress is not None:
+                progress.poll()  # the last step, written after the last output line
 
 
 def check_options(options: SmokeOptions) -> None:
@@ -303,7 +365,7 @@ def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtu
     args += tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
-    equal = trained.check_equal_weights(record.run_dir, options.nproc)
+    equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
     checkpoint, updates = trained.last_checkpoint(options.steps, trainer.passes)
     check = trained.check_checkpoint(record.run_dir / "outputs" / checkpoint, built.model_dir, model_class,
                                      decay_budget(args, updates + 1), python)
@@ -354,8 +416,9 @@ def _launch(project: Project, options: SmokeOptions, args):
     from dancegrpo_npu.run.resume import resume_spec
 
     if options.resume is not None:
-        with _quiet(not options.verbose):
-            return launch(project, resume_spec(project, options.resume))
+        spec = resume_spec(project, options.resume)
+        with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
+            return launch(project, spec)
 
     name = trainer_of(options)
     spec = LaunchSpec(
@@ -369,18 +432,54 @@ def _launch(project: Project, options: SmokeOptions, args):
         strict=options.strict,
         align=options.align,
     )
-    with _quiet(not options.verbose):
+    with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
         return launch(project, spec)
+
+
+# Loss values this small are upstream's 0 with float rounding (a group's advantages sum to 0 in float32).
+ZERO_LOSS = 1e-6
+# The parts of a Qwen-Image block that only make its text stream's output: the model keeps the image
+# stream alone after its last block, so in that block no loss depends on them.
+_TEXT_STREAM_OUTPUT = re.compile(r"^transformer_blocks\.(\d+)\.(attn\.(add_q_proj|norm_added_q|to_add_out)|txt_mlp)\.")
+
+
+def loss_note(steps) -> str | None:
+    """Why the loss column is 0, where it is (upstream's GRPO loss, fastvideo/train_grpo_*.py)."""
+    if not steps or any(abs(s.loss) > ZERO_LOSS for s in steps):
+        return None
+    return ("loss 0 is upstream's GRPO loss by construction: it is -advantage x ratio over the group's samples, and "
+            "before the step's update every ratio is 1 (the policy that sampled is the one trained; the smoke "
+            "updates once, after the whole group), so it is minus the mean of the group's advantages, which is 0; "
+            "its gradient is not: see grad_norm")
+
+
+def unchanged_note(check) -> str | None:
+    """Why some trainable tensors did not move, where the reason is known; else their names."""
+    if not check.updates or check.changed >= check.total or not check.unchanged:
+        return None
+    blocks = {m.group(1) for m in map(_TEXT_STREAM_OUTPUT.match, check.unchanged) if m}
+    if len(blocks) == 1 and all(_TEXT_STREAM_OUTPUT.match(n) for n in check.unchanged):
+        return (f"the other {len(check.unchanged)} are block {blocks.pop()}'s text-stream parts (add_q_proj, "
+                "norm_added_q, to_add_out, txt_mlp): the model keeps only the image stream after its last block, "
+                "so no output depends on them and no gradient reaches them")
+    shown = ", ".join(check.unchanged[:4]) + (", ..." if len(check.unchanged) > 4 else "")
+    return f"the other {len(check.unchanged)} moved no further than weight decay alone: {shown}"
 
 
 def format_result(result: SmokeResult) -> str:
     lines = [f"{'step':>4}  {'reward':>9}  {'loss':>11}  {'grad_norm':>10}  {'time':>7}"]
     for s in result.steps:
         lines.append(f"{s.step:>4}  {s.reward_mean:>9.4f}  {s.loss:>11.4g}  {s.grad_norm:>10.4g}  {s.step_time:>6.2f}s")
+    note = loss_note(result.steps)
+    if note:
+        lines.append(note)
     c = result.checkpoint
     if c.updates:
         lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; {c.changed} of {c.total} trainable tensors "
                      f"changed (max |change| {c.max_change:.3g}; weight decay alone: up to {c.decay_max:.2g})")
+        note = unchanged_note(c)
+        if note:
+            lines.append(f"  {note}")
     else:
         lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; it holds the starting weights (upstream "
                      "saves at the start of a step), so with 1 step only the grad norm shows that training "

@@ -62,7 +62,7 @@ def check_checkpoint(path: Path, model_dir: Path, model_class: str, budget: Deca
         raise DancegrpoError(f"smoke: {path} does not load with {model_class}.from_pretrained: {last}")
     found = json.loads(out[-1])
     return CheckpointCheck(path, f"{model_class}.from_pretrained", found["changed"], found["total"],
-                           found["max_change"], found["decay_max"], budget.updates)
+                           found["max_change"], found["decay_max"], budget.updates, tuple(found.get("unchanged", ())))
 
 
 def check_equal_weights(run_dir: Path, nproc: int) -> int:
@@ -89,14 +89,16 @@ def check_equal_weights(run_dir: Path, nproc: int) -> int:
 def _check_in_child(path: str, model_dir: str, model_class: str, budget_json: str) -> None:
     import diffusers
 
-    from dancegrpo_npu.smoke.checks import _compare
+    from dancegrpo_npu.smoke.checks import _compare, unmoved
 
     cls = getattr(diffusers, model_class)
     lr, wd, updates = json.loads(budget_json)
     trained = cls.from_pretrained(path).state_dict()
     start = cls.from_pretrained(model_dir, subfolder="transformer").state_dict()
-    changed, total, biggest, decay = _compare(start, trained, "parameter", DecayBudget(lr, wd, updates))
-    print(json.dumps({"changed": changed, "total": total, "max_change": biggest, "decay_max": decay}))
+    budget = DecayBudget(lr, wd, updates)
+    changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
+    print(json.dumps({"changed": changed, "total": total, "max_change": biggest, "decay_max": decay,
+                      "unchanged": unmoved(start, trained, budget)}))
 
 
 if __name__ == "__main__":

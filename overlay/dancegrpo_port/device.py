@@ -275,6 +275,26 @@ def broadcast_module_states(module: torch.nn.Module, src: int = 0) -> None:
 
 
 
+_AVG_REFUSED = "Cannot use ReduceOp.AVG with Gloo"
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> None:
+    """``dist.all_reduce(tensor, op=ReduceOp.AVG)``, as upstream averages the logged loss, on
+    every backend: torch 2.7.1's gloo refuses AVG (measured: "Cannot use ReduceOp.AVG with
+    Gloo"; torch 2.10's takes it), so a CPU run of MindSpeed-MM's torch line stopped at its
+    first step.  There the mean is the sum divided by the world size; where AVG is taken it is
+    used unchanged.  gloo refuses before any rank sends, so every rank takes the same path."""
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
+    except RuntimeError as e:
+        if _AVG_REFUSED not in str(e):
+            raise
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(dist.get_world_size())
+
+
 # --------------------------------------------------------------------------- matmul precision
 
 MATMUL_RECORD = "matmul_precision.json"  # rank 0 writes it in the working directory (the run directory)

@@ -143,6 +143,38 @@ def test_broadcast_module_states_gives_every_rank_rank0s_weights(run_python, tmp
     assert "equal True True 0.0" in out.stdout
 
 
+@pytest.mark.parametrize("refuse_avg", [False, True], ids=["avg-taken", "avg-refused"])
+def test_all_reduce_mean_is_the_mean_whether_or_not_gloo_takes_avg(run_python, tmp_path, refuse_avg):
+    """On 2 gloo ranks: the mean of 1.0 and 4.0.  ``avg-refused`` makes gloo refuse AVG as torch
+    2.7.1's does (its message, raised before any rank sends); the suite's torch takes AVG."""
+    out = run_python(
+        f"""
+        import torch, torch.distributed as dist, torch.multiprocessing as mp
+        from dancegrpo_port import device
+
+        def work(rank):
+            dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=rank, world_size=2)
+            real, ops = dist.all_reduce, []
+            def all_reduce(tensor, op=dist.ReduceOp.SUM, **kw):
+                ops.append(str(op))
+                if {refuse_avg} and op == dist.ReduceOp.AVG:
+                    raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")
+                return real(tensor, op=op, **kw)
+            dist.all_reduce = all_reduce
+            value = torch.tensor([1.0 if rank == 0 else 4.0])
+            device.all_reduce_mean(value)
+            print("rank", rank, value.item(), ops)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(work, nprocs=2)
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    assert out.stdout.count(" 2.5 ") == 2, out.stdout
+    assert out.stdout.count("SUM") == (2 if refuse_avg else 0), out.stdout
+
+
 @pytest.mark.fake_npu
 def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     out = run_python(

@@ -364,14 +364,15 @@ def refuse_misfit_move(project: Project, lock: Lock, old: str, root: Path, new_t
         ) from None
 
 
-def move_for_rebase(project: Project, checkpoint=_no_checkpoint) -> FetchOutcome:
+def move_for_rebase(project: Project, source: str | None = None, checkpoint=_no_checkpoint) -> FetchOutcome:
     """Move the work tree to the lock a rebase has just swapped in (its commit is already
-    in the tree's repository: the rebase fetched it).  Unlike ``fetch``, local edits do
+    in the tree's repository: the rebase fetched it, from ``source``, which the tree then
+    records as where it came from).  Unlike ``fetch``, local edits do
     not stop it (the series is already replaced): they are saved first, as
     ``apply --force`` saves them, and the outcome says where."""
     lock = load_lock(project.lock_path)
     fetched = load_fetched(WorkTree(project.workdir))
-    source = Source("git", fetched.source if fetched is not None else lock.url)
+    source = Source("git", source or (fetched.source if fetched is not None else lock.url))
     return _update(project, lock, source, False, checkpoint, lambda line: None, for_rebase=True)
 
 

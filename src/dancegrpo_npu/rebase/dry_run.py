@@ -1,6 +1,7 @@
 """``rebase --onto REF --dry-run``: the whole rebase in a throw-away directory.
 
 REF is fetched into a temporary clone (the work tree's repository gains nothing),
+exactly as the rebase fetches it,
 every patch is moved as a real rebase would, a conflict is recorded and the patch
 set aside so that later patches are still tried, and a rebase that would go
 through is regenerated and verified too.  Nothing of the project changes.
@@ -20,7 +21,9 @@ from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.rebase.queue import build_queue
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase.steps import RebaseResult, Stop, local_edits, move_patch, reset_tree
-from dancegrpo_npu.rebase.finish import gained_and_left, lock_changes, overlay_collisions, regenerate, stage, verify_staged
+from dancegrpo_npu.rebase.finish import (
+    gained_and_left, lock_changes, overlay_collisions, regenerate, stage, url_question, verify_staged,
+)
 from dancegrpo_npu.rebase.report import conflicts_in, describe, short, why_stopped
 from dancegrpo_npu.engine.rebase_state import RebasePaths, RebaseState, Step
 from dancegrpo_npu.engine.worktree import require_full_series, session
@@ -41,7 +44,8 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         paths.state_dir.mkdir(parents=True)
         (paths.backup / "patches").mkdir(parents=True)
         tree = scratch_clone(main, Path(tmp) / "tree", lock.commit)
-        fetched = fetch_commit(tree, choose_source(source, lock.url), onto, "refs/dancegrpo-npu/dry-run")
+        src = choose_source(source, lock.url)
+        fetched = fetch_commit(tree, src, onto, "refs/dancegrpo-npu/dry-run", exact=True)
         if fetched.commit == lock.commit:
             return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
         queue = build_queue(tree, lock.commit, patches, paths.index)
@@ -52,7 +56,7 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
         state = RebaseState(
             phase="applying", project_root=str(project.root), workdir=str(project.workdir), tree=str(tree.cwd),
             onto=onto, onto_note=fetched.note, old_commit=lock.commit, new_commit=fetched.commit,
-            names=tuple(p.name for p in patches), queue=tuple(queue), tip=fetched.commit,
+            names=tuple(p.name for p in patches), queue=tuple(queue), tip=fetched.commit, source=src,
         )
         stops: list[str] = []
         for i, patch in enumerate(patches):
@@ -82,6 +86,9 @@ def dry_run(project: Project, onto: str, source: str | None = None) -> RebaseRes
             lines.append(f"Your patched tree has edits in no patch ({', '.join(edits[:6])}): a rebase would refuse; export them first.")
         collisions = overlay_collisions(tree, state, project.overlay_dir)
         lines += ["Overlay:", *(collisions or ["  no overlay path exists upstream"])]
+        url = url_question(tree, lock.url, state)
+        if url:
+            lines += ["upstream.lock's url:", *url]
         (paths.backup / "patches" / "series").write_bytes(project.series_path.read_bytes())
         for p in patches:
             (paths.backup / "patches" / p.path.name).write_bytes(p.path.read_bytes())

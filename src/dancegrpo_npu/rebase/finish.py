@@ -178,6 +178,36 @@ def lock_changes(old: Lock, new: Lock) -> list[str]:
     return lines
 
 
+def same_repository(a: str, b: str) -> bool:
+    """Whether two upstream URLs or directories name the same repository (``.git`` and a
+    trailing slash aside)."""
+    def norm(x: str) -> str:
+        x = x.strip().rstrip("/")
+        x = x[:-4] if x.endswith(".git") else x
+        if "://" not in x and Path(x).expanduser().exists():
+            return str(Path(x).expanduser().resolve())
+        return x
+    return norm(a) == norm(b)
+
+
+def url_question(tree: Git, lock_url: str, state: RebaseState) -> list[str]:
+    """One line when REF came from another repository than the lock's url, and that one may
+    lack it: then `fetch` (on another machine, or after the work tree is gone) would not find
+    the locked commit.  Nothing when the lock's repository surely has it: the same source, an
+    ancestor of the commit it was locked at, or a local repository that holds it."""
+    source, new = state.source, state.new_commit
+    if not source or same_repository(source, lock_url):
+        return []
+    if tree.is_ancestor(new, state.old_commit):
+        return []
+    local = Path(lock_url).expanduser()
+    if "://" not in lock_url and local.is_dir() and Git(local).commit_of(new) == new:
+        return []
+    where = f'url = "{source}"' if not Path(source).is_dir() else f"url to a repository that has it ({source} is a local one)"
+    return [f"  url stays {lock_url}, but {short(new)} ({state.onto}) was fetched from {source}: "
+            f"if {lock_url} lacks that commit, set {where} under [upstream] in upstream.lock (fetch reads it)"]
+
+
 def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
     """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
     left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
@@ -194,6 +224,7 @@ def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, e
         *[f"  {s.name:<{width}}  {describe(s)}" for s in state.steps],
         "upstream.lock:",
         *lock_changes(old_lock, new_lock),
+        *url_question(tree, old_lock.url, state),
         f"verified: {verified}",
         *extra,
     ]
@@ -294,7 +325,7 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
         checkpoint("swap:done")
     keep_orig(paths)
     checkpoint("done:orig")
-    notes = move_worktree(project)
+    notes = move_worktree(project, state.source or None)
     if state.orig_tree:
         rebased = tree_commit(main, project.workdir, f"the patched tree after the rebase onto {state.onto}", state.new_commit)
         main.run("update-ref", REBASED_TREE_REF, rebased)
@@ -312,11 +343,12 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
     return state, notes
 
 
-def move_worktree(project: Project) -> list[str]:
+def move_worktree(project: Project, source: str | None = None) -> list[str]:
     """The work tree to the lock's commit, the series and overlay applied, then verified:
     the engine's fetch and apply (journaled, so a kill anywhere is finished by a re-run).
-    Local edits are saved first, never lost.  Returns lines for the report."""
-    moved = move_for_rebase(project, checkpoint=lambda step: checkpoint(f"move:{step}"))
+    Local edits are saved first, never lost.  ``source``: where the commit came from, for
+    the tree's record.  Returns lines for the report."""
+    moved = move_for_rebase(project, source, checkpoint=lambda step: checkpoint(f"move:{step}"))
     checkpoint("done:moved")
     applied = apply_worktree(project, force=True, checkpoint=lambda step: checkpoint(f"apply:{step}"), mid_swap_ok=True)
     checkpoint("done:applied")

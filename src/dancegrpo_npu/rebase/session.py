@@ -120,7 +120,9 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
             check_series_fits(project, lock, wt.root, ls_tree(wt.root, head))
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
-        fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)
+        tree_source = fetched.source
+        src = choose_source(source, lock.url)
+        fetched = fetch_commit(main, src, onto, ONTO_REF, exact=True)
         if fetched.commit == lock.commit:
             main.run("update-ref", "-d", ONTO_REF, check=False)
             return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
@@ -128,6 +130,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
             phase="starting", project_root=str(project.root), workdir=str(project.workdir), tree=str(paths.tree),
             onto=onto, onto_note=fetched.note, old_commit=lock.commit, new_commit=fetched.commit,
             names=tuple(p.name for p in patches), started=datetime.datetime.now().isoformat(timespec="seconds"),
+            source=src, tree_source=tree_source,
         )
         create_state(project, paths, state)
         checkpoint("start:state")
@@ -236,7 +239,7 @@ def abort_rebase(project: Project) -> RebaseResult:
             restore_backup(project, paths.backup, paths.staged)
             checkpoint("abort:restored")
             # the work tree may have been moved already: back to the old commit and series
-            moved = [line for line in move_worktree(project) if not line.startswith("next:")]
+            moved = [line for line in move_worktree(project, state.tree_source or None) if not line.startswith("next:")]
             tree_note = "the work tree is back as it was:\n" + "".join(f"  {line}\n" for line in moved)
         discard(paths, state, main)
         return RebaseResult(

@@ -1,0 +1,57 @@
+"""What a rebase tells and refuses: the real conflict lines of a hunk, a dry run that counts
+the stops a rebase makes, a resolution that must compile and be free of markers, and the
+smokes to run after merged patches."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dancegrpo_npu.engine.rebase_state import RebasePaths, load_state
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.rebase.dry_run import dry_run
+from dancegrpo_npu.rebase.session import continue_rebase, start_rebase
+from rebase_helpers import History, PatchSpec, base_history, code_file, git, make_project, project_state, set_line
+from test_rebase import DATE, OVERLAY, chain, conflicting_upstream, resolve, take_both, world  # noqa: F401 (world: a fixture)
+
+
+def a_project(tmp_path, monkeypatch, specs, history=None):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", DATE)
+    if history is None:
+        history, base = base_history(tmp_path / "upstream")
+    else:
+        base = git(history.path, "rev-parse", "HEAD")
+    return history, base, find_project(make_project(tmp_path / "project", history, base, specs, OVERLAY))
+
+
+def region_spans(path) -> list[tuple[int, int]]:
+    """The (first, last) line of each conflict region of a file, by its markers."""
+    spans, start = [], None
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("<<<<<<< "):
+            start = n
+        elif line.startswith(">>>>>>> "):
+            spans.append((start, n))
+    return spans
+
+
+def test_a_hunk_is_placed_at_its_own_conflict_region(tmp_path, monkeypatch):
+    """Two hunks add the same line, each conflicting in its own region: each hunk's report names
+    its own region's lines, not the first region holding that line."""
+    specs = [PatchSpec("0001-two.patch", "Set up twice",
+                       {"fastvideo/train.py": chain(set_line(10, "common = setup()"), set_line(40, "common = setup()"))})]
+    history, base, project = a_project(tmp_path, monkeypatch, specs)
+    history.edit_line("fastvideo/train.py", 10, "train_value_10 = upstream(10)")
+    history.edit_line("fastvideo/train.py", 40, "train_value_40 = upstream(40)")
+    history.commit("upstream changes both lines")
+
+    result = start_rebase(project, "main")
+
+    assert result.status == "stopped"
+    spans = region_spans(project.workdir.parent / "DanceGRPO.rebase" / "fastvideo/train.py")
+    assert len(spans) == 2
+    (a1, a2), (b1, b2) = spans
+    assert re.search(rf"hunk 1/2 @@ -7,7 \+7,7 @@.*-- CONFLICT, lines {a1}-{a2}$", result.report, re.M), result.report
+    assert re.search(rf"hunk 2/2 @@ -37,7 \+37,7 @@.*-- CONFLICT, lines {b1}-{b2}$", result.report, re.M), result.report

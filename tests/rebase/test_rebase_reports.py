@@ -55,3 +55,28 @@ def test_a_hunk_is_placed_at_its_own_conflict_region(tmp_path, monkeypatch):
     (a1, a2), (b1, b2) = spans
     assert re.search(rf"hunk 1/2 @@ -7,7 \+7,7 @@.*-- CONFLICT, lines {a1}-{a2}$", result.report, re.M), result.report
     assert re.search(rf"hunk 2/2 @@ -37,7 \+37,7 @@.*-- CONFLICT, lines {b1}-{b2}$", result.report, re.M), result.report
+
+
+def test_the_dry_run_counts_the_stops_the_rebase_makes(tmp_path, monkeypatch):
+    """A patch that builds on a conflicting one is not a second stop: after the first is
+    resolved (keeping the patch), the second applies; the dry run says 1, as the rebase does."""
+    specs = [
+        PatchSpec("0001-npu.patch", "Use the NPU", {"fastvideo/train.py": set_line(40, "use_npu = True")}),
+        PatchSpec("0002-detect.patch", "Detect it", {"fastvideo/train.py": set_line(40, "use_npu = detect()")}),
+    ]
+    history, base, project = a_project(tmp_path, monkeypatch, specs)
+    conflicting_upstream(history)
+
+    predicted = dry_run(project, "main")
+
+    assert predicted.status == "stopped"
+    assert predicted.message.startswith("a rebase onto main would stop at 1 of 2 patch(es) for you to resolve"), predicted.message
+    assert re.search(r"0002-detect.patch\s+applied as is", predicted.report), predicted.report
+    stops = 0
+    result = start_rebase(project, "main")
+    while result.status == "stopped":
+        stops += 1
+        keep_patch = re.compile(r"<<<<<<< .*?\n.*?=======\n(.*?)>>>>>>> [^\n]*\n", re.S)
+        resolve(project, "fastvideo/train.py", lambda t: keep_patch.sub(r"\1", t))
+        result = continue_rebase(project)
+    assert stops == 1 and result.status == "done"

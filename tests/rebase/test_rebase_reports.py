@@ -80,3 +80,39 @@ def test_the_dry_run_counts_the_stops_the_rebase_makes(tmp_path, monkeypatch):
         resolve(project, "fastvideo/train.py", lambda t: keep_patch.sub(r"\1", t))
         result = continue_rebase(project)
     assert stops == 1 and result.status == "done"
+
+
+def stopped_state(project):
+    return load_state(RebasePaths(project.workdir / ".git", project.workdir))
+
+
+@pytest.mark.parametrize(
+    "spoil, refusal",
+    [
+        # a marker left in the middle of a line (in a comment, so the file still compiles)
+        (lambda t: t.replace("train_value_20 = compute('train', 20)\n",
+                             "train_value_20 = compute('train', 20)  # >>>>>>> 0001-train-device.patch\n"),
+         r"conflict markers are still in fastvideo/train.py:20; edit them away in "),
+        # a resolution that is not Python any more
+        (lambda t: t.replace("train_value_30 = compute('train', 30)\n", "def broken(:\n"),
+         r"the resolution does not compile: fastvideo/train.py:30: .*; fix it in .*DanceGRPO.rebase"),
+    ],
+    ids=["marker-mid-line", "does-not-compile"],
+)
+def test_continue_refuses_a_resolution_with_a_marker_or_that_does_not_compile(world, spoil, refusal):  # noqa: F811
+    history, base, project = world
+    conflicting_upstream(history)
+    assert start_rebase(project, "main").status == "stopped"
+    resolve(project, "fastvideo/train.py", lambda t: spoil(take_both(t)))
+    tree = project.workdir.parent / "DanceGRPO.rebase"
+    before = (project_state(project.root), (tree / "fastvideo/train.py").read_bytes(),
+              git(tree, "ls-files", "-s"), git(tree, "rev-parse", "HEAD"), stopped_state(project))
+
+    with pytest.raises(DancegrpoError) as e:
+        continue_rebase(project)
+
+    text = e.value.one_line()
+    assert re.search(refusal, text) and "\n" not in text, text
+    assert before == (project_state(project.root), (tree / "fastvideo/train.py").read_bytes(),
+                      git(tree, "ls-files", "-s"), git(tree, "rev-parse", "HEAD"), stopped_state(project))
+    assert stopped_state(project).phase == "stopped"

@@ -18,7 +18,7 @@ OUTCOMES = {
     "resolved": "resolved by hand",
     "skipped": "SKIPPED (dropped from the series)",
 }
-MARKERS = ("<<<<<<< ", "||||||| ", ">>>>>>> ")
+MARKERS = ("<<<<<<<", "|||||||", ">>>>>>>")  # git's, found anywhere in a line (a stray one mid-line too)
 
 
 @dataclass(frozen=True)
@@ -143,12 +143,31 @@ def hunk_verdict(hunk, regions: tuple[Region, ...], applies: bool, sides: Sides 
 
 
 def has_markers(path: Path) -> int:
-    """First line number holding a conflict marker, or 0."""
+    """First line number holding a conflict marker anywhere in it, or 0."""
     try:
         lines = path.read_bytes().decode("utf-8", "replace").splitlines()
     except OSError:
         return 0
-    return next((n for n, line in enumerate(lines, 1) if line.startswith(MARKERS)), 0)
+    return next((n for n, line in enumerate(lines, 1) if any(m in line for m in MARKERS)), 0)
+
+
+def python_problem(path: Path, rel: str) -> str:
+    """``rel:LINE: why`` when the Python file at ``path`` does not compile, else ""."""
+    import warnings
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarnings (escapes) are upstream's business
+            compile(data, rel, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"{rel}:{e.lineno or 1}: {e.msg}"
+    except ValueError as e:  # null bytes
+        return f"{rel}:1: {e}"
+    return ""
 
 
 def conflicts_in(tree: Git) -> list[Conflict]:

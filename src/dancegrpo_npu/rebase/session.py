@@ -29,7 +29,7 @@ from dancegrpo_npu.rebase.queue import (
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase.finish import complete, finish, move_worktree
-from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, short
+from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, python_problem, short
 from dancegrpo_npu.engine.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
@@ -192,6 +192,12 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
             f"conflict markers are still in {', '.join(marked)}",
             f"edit them away in {tree.cwd}, then run `dancegrpo-npu rebase --continue`",
         )
+    broken = [p for rel in resolved_files(tree, state.tip) if rel.endswith(".py") and (p := python_problem(tree.cwd / rel, rel))]
+    if broken:
+        raise DancegrpoError(
+            f"the resolution does not compile: {'; '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}",
+            f"fix it in {tree.cwd}, then run `dancegrpo-npu rebase --continue` (or --skip, --abort)",
+        )
     head = tree.out("rev-parse", "HEAD")
     if head != state.tip:
         if not tree.is_ancestor(state.tip, head):
@@ -212,6 +218,13 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
     state = save_state(paths, state.with_step(Step(name, "resolved", "", commit)))
     checkpoint(f"patch:{state.current}:recorded")
     return state
+
+
+def resolved_files(tree: Git, tip: str) -> list[str]:
+    """The files the user's resolution has changed from the last patch moved (tracked or new)."""
+    changed = tree.run("diff", "--name-only", "-z", "--no-renames", tip, "--").stdout
+    new = tree.run("ls-files", "-z", "--others", "--exclude-standard").stdout
+    return sorted({p for p in (changed + new).decode("utf-8", "surrogateescape").split("\0") if p})
 
 
 def skip_patch(project: Project) -> RebaseResult:

@@ -116,3 +116,58 @@ def test_continue_refuses_a_resolution_with_a_marker_or_that_does_not_compile(wo
     assert before == (project_state(project.root), (tree / "fastvideo/train.py").read_bytes(),
                       git(tree, "ls-files", "-s"), git(tree, "rev-parse", "HEAD"), stopped_state(project))
     assert stopped_state(project).phase == "stopped"
+
+
+def trainer_history(path):
+    """An upstream with two trainer scripts, one importing a shared module, and a third that does not."""
+    h = History(path)
+    h.write("README.md", "# upstream\n")
+    h.write("fastvideo/__init__.py", "")
+    h.write("fastvideo/utils/__init__.py", "")
+    h.write("fastvideo/utils/common.py", code_file("common", 30))
+    h.write("fastvideo/train_grpo_flux.py", "import fastvideo.utils.common\n" + code_file("flux", 30))
+    h.write("fastvideo/train_grpo_wan_2_1.py", code_file("wan", 40))
+    h.write("fastvideo/train_grpo_qwenimage.py", "from fastvideo import utils\n" + code_file("qwen", 30))
+    h.commit("initial upstream")
+    return h
+
+
+def test_merged_patches_end_with_the_smoke_of_each_trainer_they_touch(tmp_path, monkeypatch):
+    specs = [
+        PatchSpec("0001-wan.patch", "Wan on the NPU", {"fastvideo/train_grpo_wan_2_1.py": set_line(20, "wan_npu = True")}),
+        PatchSpec("0002-common.patch", "Shared helper", {"fastvideo/utils/common.py": set_line(10, "helper = None")}),
+        PatchSpec("0003-readme.patch", "Docs", {"README.md": lambda old: old + "Ported.\n"}),
+    ]
+    history, base, project = a_project(tmp_path, monkeypatch, specs, trainer_history(tmp_path / "upstream"))
+    history.write("NEWS", "nothing that touches a patch\n")
+    history.commit("news")
+    result = start_rebase(project, "main")  # every patch applies as is: nothing to smoke
+    assert result.status == "done" and "smoke" not in result.report, result.report
+
+    history.edit_line("fastvideo/train_grpo_wan_2_1.py", 23, "wan_value_23 = faster(23)")
+    history.edit_line("fastvideo/utils/common.py", 13, "common_value_13 = faster(13)")
+    history.commit("upstream edits next to both patches")
+    result = start_rebase(project, "main")
+
+    assert result.status == "done", result.report
+    assert re.search(r"0001-wan.patch\s+3-way merged", result.report) and re.search(r"0002-common.patch\s+3-way merged", result.report)
+    assert result.report.splitlines()[-1] == (
+        "next: the merged or hand-resolved patches touch what these trainers run; smoke them: "
+        "`dancegrpo-npu smoke --trainer flux`; `dancegrpo-npu smoke --trainer wan`"
+    )
+
+
+def test_a_hand_resolved_patch_gets_the_smoke_line_too(tmp_path, monkeypatch):
+    specs = [PatchSpec("0001-wan.patch", "Wan on the NPU", {"fastvideo/train_grpo_wan_2_1.py": set_line(20, "wan_npu = True")})]
+    history, base, project = a_project(tmp_path, monkeypatch, specs, trainer_history(tmp_path / "upstream"))
+    history.edit_line("fastvideo/train_grpo_wan_2_1.py", 20, "wan_cuda = True")
+    history.commit("upstream's own line 20")
+    assert start_rebase(project, "main").status == "stopped"
+    tree = project.workdir.parent / "DanceGRPO.rebase"
+    path = tree / "fastvideo/train_grpo_wan_2_1.py"
+    path.write_text(take_both(path.read_text()))
+
+    result = continue_rebase(project)
+
+    assert result.status == "done" and re.search(r"0001-wan.patch\s+resolved by hand", result.report)
+    assert result.report.splitlines()[-1].endswith("smoke them: `dancegrpo-npu smoke --trainer wan`")

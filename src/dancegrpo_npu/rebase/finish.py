@@ -208,6 +208,81 @@ def url_question(tree: Git, lock_url: str, state: RebaseState) -> list[str]:
             f"if {lock_url} lacks that commit, set {where} under [upstream] in upstream.lock (fetch reads it)"]
 
 
+SMOKE_COMMAND = "dancegrpo-npu smoke --trainer {}"
+
+
+def touched_trainers(root: Path, files: set[str]) -> list[str]:
+    """The trainers (launch's script table, those smoke runs) that ``files`` can break: their
+    script, their upstream recipes, or a module the script imports (followed through the tree)."""
+    from fnmatch import fnmatch
+
+    from dancegrpo_npu.run.upstream_args import SCRIPTS
+    from dancegrpo_npu.smoke.runner import TRAINERS
+
+    found = []
+    for name, info in SCRIPTS.items():
+        if name not in TRAINERS:
+            continue
+        recipes = [f for f in files if info.recipe_glob and fnmatch(f, info.recipe_glob)]
+        if recipes or files & imported_files(root, info.relpath):
+            found.append(name)
+    return found
+
+
+def imported_files(root: Path, script: str) -> set[str]:
+    """``script`` and every file of the tree it imports, directly or not (packages' __init__.py
+    too); what cannot be parsed is a dead end, not an error."""
+    import ast
+
+    seen: set[str] = set()
+    todo = [script]
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (root / rel).is_file():
+            continue
+        seen.add(rel)
+        try:
+            module = ast.parse((root / rel).read_bytes(), rel)
+        except (SyntaxError, ValueError):
+            continue
+        package = rel.split("/")[:-1]
+        for node in ast.walk(module):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1] if node.level <= len(package) + 1 else []
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                names = [prefix] + [f"{prefix}.{a.name}" if prefix else a.name for a in node.names]
+            else:
+                continue
+            for name in filter(None, names):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    path = "/".join(parts[:i])
+                    todo += [f"{path}.py", f"{path}/__init__.py"]
+    return seen
+
+
+def smoke_advice(project: Project, state: RebaseState) -> str:
+    """The last line after a rebase that 3-way merged or hand-resolved patches: the smoke of
+    each trainer they touch (lines merged outside the conflicts are checked by nobody else)."""
+    names = {s.name for s in state.steps if s.outcome in ("merged", "resolved")}
+    if not names:
+        return ""
+    try:
+        files = {f for p in load_series(project.patches_dir) if p.name in names for f in touched_files(p)}
+    except DancegrpoError:
+        return ""
+    trainers = touched_trainers(project.workdir, files)
+    if not trainers:
+        return ""
+    return ("next: the merged or hand-resolved patches touch what these trainers run; smoke them: "
+            + "; ".join(f"`{SMOKE_COMMAND.format(t)}`" for t in trainers))
+
+
 def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
     """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
     left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
@@ -333,6 +408,9 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
             f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}), kept until the next rebase;"
             f" what the rebase changed in the patched tree: git -C {display_path(project.workdir)} diff {ORIG_TREE_REF} {REBASED_TREE_REF}"
         ]
+    smoke = smoke_advice(project, state)
+    if smoke:
+        notes.append(smoke)
     remove_tree(Path(state.tree))
     if state.orig_tree:
         main.run("update-ref", ORIG_TREE_REF, state.orig_tree)

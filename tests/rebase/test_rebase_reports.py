@@ -118,6 +118,17 @@ def test_continue_refuses_a_resolution_with_a_marker_or_that_does_not_compile(wo
     assert stopped_state(project).phase == "stopped"
 
 
+def test_continue_takes_a_file_that_did_not_compile_before_the_resolution_either(world):  # noqa: F811
+    """Upstream's file is not Python this interpreter compiles (a Python 2 line): the resolution
+    did not break it, so it is no reason to refuse."""
+    history, base, project = world
+    history.insert_lines("fastvideo/train.py", 1, ["print 'legacy'"])
+    conflicting_upstream(history)
+    assert start_rebase(project, "main").status == "stopped"
+    resolve(project, "fastvideo/train.py", take_both)
+    assert continue_rebase(project).status == "done"
+
+
 def trainer_history(path):
     """An upstream with two trainer scripts, one importing a shared module, and a third that does not."""
     h = History(path)

@@ -151,14 +151,10 @@ def has_markers(path: Path) -> int:
     return next((n for n, line in enumerate(lines, 1) if any(m in line for m in MARKERS)), 0)
 
 
-def python_problem(path: Path, rel: str) -> str:
-    """``rel:LINE: why`` when the Python file at ``path`` does not compile, else ""."""
+def python_problem(data: bytes, rel: str) -> str:
+    """``rel:LINE: why`` when ``data``, the Python file ``rel``, does not compile, else ""."""
     import warnings
 
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SyntaxWarnings (escapes) are upstream's business

@@ -192,7 +192,7 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
             f"conflict markers are still in {', '.join(marked)}",
             f"edit them away in {tree.cwd}, then run `dancegrpo-npu rebase --continue`",
         )
-    broken = [p for rel in resolved_files(tree, state.tip) if rel.endswith(".py") and (p := python_problem(tree.cwd / rel, rel))]
+    broken = [p for rel in resolved_files(tree, state.tip) if (p := newly_broken(tree, state.tip, rel))]
     if broken:
         raise DancegrpoError(
             f"the resolution does not compile: {'; '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}",
@@ -225,6 +225,21 @@ def resolved_files(tree: Git, tip: str) -> list[str]:
     changed = tree.run("diff", "--name-only", "-z", "--no-renames", tip, "--").stdout
     new = tree.run("ls-files", "-z", "--others", "--exclude-standard").stdout
     return sorted({p for p in (changed + new).decode("utf-8", "surrogateescape").split("\0") if p})
+
+
+def newly_broken(tree: Git, tip: str, rel: str) -> str:
+    """Why the resolved Python file ``rel`` does not compile ("" if it does, or is no Python
+    file).  A file that did not compile before the resolution either (upstream code for
+    another Python, say) is not the resolution's doing, and passes."""
+    path = tree.cwd / rel
+    if not rel.endswith(".py") or not path.is_file():
+        return ""
+    problem = python_problem(path.read_bytes(), rel)
+    if problem:
+        before = tree.run("show", f"{tip}:{rel}", check=False)
+        if before.returncode == 0 and python_problem(before.stdout, rel):
+            return ""
+    return problem
 
 
 def skip_patch(project: Project) -> RebaseResult:

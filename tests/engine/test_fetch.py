@@ -300,6 +300,32 @@ def test_tarball_with_bad_sha_or_none_recorded(tmp_path):
     _nothing_left(project)
 
 
+def test_tarball_that_is_not_upstream_is_not_advised_into_the_lock(tmp_path):
+    """A lock without archive_sha256 and a .tar.gz of something else (no commit id in it): its
+    [files] show it is not upstream, and the advice is another archive, not a lock edit."""
+    s = setup(tmp_path, _series, fetch=False)
+    other = tmp_path / "other"
+    (other / "fastvideo").mkdir(parents=True)
+    (other / "fastvideo/train.py").write_text("print('not upstream')\n")
+    (other / "README.md").write_text("# something else\n")
+    archive = tmp_path / "other.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(other, arcname="other")
+    text = refused(fetch, r"other.tar.gz is not upstream [0-9a-f]{12}: its fastvideo/train.py is not the file", s.project,
+                   source=os.fspath(archive))
+    assert "archive_sha256" not in text and "git archive" in text
+    (other / "fastvideo/train.py").unlink()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(other, arcname="other")
+    text = refused(fetch, r"is not upstream [0-9a-f]{12}: it has no fastvideo/train.py", s.project, source=os.fspath(archive))
+    assert "archive_sha256" not in text
+    _nothing_left(s.project)
+    # upstream's own archive, unrecorded: the hash to record, and why it is believed
+    archive = make_archive(s.up, tmp_path / "up.tar.gz")
+    refused(fetch, f'holds the 1 file\\(s\\) the series patches .* add archive_sha256 = "{sha256_file(archive)}"',
+            s.project, source=os.fspath(archive))
+
+
 def test_tarball_of_another_commit(tmp_path):
     up = make_upstream(tmp_path / "up")
     first = up.commit

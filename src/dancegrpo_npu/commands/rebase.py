@@ -23,6 +23,12 @@ GUIDE = textwrap.dedent(
       dancegrpo-npu rebase --skip            drop the stopped patch from the series
       dancegrpo-npu rebase --abort           back to exactly where you started
 
+    REF is fetched from --source (else $DANCEGRPO_SOURCE, else the lock's url) and must
+    be found there: a failed fetch is refused, never replaced by a local ref of that name
+    (to move onto a local commit, give its full id); a short id needs a source that is a
+    local repository.  When REF came from a repository that may lack it, the summary says
+    in one line what to set as upstream.lock's url.
+
     Each patch is applied as is, else 3-way merged on the upstream history. When all
     went through, every patch is regenerated against REF (fresh context and line
     numbers; a patch whose diff changed gets Last-Update set to today, the others
@@ -35,6 +41,12 @@ GUIDE = textwrap.dedent(
     the commit refs/dancegrpo-npu/rebase-orig (the new one: .../rebased-tree), until
     the next rebase.  The state of a rebase lives in
     <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
+
+    --continue refuses a conflict marker left anywhere in a line, and a Python file of
+    the resolution that does not compile.  After a rebase that 3-way merged or
+    hand-resolved patches, the last line names the smoke of each trainer they touch.
+    The dry run runs the same steps; after each stop it keeps the patch's side of the
+    conflicts, so its count of stops is the rebase's when resolutions keep the patches.
     """
 )
 
@@ -49,8 +61,10 @@ def register(sub, common) -> None:
     what.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving (or after a crash)")
     what.add_argument("--skip", action="store_true", help="drop the patch the rebase stopped at, and go on")
     what.add_argument("--abort", action="store_true", help="undo the rebase: everything as before it started")
-    p.add_argument("--dry-run", action="store_true", help="with --onto: report what would happen and change nothing; exit 1 if the rebase would stop")
-    p.add_argument("--source", metavar="URL|DIR", help="fetch REF from here (default: $DANCEGRPO_SOURCE, else the lock's url)")
+    p.add_argument("--dry-run", action="store_true", help="with --onto: report what would happen and change nothing; exit 1 if the rebase would stop "
+                   "(later patches tried as if each stop were resolved keeping the patch)")
+    p.add_argument("--source", metavar="URL|DIR", help="fetch REF from here (default: $DANCEGRPO_SOURCE, else the lock's url); "
+                   "REF must be found there: a failed fetch is refused, never replaced by a local ref")
     p.set_defaults(func=run)
 
 

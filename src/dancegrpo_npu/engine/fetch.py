@@ -222,13 +222,8 @@ def _checkout(repo: Path, rev: str, with_assets: bool) -> list[str]:
 
 def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) -> str:
     """Commit the tree in ``archive`` into ``repo`` (fixed identity and date); its id."""
-    if not lock.archive_sha256:
-        raise DancegrpoError(
-            f"upstream.lock has no archive_sha256, so {archive.name} cannot be checked",
-            f"if this archive is upstream {lock.commit[:12]}, add archive_sha256 = \"{sha256_file(archive)}\" under [upstream]",
-        )
     digest = sha256_file(archive)
-    if digest != lock.archive_sha256:
+    if lock.archive_sha256 and digest != lock.archive_sha256:
         raise DancegrpoError(
             f"{archive.name} has sha256 {digest}, upstream.lock's archive_sha256 is {lock.archive_sha256}",
             "use the archive of the locked commit, or fetch from git",
@@ -236,12 +231,37 @@ def _import_archive(repo: Path, archive: Path, lock: Lock, with_assets: bool) ->
     with tempfile.TemporaryDirectory(prefix="extract-", dir=repo / ".git") as tmp:
         tree_dir = Path(tmp) / "tree"
         _extract(archive, tree_dir, lock, with_assets)
+        if not lock.archive_sha256:
+            _refuse_unrecorded_archive(archive, digest, tree_dir, lock)
         env = {"GIT_INDEX_FILE": os.fspath(Path(tmp) / "index"), **_IDENTITY}
         work = ["--git-dir", os.fspath(repo / ".git"), "--work-tree", os.fspath(tree_dir)]
         git(tree_dir, *work, "add", "-A", "-f", ".", env=env)
         tree = git(tree_dir, *work, "write-tree", env=env).stdout.decode().strip()
         message = f"upstream {lock.commit} from {archive.name}\n\nsha256 {digest}\n"
         return git(repo, "commit-tree", tree, input=message.encode(), env=env).stdout.decode().strip()
+
+
+def _refuse_unrecorded_archive(archive: Path, digest: str, tree_dir: Path, lock: Lock) -> None:
+    """A lock without archive_sha256 cannot vouch for an archive.  Its [files] can tell one that
+    is not upstream at the locked commit at all (a file the series patches missing or
+    different): that one is refused as such, since recording its hash would only make the
+    lock vouch for the wrong tree.  Otherwise the advice is the hash to record."""
+    for rel, want in sorted(lock.files.items()):
+        path = tree_dir / rel
+        got = sha256_file(path) if path.is_file() and not path.is_symlink() else None
+        if got != want:
+            what = f"it has no {rel}" if got is None else f"its {rel} is not the file upstream.lock records (sha256 differs)"
+            raise DancegrpoError(
+                f"{archive.name} is not upstream {lock.commit[:12]}: {what}",
+                "use an archive of upstream at the locked commit (`git archive --format=tar.gz "
+                f"{lock.commit[:12]}` in a clone), or fetch from git",
+            )
+    if lock.files:
+        hint = (f"it holds the {len(lock.files)} file(s) the series patches as upstream {lock.commit[:12]} has them; "
+                f"if it is that commit's archive, add archive_sha256 = \"{digest}\" under [upstream]")
+    else:
+        hint = f"if this archive is upstream {lock.commit[:12]}, add archive_sha256 = \"{digest}\" under [upstream]"
+    raise DancegrpoError(f"upstream.lock has no archive_sha256, so {archive.name} cannot be checked", hint)
 
 
 def _extract(archive: Path, dest: Path, lock: Lock, with_assets: bool) -> None:
@@ -364,14 +384,15 @@ def refuse_misfit_move(project: Project, lock: Lock, old: str, root: Path, new_t
         ) from None
 
 
-def move_for_rebase(project: Project, checkpoint=_no_checkpoint) -> FetchOutcome:
+def move_for_rebase(project: Project, source: str | None = None, checkpoint=_no_checkpoint) -> FetchOutcome:
     """Move the work tree to the lock a rebase has just swapped in (its commit is already
-    in the tree's repository: the rebase fetched it).  Unlike ``fetch``, local edits do
+    in the tree's repository: the rebase fetched it, from ``source``, which the tree then
+    records as where it came from).  Unlike ``fetch``, local edits do
     not stop it (the series is already replaced): they are saved first, as
     ``apply --force`` saves them, and the outcome says where."""
     lock = load_lock(project.lock_path)
     fetched = load_fetched(WorkTree(project.workdir))
-    source = Source("git", fetched.source if fetched is not None else lock.url)
+    source = Source("git", source or (fetched.source if fetched is not None else lock.url))
     return _update(project, lock, source, False, checkpoint, lambda line: None, for_rebase=True)
 
 

@@ -82,6 +82,8 @@ class RebaseState:
     conflicts: tuple[str, ...] = ()  # files with conflict markers at the stop
     started: str = ""
     orig_tree: str = ""  # the work tree before the rebase, as a commit (set when finishing)
+    source: str = ""  # where REF was fetched from (the moved work tree records it)
+    tree_source: str = ""  # where the work tree had been fetched from (an abort moves it back)
     version: int = STATE_VERSION
 
     @property

@@ -178,6 +178,111 @@ def lock_changes(old: Lock, new: Lock) -> list[str]:
     return lines
 
 
+def same_repository(a: str, b: str) -> bool:
+    """Whether two upstream URLs or directories name the same repository (``.git`` and a
+    trailing slash aside)."""
+    def norm(x: str) -> str:
+        x = x.strip().rstrip("/")
+        x = x[:-4] if x.endswith(".git") else x
+        if "://" not in x and Path(x).expanduser().exists():
+            return str(Path(x).expanduser().resolve())
+        return x
+    return norm(a) == norm(b)
+
+
+def url_question(tree: Git, lock_url: str, state: RebaseState) -> list[str]:
+    """One line when REF came from another repository than the lock's url, and that one may
+    lack it: then `fetch` (on another machine, or after the work tree is gone) would not find
+    the locked commit.  Nothing when the lock's repository surely has it: the same source, an
+    ancestor of the commit it was locked at, or a local repository that holds it."""
+    source, new = state.source, state.new_commit
+    if not source or same_repository(source, lock_url):
+        return []
+    if tree.is_ancestor(new, state.old_commit):
+        return []
+    local = Path(lock_url).expanduser()
+    if "://" not in lock_url and local.is_dir() and Git(local).commit_of(new) == new:
+        return []
+    where = f'url = "{source}"' if not Path(source).is_dir() else f"url to a repository that has it ({source} is a local one)"
+    return [f"  url stays {lock_url}, but {short(new)} ({state.onto}) was fetched from {source}: "
+            f"if {lock_url} lacks that commit, set {where} under [upstream] in upstream.lock (fetch reads it)"]
+
+
+SMOKE_COMMAND = "dancegrpo-npu smoke --trainer {}"
+
+
+def touched_trainers(root: Path, files: set[str]) -> list[str]:
+    """The trainers (launch's script table, those smoke runs) that ``files`` can break: their
+    script, their upstream recipes, or a module the script imports (followed through the tree)."""
+    from fnmatch import fnmatch
+
+    from dancegrpo_npu.run.upstream_args import SCRIPTS
+    from dancegrpo_npu.smoke.runner import TRAINERS
+
+    found = []
+    for name, info in SCRIPTS.items():
+        if name not in TRAINERS:
+            continue
+        recipes = [f for f in files if info.recipe_glob and fnmatch(f, info.recipe_glob)]
+        if recipes or files & imported_files(root, info.relpath):
+            found.append(name)
+    return found
+
+
+def imported_files(root: Path, script: str) -> set[str]:
+    """``script`` and every file of the tree it imports, directly or not (packages' __init__.py
+    too); what cannot be parsed is a dead end, not an error."""
+    import ast
+
+    seen: set[str] = set()
+    todo = [script]
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (root / rel).is_file():
+            continue
+        seen.add(rel)
+        try:
+            module = ast.parse((root / rel).read_bytes(), rel)
+        except (SyntaxError, ValueError):
+            continue
+        package = rel.split("/")[:-1]
+        for node in ast.walk(module):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1] if node.level <= len(package) + 1 else []
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                names = [prefix] + [f"{prefix}.{a.name}" if prefix else a.name for a in node.names]
+            else:
+                continue
+            for name in filter(None, names):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    path = "/".join(parts[:i])
+                    todo += [f"{path}.py", f"{path}/__init__.py"]
+    return seen
+
+
+def smoke_advice(project: Project, state: RebaseState) -> str:
+    """The last line after a rebase that 3-way merged or hand-resolved patches: the smoke of
+    each trainer they touch (lines merged outside the conflicts are checked by nobody else)."""
+    names = {s.name for s in state.steps if s.outcome in ("merged", "resolved")}
+    if not names:
+        return ""
+    try:
+        files = {f for p in load_series(project.patches_dir) if p.name in names for f in touched_files(p)}
+    except DancegrpoError:
+        return ""
+    trainers = touched_trainers(project.workdir, files)
+    if not trainers:
+        return ""
+    return ("next: the merged or hand-resolved patches touch what these trainers run; smoke them: "
+            + "; ".join(f"`{SMOKE_COMMAND.format(t)}`" for t in trainers))
+
+
 def gained_and_left(git: Git, old: str, new: str) -> tuple[str, str]:
     """How many commits ``new`` has that ``old`` lacks, and the other way round (one rev-list)."""
     left, right = git.out("rev-list", "--left-right", "--count", f"{old}...{new}").split()
@@ -194,6 +299,7 @@ def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, e
         *[f"  {s.name:<{width}}  {describe(s)}" for s in state.steps],
         "upstream.lock:",
         *lock_changes(old_lock, new_lock),
+        *url_question(tree, old_lock.url, state),
         f"verified: {verified}",
         *extra,
     ]
@@ -294,7 +400,7 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
         checkpoint("swap:done")
     keep_orig(paths)
     checkpoint("done:orig")
-    notes = move_worktree(project)
+    notes = move_worktree(project, state.source or None)
     if state.orig_tree:
         rebased = tree_commit(main, project.workdir, f"the patched tree after the rebase onto {state.onto}", state.new_commit)
         main.run("update-ref", REBASED_TREE_REF, rebased)
@@ -302,6 +408,9 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
             f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}), kept until the next rebase;"
             f" what the rebase changed in the patched tree: git -C {display_path(project.workdir)} diff {ORIG_TREE_REF} {REBASED_TREE_REF}"
         ]
+    smoke = smoke_advice(project, state)
+    if smoke:
+        notes.append(smoke)
     remove_tree(Path(state.tree))
     if state.orig_tree:
         main.run("update-ref", ORIG_TREE_REF, state.orig_tree)
@@ -312,11 +421,12 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
     return state, notes
 
 
-def move_worktree(project: Project) -> list[str]:
+def move_worktree(project: Project, source: str | None = None) -> list[str]:
     """The work tree to the lock's commit, the series and overlay applied, then verified:
     the engine's fetch and apply (journaled, so a kill anywhere is finished by a re-run).
-    Local edits are saved first, never lost.  Returns lines for the report."""
-    moved = move_for_rebase(project, checkpoint=lambda step: checkpoint(f"move:{step}"))
+    Local edits are saved first, never lost.  ``source``: where the commit came from, for
+    the tree's record.  Returns lines for the report."""
+    moved = move_for_rebase(project, source, checkpoint=lambda step: checkpoint(f"move:{step}"))
     checkpoint("done:moved")
     applied = apply_worktree(project, force=True, checkpoint=lambda step: checkpoint(f"apply:{step}"), mid_swap_ok=True)
     checkpoint("done:applied")

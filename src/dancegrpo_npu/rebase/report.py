@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ OUTCOMES = {
     "resolved": "resolved by hand",
     "skipped": "SKIPPED (dropped from the series)",
 }
-MARKERS = ("<<<<<<< ", "||||||| ", ">>>>>>> ")
+MARKERS = ("<<<<<<<", "|||||||", ">>>>>>>")  # git's, found anywhere in a line (a stray one mid-line too)
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class Region:
 
     first: int
     last: int
-    upstream: frozenset[str]  # between <<<<<<< and ||||||| (or =======)
-    base: frozenset[str]  # between ||||||| and ======= (what the patch was written against)
-    patch: frozenset[str]  # between ======= and >>>>>>>
+    upstream: tuple[str, ...]  # between <<<<<<< and ||||||| (or =======)
+    base: tuple[str, ...]  # between ||||||| and ======= (what the patch was written against)
+    patch: tuple[str, ...]  # between ======= and >>>>>>>
 
 
 def marker_regions(path: Path) -> tuple[Region, ...]:
@@ -62,32 +63,107 @@ def marker_regions(path: Path) -> tuple[Region, ...]:
         elif start is not None and line == "=======":
             side = "p"
         elif start is not None and line.startswith(">>>>>>> "):
-            regions.append(Region(start, n, frozenset(parts["u"]), frozenset(parts["b"]), frozenset(parts["p"])))
+            regions.append(Region(start, n, tuple(parts["u"]), tuple(parts["b"]), tuple(parts["p"])))
             start = None
         elif start is not None:
             parts[side].append(line)
     return tuple(regions)
 
 
-def hunk_verdict(hunk, regions: tuple[Region, ...], applies: bool) -> str:
-    """Where a hunk of the patch ended up after the 3-way merge."""
+def locate(chunks: list[tuple[str, ...]], lines: list[str]) -> list[tuple[int, int] | None]:
+    """Each chunk's 1-based line span in ``lines``, searched in order: one side of a conflict
+    region is a contiguous piece of that side's file, and the regions follow the file's order.
+    None for an empty chunk (a side that has no lines there) or one not found."""
+    spans: list[tuple[int, int] | None] = []
+    pos = 0
+    for chunk in chunks:
+        span = None
+        n = len(chunk)
+        if n:
+            for i in range(pos, len(lines) - n + 1):
+                if lines[i] == chunk[0] and tuple(lines[i : i + n]) == chunk:
+                    span, pos = (i + 1, i + n), i + n
+                    break
+        spans.append(span)
+    return spans
+
+
+@dataclass(frozen=True)
+class Sides:
+    """The file as the patch found it (base) and as the patch left it (theirs), as lines:
+    a hunk's line numbers count in these, and so do the regions' base and patch sides."""
+
+    base: list[str]
+    theirs: list[str]
+
+
+def changed_lines(hunk) -> tuple[set[int], set[int]]:
+    """(line numbers in the base the hunk removes, line numbers in theirs it adds)."""
+    m = re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", hunk.header)
+    if not m:
+        return set(), set()
+    old, new = int(m.group(1)), int(m.group(2))
+    removed, added = set(), set()
+    for ln in hunk.body:
+        if ln.startswith(b"-"):
+            removed.add(old)
+            old += 1
+        elif ln.startswith(b"+"):
+            added.add(new)
+            new += 1
+        elif ln.startswith(b" "):
+            old, new = old + 1, new + 1
+    return removed, added
+
+
+def hunk_verdict(hunk, regions: tuple[Region, ...], applies: bool, sides: Sides | None = None) -> str:
+    """Where a hunk of the patch ended up after the 3-way merge: the regions whose base or patch
+    side holds the very lines the hunk removes or adds (found by position in the file as the
+    patch found and left it; by shared lines only when the sides cannot be read)."""
     if applies:
         return "still applies as is"
-    added = {ln[1:].decode("utf-8", "replace").rstrip("\r\n") for ln in hunk.body if ln.startswith(b"+")}
-    removed = {ln[1:].decode("utf-8", "replace").rstrip("\r\n") for ln in hunk.body if ln.startswith(b"-")}
-    for r in regions:
-        if (added & r.patch) or (not added and removed & r.base):
-            return f"CONFLICT, lines {r.first}-{r.last}"
+    hit: list[Region] = []
+    if sides is not None:
+        removed, added = changed_lines(hunk)
+        base_spans = locate([r.base for r in regions], sides.base)
+        patch_spans = locate([r.patch for r in regions], sides.theirs)
+        for r, b, p in zip(regions, base_spans, patch_spans):
+            if (b and any(b[0] <= n <= b[1] for n in removed)) or (p and any(p[0] <= n <= p[1] for n in added)):
+                hit.append(r)
+    if not hit:  # the sides were not found: the region sharing the most of the hunk's lines
+        added_text = {ln[1:].decode("utf-8", "replace").rstrip("\r\n") for ln in hunk.body if ln.startswith(b"+")}
+        removed_text = {ln[1:].decode("utf-8", "replace").rstrip("\r\n") for ln in hunk.body if ln.startswith(b"-")}
+        scored = [(len(added_text & set(r.patch)) + len(removed_text & set(r.base)), -i, r) for i, r in enumerate(regions)]
+        best = max(scored, default=None, key=lambda t: t[:2])
+        if best and best[0]:
+            hit = [best[2]]
+    if hit:
+        return "CONFLICT, lines " + ", ".join(f"{r.first}-{r.last}" for r in hit)
     return "merged by git (upstream changed its context)"
 
 
 def has_markers(path: Path) -> int:
-    """First line number holding a conflict marker, or 0."""
+    """First line number holding a conflict marker anywhere in it, or 0."""
     try:
         lines = path.read_bytes().decode("utf-8", "replace").splitlines()
     except OSError:
         return 0
-    return next((n for n, line in enumerate(lines, 1) if line.startswith(MARKERS)), 0)
+    return next((n for n, line in enumerate(lines, 1) if any(m in line for m in MARKERS)), 0)
+
+
+def python_problem(data: bytes, rel: str) -> str:
+    """``rel:LINE: why`` when ``data``, the Python file ``rel``, does not compile, else ""."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarnings (escapes) are upstream's business
+            compile(data, rel, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"{rel}:{e.lineno or 1}: {e.msg}"
+    except ValueError as e:  # null bytes
+        return f"{rel}:1: {e}"
+    return ""
 
 
 def conflicts_in(tree: Git) -> list[Conflict]:
@@ -128,7 +204,19 @@ def upstream_commits(git: Git, old: str, new: str, paths: list[str], limit: int 
     return lines
 
 
-def hunk_lines(tree: Git, index: Path, tip: str, patch: Patch, paths: list[str], regions: tuple[Region, ...]) -> list[str]:
+def file_sides(tree: Git, queued: str, path: str) -> Sides | None:
+    """``path`` before and after the patch, from its commit in the patch queue."""
+    if not queued:
+        return None
+    def lines(rev: str) -> list[str]:
+        r = tree.run("show", f"{rev}:{path}", check=False)
+        return r.stdout.decode("utf-8", "replace").splitlines() if r.returncode == 0 else []
+    return Sides(lines(f"{queued}^"), lines(queued))
+
+
+def hunk_lines(
+    tree: Git, index: Path, tip: str, patch: Patch, paths: list[str], regions: tuple[Region, ...], queued: str = ""
+) -> list[str]:
     """Each hunk of ``patch`` in ``paths``: does it still apply on its own to the rebased tree?"""
     by_file = hunks_by_file(patch)
     g = tree.with_index(index)
@@ -136,13 +224,14 @@ def hunk_lines(tree: Git, index: Path, tip: str, patch: Patch, paths: list[str],
     lines = []
     for path in paths:
         exists = tree.ok("cat-file", "-e", f"{tip}:{path}")
+        sides = file_sides(tree, queued, path) if regions else None
         for hunk in by_file.get(path, []):
             if not exists:
                 lines.append(f"    hunk {hunk.number}/{hunk.of} {hunk.header}  -- its file is gone from the new upstream")
                 continue
             piece = single_hunk_patch(patch, hunk)
             ok = g.ok("apply", "--cached", "--check", *apply_args(patch), "-", input=piece)
-            verdict = hunk_verdict(hunk, regions, ok)
+            verdict = hunk_verdict(hunk, regions, ok, sides)
             lines.append(f"    hunk {hunk.number}/{hunk.of} {hunk.header}  -- {verdict}")
     index.unlink(missing_ok=True)
     return lines
@@ -181,7 +270,8 @@ def why_stopped(
         where = ", ".join(f"lines {r.first}-{r.last}" for r in c.regions) or "no markers (a whole-file conflict)"
         lines += ["", f"  {c.path}: {c.kind}; {where}"]
         related = [c.path] if c.path in patch_paths else gone_upstream(tree, state.tip, patch_paths) or [c.path]
-        lines += hunk_lines(tree, index, state.tip, patch, related, c.regions)
+        queued = state.queue[state.current] if state.current < len(state.queue) else ""
+        lines += hunk_lines(tree, index, state.tip, patch, related, c.regions, queued)
         paths = " ".join(sorted({c.path, *related}))
         commits = upstream_commits(tree, state.old_commit, state.new_commit, sorted({c.path, *related}))
         if commits:

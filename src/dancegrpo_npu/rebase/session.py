@@ -29,7 +29,7 @@ from dancegrpo_npu.rebase.queue import (
 )
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase.finish import complete, finish, move_worktree
-from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, short
+from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, python_problem, short
 from dancegrpo_npu.engine.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
 )
@@ -120,7 +120,9 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
             check_series_fits(project, lock, wt.root, ls_tree(wt.root, head))
         if paths.tree.exists():
             raise DancegrpoError(f"{paths.tree} exists but no rebase is in progress", "move it away or delete it, then rebase")
-        fetched = fetch_commit(main, choose_source(source, lock.url), onto, ONTO_REF)
+        tree_source = fetched.source
+        src = choose_source(source, lock.url)
+        fetched = fetch_commit(main, src, onto, ONTO_REF, exact=True)
         if fetched.commit == lock.commit:
             main.run("update-ref", "-d", ONTO_REF, check=False)
             return RebaseResult("nothing", f"the series is already based on {short(lock.commit)} ({onto}); nothing to do\n")
@@ -128,6 +130,7 @@ def start_rebase(project: Project, onto: str, source: str | None = None) -> Reba
             phase="starting", project_root=str(project.root), workdir=str(project.workdir), tree=str(paths.tree),
             onto=onto, onto_note=fetched.note, old_commit=lock.commit, new_commit=fetched.commit,
             names=tuple(p.name for p in patches), started=datetime.datetime.now().isoformat(timespec="seconds"),
+            source=src, tree_source=tree_source,
         )
         create_state(project, paths, state)
         checkpoint("start:state")
@@ -189,6 +192,12 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
             f"conflict markers are still in {', '.join(marked)}",
             f"edit them away in {tree.cwd}, then run `dancegrpo-npu rebase --continue`",
         )
+    broken = [p for rel in resolved_files(tree, state.tip) if (p := newly_broken(tree, state.tip, rel))]
+    if broken:
+        raise DancegrpoError(
+            f"the resolution does not compile: {'; '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}",
+            f"fix it in {tree.cwd}, then run `dancegrpo-npu rebase --continue` (or --skip, --abort)",
+        )
     head = tree.out("rev-parse", "HEAD")
     if head != state.tip:
         if not tree.is_ancestor(state.tip, head):
@@ -209,6 +218,28 @@ def take_resolution(paths: RebasePaths, state: RebaseState) -> RebaseState:
     state = save_state(paths, state.with_step(Step(name, "resolved", "", commit)))
     checkpoint(f"patch:{state.current}:recorded")
     return state
+
+
+def resolved_files(tree: Git, tip: str) -> list[str]:
+    """The files the user's resolution has changed from the last patch moved (tracked or new)."""
+    changed = tree.run("diff", "--name-only", "-z", "--no-renames", tip, "--").stdout
+    new = tree.run("ls-files", "-z", "--others", "--exclude-standard").stdout
+    return sorted({p for p in (changed + new).decode("utf-8", "surrogateescape").split("\0") if p})
+
+
+def newly_broken(tree: Git, tip: str, rel: str) -> str:
+    """Why the resolved Python file ``rel`` does not compile ("" if it does, or is no Python
+    file).  A file that did not compile before the resolution either (upstream code for
+    another Python, say) is not the resolution's doing, and passes."""
+    path = tree.cwd / rel
+    if not rel.endswith(".py") or not path.is_file():
+        return ""
+    problem = python_problem(path.read_bytes(), rel)
+    if problem:
+        before = tree.run("show", f"{tip}:{rel}", check=False)
+        if before.returncode == 0 and python_problem(before.stdout, rel):
+            return ""
+    return problem
 
 
 def skip_patch(project: Project) -> RebaseResult:
@@ -236,7 +267,7 @@ def abort_rebase(project: Project) -> RebaseResult:
             restore_backup(project, paths.backup, paths.staged)
             checkpoint("abort:restored")
             # the work tree may have been moved already: back to the old commit and series
-            moved = [line for line in move_worktree(project) if not line.startswith("next:")]
+            moved = [line for line in move_worktree(project, state.tree_source or None) if not line.startswith("next:")]
             tree_note = "the work tree is back as it was:\n" + "".join(f"  {line}\n" for line in moved)
         discard(paths, state, main)
         return RebaseResult(

@@ -174,11 +174,16 @@ class Fetched:
     note: str  # how it was found, for the report
 
 
-def fetch_commit(git: Git, source: str, ref: str, keep_as: str) -> Fetched:
+def fetch_commit(git: Git, source: str, ref: str, keep_as: str, exact: bool = False) -> Fetched:
     """Bring upstream ``ref`` into ``git``'s repository and hold it under ``keep_as``.
 
-    A commit id already present is used as is (works offline).  Otherwise the ref is
-    fetched from ``source``; if that fails, a local ref of that name is the fallback.
+    A commit id already present is used as is (works offline; an id names one commit
+    wherever it is).  Otherwise the ref is fetched from ``source``; if that fails, a local
+    ref of that name is the fallback, unless ``exact``: a rebase must move onto what the
+    source has under that name, so a failed fetch is a refusal, and a revision expression
+    (``main~3``) is resolved on the ref fetched from the source, not on a local branch.
+    A short commit id is looked up in a source that is a local repository; a remote one
+    cannot be asked for it (git fetches a commit only by its full id).
     """
     if _HEX.fullmatch(ref):
         commit = git.commit_of(ref)
@@ -189,6 +194,8 @@ def fetch_commit(git: Git, source: str, ref: str, keep_as: str) -> Fetched:
         raise DancegrpoError(f"{ref!r} is not a branch, tag or commit name", "name an upstream branch, tag or commit id",
                              exit_code=2)
     if any(c in ref for c in " \t\n:~^?*[\\@"):
+        if exact:
+            return _fetch_expression(git, source, ref, keep_as)
         # A revision expression (main~3, HEAD^) names something local, not a remote ref.
         commit = git.commit_of(ref)
         if not commit:
@@ -198,21 +205,59 @@ def fetch_commit(git: Git, source: str, ref: str, keep_as: str) -> Fetched:
             )
         git.run("update-ref", keep_as, commit)
         return Fetched(commit, ref, "resolved locally")
+    short = _HEX.fullmatch(ref) and len(ref) < 40
+    if short and Path(source).is_dir():
+        full = Git(Path(source)).commit_of(ref)
+        if full:
+            fetched = fetch_commit(git, source, full, keep_as, exact)
+            return Fetched(fetched.commit, ref, fetched.note)
     r = git.run("fetch", "--quiet", "--no-tags", source, f"+{ref}:{keep_as}", check=False)
     if r.returncode == 0:
         commit = git.commit_of(keep_as)
         if commit:
             return Fetched(commit, ref, f"fetched from {source}")
+    if short:
+        raise DancegrpoError(
+            f"{ref!r} is a short commit id, which cannot be fetched from {source} (git fetches a commit only by its full id)",
+            "give the full 40-hex commit id, or a branch or tag that points to it",
+            exit_code=2,
+        )
     commit = git.commit_of(ref)
+    why = last_line(r.stderr)
+    if exact:
+        local = (f"; the local {ref!r} ({commit[:12]}) is not used: to move onto it, name it by its full id {commit}"
+                 if commit else "")
+        raise DancegrpoError(
+            f"cannot fetch {ref!r} from {source} ({why}); nothing was changed",
+            "check the name (an upstream branch, tag or commit), the source and your network or mirror" + local,
+        )
     if commit:
         git.run("update-ref", keep_as, commit)
-        why = last_line(r.stderr)
         return Fetched(commit, ref, f"local ref (fetching it from {source} failed: {why})")
     raise DancegrpoError(
-        f"cannot find upstream {ref!r}: fetching it from {source} failed ({last_line(r.stderr)}) "
+        f"cannot find upstream {ref!r}: fetching it from {source} failed ({why}) "
         f"and it is not a commit in {git.cwd}",
         "check the name (an upstream branch, tag or commit), your network or mirror, or pass --source URL|DIR",
     )
+
+
+def _fetch_expression(git: Git, source: str, ref: str, keep_as: str) -> Fetched:
+    """``NAME~N`` / ``NAME^``...: NAME fetched from ``source``, the rest resolved on it."""
+    m = re.fullmatch(r"([^\s:~^?*\[\\@]+)([~^][~^0-9]*)", ref)
+    if not m:
+        raise DancegrpoError(
+            f"{ref!r} is not a branch, tag or commit of {source}",
+            "name an upstream branch, tag or commit id, optionally followed by ~N or ^",
+            exit_code=2,
+        )
+    name, suffix = m.groups()
+    fetched = fetch_commit(git, source, name, keep_as, exact=True)
+    commit = git.commit_of(f"{fetched.commit}{suffix}")
+    if not commit:
+        raise DancegrpoError(f"{ref!r}: {name} ({fetched.commit[:12]}) has no such ancestor",
+                             "name an existing commit", exit_code=2)
+    git.run("update-ref", keep_as, commit)
+    return Fetched(commit, ref, f"{suffix} of {name}, {fetched.note}")
 
 
 def copy_sparse_settings(src: Git, dest: Git) -> None:

@@ -75,9 +75,24 @@ def _options(strict: bool = True):
     return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
+def _empty_shards_are_not_meta() -> None:
+    """torch 2.7.1's ``get_state_dict`` asks each value ``is_meta``, and FSDP1's ShardedTensor
+    answers with ``local_tensor().is_meta``, which raises ("Only single local shard is
+    supported") on a rank that holds no shard of a small parameter: a 2-rank Wan save stopped
+    there (measured; torch 2.10 no longer asks).  A sharded tensor is on the meta device when its
+    local shards are, and one without local shards is not; registered through torch's own hook
+    for overriding a sharded op (``custom_sharded_op_impl``), the same answer on every torch."""
+    from torch.distributed._shard.sharded_tensor import custom_sharded_op_impl
+
+    @custom_sharded_op_impl(torch.Tensor.is_meta.__get__)
+    def is_meta(types, args=(), kwargs=None, pg=None):
+        return any(shard.tensor.is_meta for shard in args[0].local_shards())
+
+
 def _sharded_state(transformer, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    _empty_shards_are_not_meta()
     model, optim = get_state_dict(transformer, optimizer, options=_options())
     return {"model": model, "optimizer": optim}
 

@@ -153,6 +153,8 @@ def shell_script(plan: LaunchPlan, *, dry_run: bool = False, problems: list[str]
     ]
     if dry_run:
         lines.append(f"# dry run: nothing was started, and the run directory {plan.run_dir} was not created")
+    if plan.arguments_checked:
+        lines.append(f"# the script's arguments: {plan.arguments_checked}")
     if plan.recipe is not None:
         from dancegrpo_npu.run.recipes import recipe_line
 

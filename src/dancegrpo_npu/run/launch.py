@@ -133,6 +133,31 @@ def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], 
     return list(align.trainer_args(replay_records))
 
 
+def _check_script_args(info: ScriptInfo, tree: Path, script_args: list[str], spec: LaunchSpec,
+                       environ: dict[str, str], problems: list[str], dry_run: bool) -> str:
+    """The final arguments parsed by the script's own parser (run.script_parser), in the run's
+    dependency set (the tool's interpreter when that set is not installed: a dry run lists it
+    among the problems); a bad one is refused in one line, exit 2.  Returns what the plan says
+    about the check."""
+    from dancegrpo_npu.run import script_parser
+
+    try:
+        python = depsets.python_for(info.depset, environ)
+    except DancegrpoError:
+        python = sys.executable
+    user_flags = {flag for flag, _, _ in split_flags(spec.args)}
+    try:
+        parsed = script_parser.check_script_args(tree / info.relpath, tree, python, script_args, user_flags)
+    except DancegrpoError as e:
+        if e.exit_code == 2 or not dry_run:
+            raise
+        problems.append(e.one_line())
+        return "not checked (see below)"
+    if parsed is None:
+        return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`"
+    return f"checked by {Path(info.relpath).name}'s own parser"
+
+
 def build_plan(
     project: Project,
     spec: LaunchSpec,
@@ -164,14 +189,16 @@ def build_plan(
         recipe_args=recipe_args,
     )
     problems = input_problems(info, script_args)
+    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
+    script_args += _profile_args(spec)
+    # the script's parser first: a flag it lacks is the mistake to name, before what is missing
+    arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
     if problems and not dry_run:
         raise DancegrpoError(
             "; ".join(problems),
             "put them there (docs/ascend-910b.md, Weights) or pass their flags after --; "
             "`dancegrpo-npu launch ... --dry-run` lists everything missing",
         )
-    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
-    script_args += _profile_args(spec)
     if spec.align.env():  # --msprobe: before the user's --env, which wins
         spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
@@ -221,6 +248,7 @@ def build_plan(
         recipe_scaling=scaling.describe() if scaling else None,
         recipe_notes=recipes.recipe_notes(spec, info, recipe, scaling, script_args),
         problems=tuple(problems),
+        arguments_checked=arguments_checked,
     )
 
 

@@ -60,6 +60,7 @@ class LaunchPlan:
     recipe_scaling: str | None = None  # how it was scaled to the launch's world size, if it was
     recipe_notes: tuple[str, ...] = ()  # every value that differs from the recipe's script, with why
     problems: tuple[str, ...] = ()  # inputs missing or incomplete (a dry run lists them; launch refuses)
+    arguments_checked: str | None = None  # what checked the script's arguments (run.script_parser)
 
     @property
     def world_size(self) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.inputs import reference_sizes_problem
+from dancegrpo_npu.run.inputs import image_sizes_problem, reference_sizes_problem
 
 # upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
 FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
@@ -148,7 +148,8 @@ _PREPROCESS_INPUTS_PROMPTS = (
 
 SCRIPTS: dict[str, ScriptInfo] = {
     "flux": ScriptInfo(
-        "flux", "fastvideo/train_grpo_flux.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True, FLUX_RECIPE_GLOB
+        "flux", "fastvideo/train_grpo_flux.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True, FLUX_RECIPE_GLOB,
+        argument_checks=(image_sizes_problem,),
     ),
     "flux-lora": ScriptInfo(
         "flux-lora",
@@ -158,6 +159,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
         _TRAIN_INPUTS,
         True,
         FLUX_RECIPE_GLOB,
+        argument_checks=(image_sizes_problem,),
     ),
     "preprocess": ScriptInfo(
         "preprocess",
@@ -177,17 +179,18 @@ SCRIPTS: dict[str, ScriptInfo] = {
     # Wan2.1-T2V-1.3B: the diffusers-0.35 dependency set (run.depsets, docs/dependencies.md)
     "wan": ScriptInfo(
         "wan", "fastvideo/train_grpo_wan_2_1.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _WAN_INPUTS, True, WAN_RECIPE_GLOB,
-        depset="diffusers-0.35",
+        depset="diffusers-0.35", argument_checks=(image_sizes_problem,),
     ),
     # Qwen-Image and Qwen-Image-Edit: the diffusers-0.35 dependency set, as Wan2.1
     "qwenimage": ScriptInfo(
         "qwenimage", "fastvideo/train_grpo_qwenimage.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
         _qwen_inputs("Qwen-Image", "preprocess-qwenimage"), True, QWENIMAGE_RECIPE_GLOB, depset="diffusers-0.35",
+        argument_checks=(image_sizes_problem,),
     ),
     "qwenimage-edit": ScriptInfo(
         "qwenimage-edit", "fastvideo/train_grpo_qwenimage_edit.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
         _qwen_inputs("Qwen-Image-Edit", "preprocess-qwenimage-edit"), True, QWENIMAGE_EDIT_RECIPE_GLOB,
-        depset="diffusers-0.35", argument_checks=(reference_sizes_problem,),
+        depset="diffusers-0.35", argument_checks=(image_sizes_problem, reference_sizes_problem),
     ),
     "preprocess-wan": ScriptInfo(
         "preprocess-wan",

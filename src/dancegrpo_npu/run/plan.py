@@ -32,6 +32,7 @@ class LaunchSpec:
     recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
     max_restarts: int = 0  # torchrun's elastic --max-restarts; each restart resumes from latest
     resume_of: Path | None = None  # --resume: the run directory this launch continues (run.resume)
+    verb: str = "launch"  # the command that started it, and continues it: launch | smoke
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ per prompt (--generations), HPSv2 reward, strict mode on.
 It passes only if, read back from what the script itself wrote:
 
 * ``metrics.jsonl`` has every step, with finite rewards and losses and a finite, non-zero
-  grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check);
+  grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check), and no step
+  whose rewards are all equal (every advantage 0: it learns nothing; the step is named);
 * the checkpoint upstream writes at the last step N (``outputs/checkpoint-N-0``, or
   ``outputs/lora-checkpoint-N-0``) loads back the way upstream and diffusers intend -
   ``FluxTransformer2DModel.from_pretrained``, or ``FluxPipeline.lora_state_dict`` +
@@ -36,7 +37,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dancegrpo_npu.run.align_flags import AlignOptions
@@ -246,9 +247,12 @@ def _ran(record):
         failure = record.summary.get("failure") or {}
         # the exception line (run.failure.error_line), not the log's last line: a progress bar
         why = failure.get("error") or ""
+        advice = (record.summary.get("continue_with") or {}).get("line")
+        status = record.summary.get("status", "failed")
         raise DancegrpoError(
-            f"smoke: the training run failed (exit {record.returncode})" + (f": {why}" if why else ""),
-            f"see {record.run_dir / failure.get('log', 'logs')}")
+            f"smoke: the training run {'failed' if status == 'failed' else 'was ' + status} (exit {record.returncode})"
+            + (f": {why}" if why else ""),
+            f"see {record.run_dir / failure.get('log', 'logs')}" + (f"; {advice}" if advice else ""))
     return record
 
 
@@ -355,7 +359,7 @@ def _launch(project: Project, options: SmokeOptions, args):
 
     if options.resume is not None:
         with _quiet(not options.verbose):
-            return launch(project, resume_spec(project, options.resume))
+            return launch(project, replace(resume_spec(project, options.resume), verb="smoke"))
 
     name = trainer_of(options)
     spec = LaunchSpec(
@@ -368,6 +372,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         upstream_defaults=False,
         strict=options.strict,
         align=options.align,
+        verb="smoke",
     )
     with _quiet(not options.verbose):
         return launch(project, spec)

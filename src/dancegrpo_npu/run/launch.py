@@ -32,7 +32,7 @@ from dancegrpo_npu.run import depsets, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
-from dancegrpo_npu.run.resume import restart_spec
+from dancegrpo_npu.run.resume import restart_spec, resume_point
 from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
     ScriptInfo,
@@ -263,12 +263,27 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     spec = restart_spec(spec)
     if spec.resume_of is not None:  # the run continues in its own directory
         plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)
-        if dry_run:
-            print(shell_script(plan, dry_run=True, problems=list(plan.problems)), end="", flush=True)
-            return RunRecord(spec.resume_of, 1 if plan.problems else 0, plan.command, {"status": "dry-run"})
+        problems = list(plan.problems)
+        try:
+            step, path = resume_point(plan.script_args, plan.run_dir)
+            where = f"step {step} " if step is not None else ""
+            plan = replace(plan, resume_from=f"from its checkpoint {where}({path})")
+        except DancegrpoError as e:
+            if not dry_run:
+                raise
+            problems.append(e.one_line())
         not_here = no_npu_here(plan)
+        if dry_run:
+            problems += [f"{not_here.message}: {not_here.hint}"] if not_here else []
+            print(shell_script(plan, dry_run=True, problems=problems), end="", flush=True)
+            if problems:
+                print(f"dancegrpo-npu: dry run: the resume could not start here; {len(problems)} problem(s), "
+                      "listed in the plan under '# could not start here'", file=sys.stderr, flush=True)
+            return RunRecord(spec.resume_of, 1 if problems else 0, plan.command,
+                             {"status": "dry-run", "problems": problems})
         if not_here is not None:
             raise not_here
+        print(f"dancegrpo-npu: resuming run {plan.run_dir.name} {plan.resume_from}", file=sys.stderr, flush=True)
         return run_plan(project, plan)
     tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)

@@ -62,6 +62,7 @@ class LaunchPlan:
     recipe_notes: tuple[str, ...] = ()  # every value that differs from the recipe's script, with why
     problems: tuple[str, ...] = ()  # inputs missing or incomplete (a dry run lists them; launch refuses)
     arguments_checked: str | None = None  # what checked the script's arguments (run.script_parser)
+    resume_from: str | None = None  # --resume: the checkpoint the run continues from, in words
 
     @property
     def world_size(self) -> int:

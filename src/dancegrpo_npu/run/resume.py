@@ -127,6 +127,29 @@ def complete_checkpoint(output: Path) -> tuple[int, Path] | None:
     return None
 
 
+def resume_point(script_args, run_dir: Path) -> tuple[int | None, Path]:
+    """The checkpoint a resume with ``script_args`` loads: (step, directory) of the newest
+    complete one for ``latest``, or the one named; one line when there is none (the trainer
+    would start again at step 1, which is not a resume)."""
+    named = _values(script_args).get(RESUME_FLAG[2:])
+    output = output_dir(script_args, run_dir)
+    if named not in (None, True, "latest"):
+        path = Path(str(named))
+        if not (path / CHECKPOINT_MANIFEST).is_file():
+            raise DancegrpoError(f"--resume {run_dir.name}: {RESUME_FLAG} {path} is not a complete checkpoint "
+                                 f"(no {CHECKPOINT_MANIFEST})", f"name one under {output / CHECKPOINT_DIR}, or "
+                                 "give none: the newest complete one is taken")
+        digits = path.name[len("step-"):]
+        return (int(digits) if digits.isdigit() else None), path
+    found = complete_checkpoint(output)
+    if found is None:
+        raise DancegrpoError(f"--resume {run_dir.name}: the run has no complete checkpoint under "
+                             f"{output / CHECKPOINT_DIR}, so its trainer would start again at step 1",
+                             "start a new run instead, with --checkpointing_steps N after -- "
+                             "(smoke: --checkpointing-steps N) to have one every N steps")
+    return found
+
+
 def continue_command(project: Project, verb: str, run_dir: Path, cwd: Path | None = None) -> str:
     """The command that continues ``run_dir`` from where it is typed: ``dancegrpo-npu smoke
     --resume RUN``, with -C / --workdir / the run's path when this launch needed them."""

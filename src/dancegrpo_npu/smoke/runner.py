@@ -332,10 +332,10 @@ def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
                         options.checkpointing_steps) + tuple(options.extra_args)
 
 
-def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
-    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer)."""
-    from dataclasses import replace
-
+def resumed_options(project: Project, options: SmokeOptions, given: dict | None = None) -> SmokeOptions:
+    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer).
+    ``given``: the options typed with --resume (name -> value, None when not typed); one that
+    differs from the run's is refused in one line, as ``launch --resume`` refuses a change."""
     from dancegrpo_npu.rundirs.rundir import find_run
 
     if options.resume is None:
@@ -344,13 +344,22 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
     try:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
-        return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                       steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
-                       generations=int(v["--num_generations"]),
-                       checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+        recorded = replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
+                           steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
+                           generations=int(v["--num_generations"]),
+                           checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+        device = launch["device"]
     except (OSError, ValueError, KeyError, TypeError):
         raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",
                              "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None
+    has = {"trainer": recorded.trainer, "steps": recorded.steps, "generations": recorded.generations,
+           "nproc": recorded.nproc, "checkpointing-steps": recorded.checkpointing_steps, "device": device}
+    for name, value in (given or {}).items():
+        if value is not None and value != has[name]:
+            raise DancegrpoError(f"smoke --resume {options.resume}: --{name} {value} would change the run "
+                                 f"(it has {has[name]})", "resume without it: the run continues as it was started",
+                                 exit_code=2)
+    return recorded
 
 
 def _launch(project: Project, options: SmokeOptions, args):

@@ -28,7 +28,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
-from dancegrpo_npu.run import depsets, recipes
+from dancegrpo_npu.run import datasets, depsets, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
@@ -37,6 +37,7 @@ from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
     ScriptInfo,
     build_script_args,
+    flag_values,
     input_problems,
     script_info,
     split_flags,
@@ -302,5 +303,11 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
     if plan.recipe is not None:
         print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
-
-    return run_plan(project, plan)
+    made = datasets.output_of(plan.script, flag_values(plan.script_args))
+    if made is not None:  # preprocessing: the dataset's record says what made it, once it is whole
+        datasets.forget(made)
+    record = run_plan(project, plan)
+    if made is not None and record.returncode == 0:
+        datasets.record(made, plan.script, flag_values(plan.script_args), run_dir)
+        print(f"dancegrpo-npu: the {datasets.MODELS[plan.script.dataset].title} dataset is in {made}", flush=True)
+    return record

@@ -142,3 +142,12 @@ def test_the_command_names_what_the_run_was_started_with(project, tmp_path, monk
     elsewhere = find_project(project.root, tmp_path / "tree", tmp_path / "runs")
     assert resume.continue_command(elsewhere, "smoke", tmp_path / "runs" / run.name) == (
         f"dancegrpo-npu --workdir {tmp_path / 'tree'} smoke --resume {tmp_path / 'runs' / run.name}")
+
+
+def test_failed_preprocessing_says_to_run_it_again(project, capsys):
+    script = project.workdir / "fastvideo" / "data_preprocess" / "preprocess_flux_embedding.py"
+    script.write_text(STOPPING_TRAINER)
+    assert main(["-C", str(project.root), "launch", "preprocess", "--device", "cpu"]) == 1
+    run, summary = the_run(project)
+    assert last_line(capsys.readouterr().out) == (f"dancegrpo-npu: run {run.name} failed; preprocessing keeps no "
+                                                  "checkpoints: run the same command again to write its dataset anew")

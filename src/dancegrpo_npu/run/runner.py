@@ -242,6 +242,10 @@ def _continuation(project: Project, plan, status: str) -> dict | None:
     """How the stopped run goes on (run.resume.continuation); a record must never stop on it."""
     from dancegrpo_npu.run.resume import continuation
 
+    if not plan.script.output_in_run_dir:  # preprocessing: its product is a dataset, not checkpoints
+        return {"checkpoint": None, "step": None, "command": None,
+                "line": f"run {plan.run_dir.name} {status}; preprocessing keeps no checkpoints: run the same "
+                        "command again to write its dataset anew"}
     try:
         return continuation(project, plan.spec.verb, plan.run_dir, plan.script_args, status)
     except Exception as e:  # noqa: BLE001 - best effort by design, the error is recorded

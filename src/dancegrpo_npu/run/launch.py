@@ -146,7 +146,8 @@ def _check_script_args(info: ScriptInfo, tree: Path, script_args: list[str], spe
         python = depsets.python_for(info.depset, environ)
     except DancegrpoError:
         python = sys.executable
-    user_flags = {flag for flag, _, _ in split_flags(spec.args)}
+    # launch's user typed spec.args after --; the smoke's hold its own as well
+    user_flags = {flag for flag, _, _ in split_flags(spec.args)} if spec.verb == "launch" else set()
     try:
         parsed = script_parser.check_script_args(tree / info.relpath, tree, python, script_args, user_flags)
     except DancegrpoError as e:

@@ -188,8 +188,8 @@ def check_script_args(script: Path, tree: Path, python: str, script_args: list[s
                                  f"read its flags with `python {script.name} --help` in the patched tree", exit_code=2)
         problem = flag_problem(script.name, flag, parsed.options, flag in user_flags)
         if problem:
-            raise DancegrpoError(problem, "fix the arguments after --; nothing was started", exit_code=2)
+            raise DancegrpoError(problem, "fix the script's arguments; nothing was started", exit_code=2)
     if parsed.error:
         raise DancegrpoError(f"{script.name} would refuse its arguments: {parsed.error}",
-                             "fix the arguments after --; nothing was started", exit_code=2)
+                             "fix the script's arguments; nothing was started", exit_code=2)
     return parsed

@@ -349,6 +349,7 @@ def resumed_options(project: Project, options: SmokeOptions, given: dict | None 
                            generations=int(v["--num_generations"]),
                            checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
         device = launch["device"]
+        recorded = replace(recorded, device=device)
     except (OSError, ValueError, KeyError, TypeError):
         raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",
                              "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None

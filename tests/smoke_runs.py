@@ -23,8 +23,6 @@ def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
     `launch --resume` ends as the uninterrupted run ``ref``: steps 1..3 once each, `compare` exit 0
     with no divergence, every record tensor bit-equal."""
     import pytest
-    import torch
-    from safetensors.torch import load_file
 
     from dancegrpo_npu.cli import main
     from dancegrpo_npu.smoke import runner as smoke
@@ -36,13 +34,24 @@ def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
     assert [m["step"] for m in metrics(cut)] == [1, 2]
     capsys.readouterr()
     assert main(["-C", str(project.root), "launch", "--resume", cut.name]) == 0, capsys.readouterr().err
-    assert [m["step"] for m in metrics(cut)] == [1, 2, 3]
-    assert json.loads((cut / "records" / "index.json").read_text())["steps"] == [1, 2, 3]
     capsys.readouterr()
-    assert main(["-C", str(project.root), "compare", str(ref.run_dir), str(cut)]) == 0
+    assert_resumed_as_uninterrupted(project, ref.run_dir, cut, capsys, steps=3)
+
+
+def assert_resumed_as_uninterrupted(project, ref, cut, capsys, steps) -> None:
+    """Run ``cut``, stopped and resumed, ends as the uninterrupted run ``ref``: steps 1..steps once
+    each, `compare` exit 0 with no divergence, every record tensor bit-equal."""
+    import torch
+    from safetensors.torch import load_file
+
+    from dancegrpo_npu.cli import main
+
+    assert [m["step"] for m in metrics(cut)] == list(range(1, steps + 1))
+    assert json.loads((cut / "records" / "index.json").read_text())["steps"] == list(range(1, steps + 1))
+    assert main(["-C", str(project.root), "compare", str(ref), str(cut)]) == 0
     assert "first divergence: none" in capsys.readouterr().out
-    files = sorted(p.relative_to(ref.run_dir) for p in (ref.run_dir / "records").rglob("*.safetensors"))
-    assert files == sorted(p.relative_to(cut) for p in (cut / "records").rglob("*.safetensors"))
+    files = sorted(p.relative_to(ref) for p in (ref / "records").rglob("*.safetensors"))
+    assert files and files == sorted(p.relative_to(cut) for p in (cut / "records").rglob("*.safetensors"))
     for name in files:
-        a, b = load_file(ref.run_dir / name), load_file(cut / name)
+        a, b = load_file(ref / name), load_file(cut / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

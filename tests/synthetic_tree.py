@@ -145,8 +145,10 @@ def make_project(root: Path, *, weights: bool = True) -> Path:
     write_recipes(tree)
     if weights:
         write_weights(tree / "data" / "flux")
-        (tree / "data" / "rl_embeddings").mkdir(parents=True, exist_ok=True)
-        (tree / "data" / "rl_embeddings" / "videos2caption.json").write_text('[{"caption": "a cat"}]')
+        # FLUX's dataset where launch's trainers read it (run.datasets), and upstream's shared one
+        for data in (tree / "data" / "rl_embeddings" / "flux", tree / "data" / "rl_embeddings"):
+            data.mkdir(parents=True, exist_ok=True)
+            (data / "videos2caption.json").write_text('[{"caption": "a cat"}]')
         (tree / "hps_ckpt").mkdir(exist_ok=True)
         (tree / "hps_ckpt" / "open_clip_pytorch_model.bin").write_bytes(b"synthetic")
         (tree / "hps_ckpt" / "HPS_v2.1_compressed.pt").write_bytes(b"synthetic")

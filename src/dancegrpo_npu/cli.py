@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stdout.flush()  # block-buffered into a pipe: the write may happen only now
         return status
-    except KeyboardInterrupt:
-        print(f"dancegrpo-npu: {INTERRUPTED}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a run's own says how to continue it (errors.RunInterrupted)
+        print(f"dancegrpo-npu: {getattr(e, 'message', None) or INTERRUPTED}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         import os

@@ -26,3 +26,12 @@ class DancegrpoError(Exception):
         if self.hint:
             text += f"; {self.hint}"
         return " ".join(text.split())
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a training run, carrying what to say instead of INTERRUPTED: the run, its
+    last complete checkpoint and the command that continues it (``run.resume.continuation``)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message

@@ -24,7 +24,8 @@ WITHOUT = {
     "0011-caption-list.patch": "Unsupported caption type",
     "0012-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
     "0013-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
-    "0014-hps-paths-as-arguments.patch": "error: unrecognized arguments: --hps_model",
+    # refused before the run starts, by the trainer's own parser (run.script_parser)
+    "0014-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
     "0015-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
     "0016-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
     "0017-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu

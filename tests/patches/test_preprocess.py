@@ -24,7 +24,10 @@ def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path
     ours = json.loads((out / "videos2caption.json").read_text())
     theirs = json.loads(fixtures.data_json.read_text())
     assert sorted(ours, key=lambda e: e["caption"]) == sorted(theirs, key=lambda e: e["caption"])
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in fixtures.data_json.parent.iterdir())
+    # and launch's record of what made it (run.datasets)
+    assert json.loads((out / "dataset.json").read_text())["preprocessing"] == "preprocess"
+    written = sorted(p.name for p in out.iterdir() if p.name != "dataset.json")
+    assert written == sorted(p.name for p in fixtures.data_json.parent.iterdir())
     for entry in ours:  # the same file names hold the same tensors (bf16, batch of one, same model)
         for sub, key in (("prompt_embed", "prompt_embed_path"), ("pooled_prompt_embeds", "pooled_prompt_embeds_path"),
                          ("text_ids", "text_ids")):

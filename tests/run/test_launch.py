@@ -60,6 +60,8 @@ def expected_default_args(tree: Path, run_dir: Path, recipe="8gpus", changes=Non
             continue
         value = (changes or {}).get(flag, value)
         out.append(flag)
+        if flag == "--data_json_path" and flag not in (changes or {}):  # FLUX's own dataset (run.datasets)
+            value = "data/rl_embeddings/flux/videos2caption.json"
         if value is not None:
             out.append(str(tree / value) if flag in path_flags else value)
     out += ["--hps_open_clip_ckpt", str(tree / "hps_ckpt/open_clip_pytorch_model.bin")]
@@ -180,7 +182,7 @@ def test_paths_user_relative_to_cwd_defaults_relative_to_tree(project, tmp_path)
     assert args[args.index("--pretrained_model_name_or_path") + 1] == str(here / "weights" / "flux")
     assert f"--vae_model_path={here / 'weights' / 'flux'}" in args
     assert args[args.index("--output_dir") + 1] == str(here / "ckpt") and args.count("--output_dir") == 1
-    assert args[args.index("--data_json_path") + 1] == str(project.workdir / "data/rl_embeddings/videos2caption.json")
+    assert args[args.index("--data_json_path") + 1] == str(project.workdir / "data/rl_embeddings/flux/videos2caption.json")
 
 
 def test_hub_id_is_left_for_the_script(project, tmp_path):
@@ -199,8 +201,10 @@ def test_without_upstream_defaults_only_the_given_args_and_output_dir(project, t
 def test_preprocess_keeps_its_output_in_the_tree(project, tmp_path):
     plan = plan_for(project, LaunchSpec("preprocess", master_port=29501), tmp_path)
     tree = project.workdir
+    # upstream's script's values, but FLUX's own dataset directory (run.datasets) for its output
+    own = {"--output_dir": "data/rl_embeddings/flux"}
     assert plan.script_args == tuple(
-        x for flag, value in PREPROCESS_DEFAULTS for x in (flag, str((tree / value).resolve()))
+        x for flag, value in PREPROCESS_DEFAULTS for x in (flag, str((tree / own.get(flag, value)).resolve()))
     )
 
 

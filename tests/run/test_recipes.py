@@ -90,8 +90,9 @@ def test_the_dry_run_lists_every_value_that_differs_from_the_script(project, cap
     assert notes == [
         "#   --pretrained_model_name_or_path %s/data/flux (script: data/flux; resolved in the patched tree)" % tree,
         "#   --vae_model_path %s/data/flux (script: data/flux; resolved in the patched tree)" % tree,
-        "#   --data_json_path %s/data/rl_embeddings/videos2caption.json (script: "
-        "data/rl_embeddings/videos2caption.json; resolved in the patched tree)" % tree,
+        "#   --data_json_path %s/data/rl_embeddings/flux/videos2caption.json (script: "
+        "data/rl_embeddings/videos2caption.json; this model's own dataset, resolved in the patched tree "
+        "(`launch preprocess` writes it))" % tree,
         f"#   --hps_open_clip_ckpt {tree}/hps_ckpt/open_clip_pytorch_model.bin (not in the script; the port's reward "
         "files; upstream reads ./hps_ckpt)",
         f"#   --hps_ckpt {tree}/hps_ckpt/HPS_v2.1_compressed.pt (not in the script; the port's reward files; upstream "
@@ -143,7 +144,7 @@ def test_dry_run_checks_every_input_in_one_pass(tmp_path, monkeypatch, capsys):
     project = find_project(make_project(tmp_path / "p", weights=False))
     tree = project.workdir
     (tree / "data" / "flux").mkdir(parents=True)  # an empty directory must not pass
-    (tree / "data" / "rl_embeddings").mkdir(parents=True)  # the embeddings directory without its JSON
+    (tree / "data" / "rl_embeddings" / "flux").mkdir(parents=True)  # the embeddings directory without its JSON
     rc = main(["-C", str(project.root), "launch", "flux", "--nproc-per-node", "8", "--device", "cpu", "--dry-run"])
     out, err = capsys.readouterr()
     assert rc == 1
@@ -152,7 +153,7 @@ def test_dry_run_checks_every_input_in_one_pass(tmp_path, monkeypatch, capsys):
         f"#   - --pretrained_model_name_or_path: the FLUX.1-dev weights directory {tree}/data/flux is incomplete: "
         "transformer/ is missing, vae/ is missing",
         f"#   - --vae_model_path: the FLUX.1-dev VAE weights directory {tree}/data/flux is incomplete: vae/ is missing",
-        f"#   - --data_json_path: the embeddings directory {tree}/data/rl_embeddings has no videos2caption.json "
+        f"#   - --data_json_path: the embeddings directory {tree}/data/rl_embeddings/flux has no videos2caption.json "
         "(RL-embeddings dataset: run `dancegrpo-npu launch preprocess` first)",
         f"#   - --hps_open_clip_ckpt: {tree}/hps_ckpt/open_clip_pytorch_model.bin does not exist (open_clip ViT-H-14 "
         "weights for the HPS reward)",
@@ -183,10 +184,10 @@ def test_weights_without_their_config_or_weight_files_are_incomplete(project, tm
 
 
 def test_empty_embeddings_json_is_incomplete(project, tmp_path):
-    (project.workdir / "data/rl_embeddings/videos2caption.json").write_text("[]")
+    (project.workdir / "data/rl_embeddings/flux/videos2caption.json").write_text("[]")
     plan = plan_of(project, tmp_path, LaunchSpec("flux", nproc_per_node=8), dry_run=True)
     assert plan.problems == (
-        f"--data_json_path: {project.workdir}/data/rl_embeddings/videos2caption.json holds no embeddings (a JSON list "
+        f"--data_json_path: {project.workdir}/data/rl_embeddings/flux/videos2caption.json holds no embeddings (a JSON list "
         "of them is expected) (RL-embeddings dataset: run `dancegrpo-npu launch preprocess` first)",
     )
 

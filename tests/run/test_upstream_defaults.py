@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dancegrpo_npu.run.datasets import dataset_dir
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan
 from dancegrpo_npu.run.recipes import recipes_for
 from dancegrpo_npu.run.upstream_args import FLUX_RECIPE_GLOB
@@ -111,7 +112,9 @@ def test_a_launch_of_the_scripts_world_size_passes_its_values(patched_tree, scri
             continue
         if i and expected[i - 1] == "--output_dir":
             continue
-        if i and expected[i - 1] in SCRIPTS[script].path_flags:
+        if i and expected[i - 1] == "--data_json_path":  # the model's own dataset directory (run.datasets)
+            assert got[got.index("--data_json_path") + 1] == str(dataset_dir(tree, SCRIPTS[script].dataset) / "videos2caption.json")
+        elif i and expected[i - 1] in SCRIPTS[script].path_flags:
             assert got[got.index(expected[i - 1]) + 1] == str((tree / word).resolve())
         else:
             assert word in got, word

@@ -55,6 +55,10 @@ def test_read_metrics(tmp_path):
     ([row(1), row(2), row(3)], r"has steps \[1, 2, 3\], expected 1..2"),
     ([row(1), row(2, grad_norm=0.0)], "training did nothing: the grad norm of step 2 is 0"),
     ([row(1, grad_norm=-0.0), row(2)], "training did nothing: the grad norm of step 1 is -0"),
+    ([row(1, reward_std=0.01, adv_min=-1.0, adv_max=1.0), row(2, reward_std=0.0, adv_min=0.0, adv_max=0.0)],
+     r"step 2 learned nothing: its rewards are all equal \(reward_std 0"),
+    ([row(1, reward_std=0.5, adv_min=0.0, adv_max=0.0, zero_std_groups=2), row(2)],
+     r"step 1 learned nothing: every group's rewards are equal \(2 group\(s\) of std 0\)"),
 ])
 def test_read_metrics_refuses(tmp_path, rows, message):
     write_metrics(tmp_path, rows)
@@ -62,6 +66,8 @@ def test_read_metrics_refuses(tmp_path, rows, message):
         smoke.read_metrics(tmp_path, 2)
     if "did nothing" in message:
         assert "no gradient reached the trainable weights" in err.value.hint
+    if "learned nothing" in message:
+        assert "GRPO learns from the differences between a group's rewards" in err.value.hint
 
 
 def test_no_metrics_file_points_at_the_logs(tmp_path):

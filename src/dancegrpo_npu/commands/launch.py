@@ -120,6 +120,11 @@ EPILOG = textwrap.dedent(
     training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every
     value that differs from its script.
 
+    Each model's RL-embeddings dataset has its own directory, data/rl_embeddings/<model>/
+    (flux, wan, qwenimage, qwenimage-edit): preprocess* writes it there, with dataset.json
+    saying what made it, and the model's trainers read it from there; a dataset of another
+    model is refused.  Upstream's shared data/rl_embeddings/ is reachable by its path.
+
     Each launch gets <runs>/<YYYYmmdd-HHMMSS>-<name>/ (runs/ in the project, or --runs-dir /
     $DANCEGRPO_RUNS) with the command, environment fingerprint, every rank's log, reward.txt,
     images/, metrics.jsonl and summary.json.

@@ -52,8 +52,9 @@ def run(args) -> int:
 
     args.device = resolve_device(args.device)
     project = project_from_args(args)
-    options = runner.SmokeOptions(nproc=args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device, verbose=args.verbose,
-                           generations=args.generations, extra_args=tuple(args.trainer_args),
+    options = runner.SmokeOptions(nproc=1 if args.nproc is None else args.nproc, lora=args.lora, trainer=args.trainer or "", device=args.device,
+                           verbose=args.verbose, generations=runner.GENERATIONS if args.generations is None else args.generations,
+                           extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume)
     steps = args.steps if args.steps is not None else runner.TRAINERS[runner.trainer_of(options)].default_steps
@@ -61,7 +62,10 @@ def run(args) -> int:
     if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
         raise DancegrpoError("smoke --resume continues a run as it was started",
                              "give --resume RUN alone (and -v as before)", exit_code=2)
-    options = runner.resumed_options(project, options)
+    typed = {"trainer": args.trainer or ("flux-lora" if args.lora else None), "steps": args.steps,
+             "generations": args.generations, "nproc": args.nproc,
+             "checkpointing-steps": args.checkpointing_steps, "device": None if args.device == "auto" else args.device}
+    options = runner.resumed_options(project, options, typed)
     runner.check_options(options)
     key = passes.inputs_sha256(project, options)
     if args.if_needed:
@@ -91,7 +95,7 @@ def register(sub, common) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )
-    p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (ranks) on this machine (default 1)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N", help="processes (ranks) on this machine (default 1)")
     p.add_argument("--trainer", choices=list(runner.TRAINERS), default=None,
                    help="the trainer: flux (default, train_grpo_flux.py), flux-lora (train_grpo_flux_lora.py), "
                    "wan (train_grpo_wan_2_1.py), qwenimage (train_grpo_qwenimage.py), qwenimage-edit "
@@ -104,7 +108,7 @@ def register(sub, common) -> None:
                    help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.TRAINERS['qwenimage-edit'].default_steps}, "
                    "one a pass of its three passes, so a multiple of 3); the checkpoint of step N (the weights after "
                    "step N-1) is checked, so the weight check needs 2 or more")
-    p.add_argument("--generations", type=int, default=runner.GENERATIONS, metavar="G",
+    p.add_argument("--generations", type=int, default=None, metavar="G",
                    help=f"images per prompt, GRPO's group (default {runner.GENERATIONS}, at least 2); one optimizer "
                    "update a step, on the whole group")
     p.add_argument("--checkpointing-steps", type=int, default=None, metavar="N",
@@ -112,7 +116,8 @@ def register(sub, common) -> None:
                    "weights and the port's resume checkpoint (outputs/resume/)")
     p.add_argument("--resume", default=None, metavar="RUN",
                    help="continue smoke run RUN in its own directory from its newest complete checkpoint "
-                   "(`launch --resume`), then check it as any smoke run")
+                   "(`launch --resume`), then check it as any smoke run; it keeps the run's --trainer, --steps, "
+                   "--generations, --nproc, --checkpointing-steps and --device, and refuses another value of one")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "

@@ -151,8 +151,14 @@ def shell_script(plan: LaunchPlan, *, dry_run: bool = False, problems: list[str]
         "#!/usr/bin/env bash",
         f"# dancegrpo-npu launch {plan.spec.script}: torchrun on {plan.script_path}",
     ]
-    if dry_run:
+    if dry_run and plan.spec.resume_of is not None:
+        lines.append(f"# dry run: nothing was started; the run continues in its own directory {plan.run_dir}")
+    elif dry_run:
         lines.append(f"# dry run: nothing was started, and the run directory {plan.run_dir} was not created")
+    if plan.resume_from:
+        lines.append(f"# resume: {plan.resume_from}")
+    if plan.arguments_checked:
+        lines.append(f"# the script's arguments: {plan.arguments_checked}")
     if plan.recipe is not None:
         from dancegrpo_npu.run.recipes import recipe_line
 

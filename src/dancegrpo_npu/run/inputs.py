@@ -123,3 +123,19 @@ def reference_sizes_problem(values: dict) -> str | None:
     return (f"--train_batch_size {train_batch_size}: {data_json} holds reference images of {len(sizes)} sizes "
             f"({shown}), which torch's default collate cannot stack in one batch; give --train_batch_size 1, "
             "or a dataset of one reference size")
+
+
+def image_sizes_problem(values: dict) -> str | None:
+    """A trainer's --h / --w (its ``argument_checks``): the VAE's 8x downsampling and the 2x2
+    latent patches need a multiple of 16 (what ``plan`` and ``bench`` ask for too); anything else
+    fails inside the model, after every rank has loaded it."""
+    for flag in ("--h", "--w"):
+        value = values.get(flag)
+        try:
+            size = int(value) if value is not None else None
+        except ValueError:
+            continue  # the trainer's parser refuses it
+        if size is not None and (size < 16 or size % 16):
+            return (f"{flag} {size} is not a positive multiple of 16 (the VAE's 8x and the 2x2 latent patches); "
+                    f"give e.g. {flag} {max(16, size // 16 * 16)}")
+    return None

@@ -28,15 +28,16 @@ from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
-from dancegrpo_npu.run import depsets, recipes
+from dancegrpo_npu.run import datasets, depsets, recipes
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
-from dancegrpo_npu.run.resume import restart_spec
+from dancegrpo_npu.run.resume import restart_spec, resume_point
 from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
     ScriptInfo,
     build_script_args,
+    flag_values,
     input_problems,
     script_info,
     split_flags,
@@ -134,6 +135,32 @@ def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], 
     return list(align.trainer_args(replay_records))
 
 
+def _check_script_args(info: ScriptInfo, tree: Path, script_args: list[str], spec: LaunchSpec,
+                       environ: dict[str, str], problems: list[str], dry_run: bool) -> str:
+    """The final arguments parsed by the script's own parser (run.script_parser), in the run's
+    dependency set (the tool's interpreter when that set is not installed: a dry run lists it
+    among the problems); a bad one is refused in one line, exit 2.  Returns what the plan says
+    about the check."""
+    from dancegrpo_npu.run import script_parser
+
+    try:
+        python = depsets.python_for(info.depset, environ)
+    except DancegrpoError:
+        python = sys.executable
+    # launch's user typed spec.args after --; the smoke's hold its own as well
+    user_flags = {flag for flag, _, _ in split_flags(spec.args)} if spec.verb == "launch" else set()
+    try:
+        parsed = script_parser.check_script_args(tree / info.relpath, tree, python, script_args, user_flags)
+    except DancegrpoError as e:
+        if e.exit_code == 2 or not dry_run:
+            raise
+        problems.append(e.one_line())
+        return "not checked (see below)"
+    if parsed is None:
+        return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`"
+    return f"checked by {Path(info.relpath).name}'s own parser"
+
+
 def build_plan(
     project: Project,
     spec: LaunchSpec,
@@ -165,17 +192,22 @@ def build_plan(
         recipe_args=recipe_args,
     )
     problems = input_problems(info, script_args)
+<<<<<<< HEAD
     if dry_run:
         problems += network.not_checked_here(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname,
                                              network.this_host())
+=======
+    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
+    script_args += _profile_args(spec)
+    # the script's parser first: a flag it lacks is the mistake to name, before what is missing
+    arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+>>>>>>> wip-launch
     if problems and not dry_run:
         raise DancegrpoError(
             "; ".join(problems),
             "put them there (docs/ascend-910b.md, Weights) or pass their flags after --; "
             "`dancegrpo-npu launch ... --dry-run` lists everything missing",
         )
-    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
-    script_args += _profile_args(spec)
     if spec.align.env():  # --msprobe: before the user's --env, which wins
         spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
@@ -225,6 +257,7 @@ def build_plan(
         recipe_scaling=scaling.describe() if scaling else None,
         recipe_notes=recipes.recipe_notes(spec, info, recipe, scaling, script_args),
         problems=tuple(problems),
+        arguments_checked=arguments_checked,
     )
 
 
@@ -239,12 +272,27 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     spec = restart_spec(spec)
     if spec.resume_of is not None:  # the run continues in its own directory
         plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)
-        if dry_run:
-            print(shell_script(plan, dry_run=True, problems=list(plan.problems)), end="", flush=True)
-            return RunRecord(spec.resume_of, 1 if plan.problems else 0, plan.command, {"status": "dry-run"})
+        problems = list(plan.problems)
+        try:
+            step, path = resume_point(plan.script_args, plan.run_dir)
+            where = f"step {step} " if step is not None else ""
+            plan = replace(plan, resume_from=f"from its checkpoint {where}({path})")
+        except DancegrpoError as e:
+            if not dry_run:
+                raise
+            problems.append(e.one_line())
         not_here = no_npu_here(plan)
+        if dry_run:
+            problems += [f"{not_here.message}: {not_here.hint}"] if not_here else []
+            print(shell_script(plan, dry_run=True, problems=problems), end="", flush=True)
+            if problems:
+                print(f"dancegrpo-npu: dry run: the resume could not start here; {len(problems)} problem(s), "
+                      "listed in the plan under '# could not start here'", file=sys.stderr, flush=True)
+            return RunRecord(spec.resume_of, 1 if problems else 0, plan.command,
+                             {"status": "dry-run", "problems": problems})
         if not_here is not None:
             raise not_here
+        print(f"dancegrpo-npu: resuming run {plan.run_dir.name} {plan.resume_from}", file=sys.stderr, flush=True)
         return run_plan(project, plan)
     tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
@@ -263,5 +311,11 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
     if plan.recipe is not None:
         print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
-
-    return run_plan(project, plan)
+    made = datasets.output_of(plan.script, flag_values(plan.script_args))
+    if made is not None:  # preprocessing: the dataset's record says what made it, once it is whole
+        datasets.forget(made)
+    record = run_plan(project, plan)
+    if made is not None and record.returncode == 0:
+        datasets.record(made, plan.script, flag_values(plan.script_args), run_dir)
+        print(f"dancegrpo-npu: the {datasets.MODELS[plan.script.dataset].title} dataset is in {made}", flush=True)
+    return record

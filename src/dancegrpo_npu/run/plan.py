@@ -32,6 +32,7 @@ class LaunchSpec:
     recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
     max_restarts: int = 0  # torchrun's elastic --max-restarts; each restart resumes from latest
     resume_of: Path | None = None  # --resume: the run directory this launch continues (run.resume)
+    verb: str = "launch"  # the command that started it, and continues it: launch | smoke
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class LaunchPlan:
     recipe_scaling: str | None = None  # how it was scaled to the launch's world size, if it was
     recipe_notes: tuple[str, ...] = ()  # every value that differs from the recipe's script, with why
     problems: tuple[str, ...] = ()  # inputs missing or incomplete (a dry run lists them; launch refuses)
+    arguments_checked: str | None = None  # what checked the script's arguments (run.script_parser)
+    resume_from: str | None = None  # --resume: the checkpoint the run continues from, in words
 
     @property
     def world_size(self) -> int:

@@ -280,6 +280,11 @@ def recipe_notes(spec, info, recipe, scaling, script_args) -> tuple[str, ...]:
     reasons.update({flag: "resolved in the patched tree" for flag in info.path_flags})
     reasons.update({flag: "the port's reward files; upstream reads ./hps_ckpt" for flag, _ in info.defaults})
     reasons["--output_dir"] = "the run's own outputs/"
+    if info.dataset is not None:  # run.datasets: each model's dataset in its own directory
+        from dancegrpo_npu.run.datasets import MODELS
+
+        reasons["--data_json_path"] = (f"this model's own dataset, resolved in the patched tree (`launch "
+                                       f"{MODELS[info.dataset].preprocess}` writes it)")
     reasons.update({flag: "launch's alignment or --profile options" for flag in (*TRAINER_FLAGS, "--profile_steps")})
     reasons.update({flag: "given after --" for flag in user})
     final = [(flag, value) for flag, value, _ in split_flags(script_args)]

@@ -105,6 +105,93 @@ def output_dir(script_args, run_dir: Path) -> Path:
     return Path(_values(script_args).get("output_dir") or run_dir / "outputs")
 
 
+def complete_checkpoint(output: Path) -> tuple[int, Path] | None:
+    """(step, directory) of the newest complete checkpoint under ``<output>/resume``: one whose
+    manifest (written last) reads and names files of the sizes it lists, as the trainer's
+    ``latest`` takes it (the overlay's checkpoints.read_manifest); None when there is none."""
+    root = output / CHECKPOINT_DIR
+    found = []
+    for path in root.glob("step-*") if root.is_dir() else []:
+        digits = path.name[len("step-"):]
+        if digits.isdigit():
+            found.append((int(digits), path))
+    for step, path in sorted(found, reverse=True):
+        files = (read_json(path / CHECKPOINT_MANIFEST) or {}).get("files")
+        if not isinstance(files, dict) or not files:
+            continue
+        try:
+            if all((path / name).stat().st_size == size for name, size in files.items()):
+                return step, path
+        except OSError:
+            continue
+    return None
+
+
+def resume_point(script_args, run_dir: Path) -> tuple[int | None, Path]:
+    """The checkpoint a resume with ``script_args`` loads: (step, directory) of the newest
+    complete one for ``latest``, or the one named; one line when there is none (the trainer
+    would start again at step 1, which is not a resume)."""
+    named = _values(script_args).get(RESUME_FLAG[2:])
+    output = output_dir(script_args, run_dir)
+    if named not in (None, True, "latest"):
+        path = Path(str(named))
+        if not (path / CHECKPOINT_MANIFEST).is_file():
+            raise DancegrpoError(f"--resume {run_dir.name}: {RESUME_FLAG} {path} is not a complete checkpoint "
+                                 f"(no {CHECKPOINT_MANIFEST})", f"name one under {output / CHECKPOINT_DIR}, or "
+                                 "give none: the newest complete one is taken")
+        digits = path.name[len("step-"):]
+        return (int(digits) if digits.isdigit() else None), path
+    found = complete_checkpoint(output)
+    if found is None:
+        raise DancegrpoError(f"--resume {run_dir.name}: the run has no complete checkpoint under "
+                             f"{output / CHECKPOINT_DIR}, so its trainer would start again at step 1",
+                             "start a new run instead, with --checkpointing_steps N after -- "
+                             "(smoke: --checkpointing-steps N) to have one every N steps")
+    return found
+
+
+def continue_command(project: Project, verb: str, run_dir: Path, cwd: Path | None = None) -> str:
+    """The command that continues ``run_dir`` from where it is typed: ``dancegrpo-npu smoke
+    --resume RUN``, with -C / --workdir / the run's path when this launch needed them."""
+    import os
+    import shlex
+
+    from dancegrpo_npu.project import RUNS_ENV, find_project
+
+    cwd = Path(cwd or os.getcwd()).resolve()
+    words = ["dancegrpo-npu"]
+    if cwd != project.root.resolve():
+        words += ["-C", str(project.root)]
+    plain = find_project(project.root, None, os.environ.get(RUNS_ENV) or None)
+    if project.workdir.resolve() != plain.workdir.resolve():
+        words += ["--workdir", str(project.workdir)]
+    ref = run_dir.name if run_dir.parent.resolve() == plain.runs_dir.resolve() else str(run_dir)
+    words += [verb, "--resume", ref]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def continuation(project: Project, verb: str, run_dir: Path, script_args, status: str) -> dict:
+    """How a run that stopped (interrupted, terminated, failed) goes on: its newest complete
+    checkpoint and the command that continues from it, or that it has none yet and how to get
+    them; ``line`` says it in one line, naming the run."""
+    values = _values(script_args)
+    found = complete_checkpoint(output_dir(script_args, run_dir))
+    command = continue_command(project, verb, run_dir)
+    if found is not None:
+        step, path = found
+        line = (f"run {run_dir.name} {status}; its last complete checkpoint is step {step} ({path}); "
+                f"continue it from there with: {command}")
+        return {"checkpoint": str(path), "step": step, "command": command, "line": line}
+    every = values.get("checkpointing_steps")
+    how = ("start it again with --checkpointing-steps N (a divisor of --steps) to have one every N steps"
+           if verb == "smoke" else
+           "start it again with `-- --checkpointing_steps N` to have one every N steps")
+    line = (f"run {run_dir.name} {status} before its first complete checkpoint"
+            + (f" (the trainer saves one after every {every} steps)" if every else "")
+            + f", so nothing can be continued: {how}")
+    return {"checkpoint": None, "step": None, "command": None, "line": line}
+
+
 def latest_manifest(output: Path) -> dict | None:
     """The manifest of the newest checkpoint with one (the trainer checks it in full)."""
     root = output / CHECKPOINT_DIR

@@ -4,7 +4,10 @@ torchrun's output (every rank's lines, prefixed by torchrun's --tee) is copied t
 and to ``logs/console.log``; each rank's own stdout/stderr files are under ``logs/torchrun/``.
 ``summary.json`` says "running" while the job runs and is rewritten at the end: succeeded,
 failed (with the failing rank's last lines and exception: ``run.failure``), interrupted (Ctrl-C), terminated (SIGTERM) or
-error (torchrun could not be started).
+error (torchrun could not be started).  The run directory is named on stderr when the run
+starts; a run that stops (interrupted, terminated, failed) ends with a line naming it, its last
+complete checkpoint and the command that continues it (``run.resume.continuation``), also kept
+in summary.json as ``continue_with``.
 
 A full disk must not cost the record: summary.json is written at the start with room reserved
 for the final one, which, when a new file cannot be written any more, is written into that room
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from dancegrpo_npu.run import directory
 from dancegrpo_npu.rundirs.rundir import metrics_summary
-from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.errors import DancegrpoError, RunInterrupted
 from dancegrpo_npu.files import cannot_write
 from dancegrpo_npu.run.fingerprint import fingerprint, trainer_matmul_precision
 from dancegrpo_npu.run.environment import recorded_value, shell_script
@@ -184,9 +187,10 @@ def run_plan(project: Project, plan):
     except OSError as e:
         shutil.rmtree(run_dir, ignore_errors=True)  # no half-made record
         raise cannot_write(Path(e.filename or run_dir), e) from None
-    print(f"dancegrpo-npu: run directory {run_dir}", flush=True)
+    # stderr: the smoke sends the job's stdout away unless -v, and the run's name must be seen
+    print(f"dancegrpo-npu: run directory {run_dir}", file=sys.stderr, flush=True)
     status, returncode, extra, device_kind, fp = "interrupted", None, {}, None, None
-    log_error = None
+    log_error, interrupted = None, False
     try:
         with _sigterm_raises():
             fp = _fingerprint(project, plan)
@@ -212,17 +216,40 @@ def run_plan(project: Project, plan):
                 extra = {"failure": failure_detail(run_dir)}
     except _Terminated:
         pass  # recorded below; the exit code says it
+    except KeyboardInterrupt:
+        interrupted = True  # recorded below, then raised again saying how to continue the run
     finally:
         if fp is not None:  # what only the trainer could see, once it has run
             fp["matmul_precision"] = trainer_matmul_precision(run_dir)
             _write_or_note(run_dir / "environment.json", fp)
         if log_error:
             extra = {**extra, "record_errors": [log_error]}
+        if status in ("interrupted", "terminated", "failed"):
+            extra = {**extra, "continue_with": _continuation(project, plan, status)}
         summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
         summary = _final_summary(run_dir / "summary.json", summary)
     print(_one_line(run_dir, summary), flush=True)
+    advice = summary.get("continue_with") or {}
+    if interrupted:
+        raise RunInterrupted(advice.get("line") or f"run {run_dir.name} interrupted; record: {run_dir}")
+    if advice.get("line"):
+        print(f"dancegrpo-npu: {advice['line']}", flush=True)  # the last line: how to go on
     rc = returncode if returncode not in (None, 0) or summary["status"] == "succeeded" else 1
     return RunRecord(run_dir=run_dir, returncode=rc, command=plan.command, summary=summary)
+
+
+def _continuation(project: Project, plan, status: str) -> dict | None:
+    """How the stopped run goes on (run.resume.continuation); a record must never stop on it."""
+    from dancegrpo_npu.run.resume import continuation
+
+    if not plan.script.output_in_run_dir:  # preprocessing: its product is a dataset, not checkpoints
+        return {"checkpoint": None, "step": None, "command": None,
+                "line": f"run {plan.run_dir.name} {status}; preprocessing keeps no checkpoints: run the same "
+                        "command again to write its dataset anew"}
+    try:
+        return continuation(project, plan.spec.verb, plan.run_dir, plan.script_args, status)
+    except Exception as e:  # noqa: BLE001 - best effort by design, the error is recorded
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _reserve_summary(path: Path, summary: dict) -> None:

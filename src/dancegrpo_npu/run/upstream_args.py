@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.inputs import reference_sizes_problem
+from dancegrpo_npu.run import datasets
+from dancegrpo_npu.run.inputs import image_sizes_problem, reference_sizes_problem
 
 # upstream's Flux recipes, the scripts launch reads its default arguments from (run/recipes.py)
 FLUX_RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
@@ -108,6 +109,8 @@ class ScriptInfo:
     # Checks of the script's arguments taken together, each (flag values) -> one line or None,
     # run with the input checks (run.inputs).
     argument_checks: tuple = ()
+    # The model whose RL-embeddings dataset it writes or reads (run.datasets): its own directory.
+    dataset: str | None = None
 
 
 # The HPS reward's files, which every trainer reads.
@@ -148,7 +151,8 @@ _PREPROCESS_INPUTS_PROMPTS = (
 
 SCRIPTS: dict[str, ScriptInfo] = {
     "flux": ScriptInfo(
-        "flux", "fastvideo/train_grpo_flux.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True, FLUX_RECIPE_GLOB
+        "flux", "fastvideo/train_grpo_flux.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _TRAIN_INPUTS, True, FLUX_RECIPE_GLOB,
+        argument_checks=(image_sizes_problem,), dataset="flux",
     ),
     "flux-lora": ScriptInfo(
         "flux-lora",
@@ -158,6 +162,8 @@ SCRIPTS: dict[str, ScriptInfo] = {
         _TRAIN_INPUTS,
         True,
         FLUX_RECIPE_GLOB,
+        argument_checks=(image_sizes_problem,),
+        dataset="flux",
     ),
     "preprocess": ScriptInfo(
         "preprocess",
@@ -173,21 +179,24 @@ SCRIPTS: dict[str, ScriptInfo] = {
             ),
         ),
         False,
+        dataset="flux",
     ),
     # Wan2.1-T2V-1.3B: the diffusers-0.35 dependency set (run.depsets, docs/dependencies.md)
     "wan": ScriptInfo(
         "wan", "fastvideo/train_grpo_wan_2_1.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS, _WAN_INPUTS, True, WAN_RECIPE_GLOB,
-        depset="diffusers-0.35",
+        depset="diffusers-0.35", argument_checks=(image_sizes_problem,), dataset="wan",
     ),
     # Qwen-Image and Qwen-Image-Edit: the diffusers-0.35 dependency set, as Wan2.1
     "qwenimage": ScriptInfo(
         "qwenimage", "fastvideo/train_grpo_qwenimage.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
         _qwen_inputs("Qwen-Image", "preprocess-qwenimage"), True, QWENIMAGE_RECIPE_GLOB, depset="diffusers-0.35",
+        argument_checks=(image_sizes_problem,), dataset="qwenimage",
     ),
     "qwenimage-edit": ScriptInfo(
         "qwenimage-edit", "fastvideo/train_grpo_qwenimage_edit.py", HPS_DEFAULTS, TRAIN_PATH_FLAGS,
         _qwen_inputs("Qwen-Image-Edit", "preprocess-qwenimage-edit"), True, QWENIMAGE_EDIT_RECIPE_GLOB,
-        depset="diffusers-0.35", argument_checks=(reference_sizes_problem,),
+        depset="diffusers-0.35", argument_checks=(image_sizes_problem, reference_sizes_problem),
+        dataset="qwenimage-edit",
     ),
     "preprocess-wan": ScriptInfo(
         "preprocess-wan",
@@ -197,6 +206,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
         (("--model_path", "wan-pipeline", "Wan2.1-T2V-1.3B weights"), _PREPROCESS_INPUTS_PROMPTS),
         False,
         depset="diffusers-0.35",
+        dataset="wan",
     ),
     # Qwen-Image and Qwen-Image-Edit: the diffusers-0.35 set, as Wan2.1
     "preprocess-qwenimage": ScriptInfo(
@@ -207,6 +217,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
         (("--model_path", "wan-pipeline", "Qwen-Image weights"), _PREPROCESS_INPUTS_PROMPTS),
         False,
         depset="diffusers-0.35",
+        dataset="qwenimage",
     ),
     "preprocess-qwenimage-edit": ScriptInfo(
         "preprocess-qwenimage-edit",
@@ -220,6 +231,7 @@ SCRIPTS: dict[str, ScriptInfo] = {
         ),
         False,
         depset="diffusers-0.35",
+        dataset="qwenimage-edit",
     ),
 }
 
@@ -330,7 +342,7 @@ def build_script_args(
             if flag == "--output_dir" and info.output_in_run_dir:
                 continue  # replaced by the run's own outputs/ below
             if value is not None and flag in info.path_flags:
-                value = _resolve(value, tree)
+                value = datasets.default_value(info, flag, tree) or _resolve(value, tree)
             items.append((flag, value, False))
     for flag, value, eq in user:
         if value is not None and flag in info.path_flags:
@@ -359,6 +371,7 @@ def input_problems(info: ScriptInfo, script_args: list[str]) -> list[str]:
                 problems.append(f"{flag}: {problem}")
     values = flag_values(script_args)
     problems += [p for p in (check(values) for check in info.argument_checks) if p]
+    problems += datasets.problems(info, values)
     return problems
 
 

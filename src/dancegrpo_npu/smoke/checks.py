@@ -1,7 +1,8 @@
 """What makes a smoke run pass, read back from what the trainer itself wrote.
 
 * ``metrics.jsonl`` has every step, with a finite reward and loss and a finite, *non-zero*
-  grad norm.  The loss cannot be the check: at GRPO's first inner iteration the policy is
+  grad norm, and no step whose rewards are all equal (every advantage 0: nothing to learn from,
+  named by its step).  The loss cannot be the check: at GRPO's first inner iteration the policy is
   the sampling policy, the ratio is 1 and the loss of a group is -mean(advantages) = 0 - a
   logged loss of 0 is normal.  The grad norm of ratio's gradient is not 0 unless no gradient
   reaches the trainable weights (or every group's rewards were equal).
@@ -25,6 +26,25 @@ NO_GRADIENT_HINT = (
     "no gradient reached the trainable weights (a loss detached from them, a zeroed backward, "
     "an update that drops the gradient), or every group's rewards were equal (all advantages 0)"
 )
+
+
+EQUAL_REWARDS_HINT = (
+    "GRPO learns from the differences between a group's rewards: the reward scores every image alike (a "
+    "constant or broken reward model, images that do not depend on the noise), or every generation drew "
+    "the same noise"
+)
+
+
+def _equal_rewards(row: dict) -> str | None:
+    """Why a step's metrics row shows no learning signal - every reward of the step equal, so every
+    advantage is 0 (the port's GRPO health figures: reward_std, adv_min, adv_max) - or None."""
+    reward_std, adv_min, adv_max = row.get("reward_std"), row.get("adv_min"), row.get("adv_max")
+    if reward_std == 0:
+        return f"its rewards are all equal (reward_std 0, reward_mean {row.get('reward_mean')}), so every advantage is 0"
+    if adv_min == 0 and adv_max == 0:
+        return (f"every group's rewards are equal ({row.get('zero_std_groups')} group(s) of std 0), "
+                "so every advantage is 0")
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,10 +98,11 @@ def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise DancegrpoError(f"smoke: the trainer wrote no {path}", f"see the rank logs in {run_dir / 'logs'}")
-    figures = []
+    figures, rows = [], []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
             row = json.loads(line)
+            rows.append(row)
             figures.append(StepFigures(int(row["step"]), float(row["reward_mean"]), float(row["loss"]),
                                        float(row["grad_norm"]), float(row["step_time"])))
         except (ValueError, KeyError, TypeError) as exc:
@@ -93,6 +114,10 @@ def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
         if bad:
             raise DancegrpoError(f"smoke: step {s.step} has non-finite {', '.join(bad)} ({s})",
                                  f"see the rank logs in {run_dir / 'logs'}")
+    for row in rows:
+        equal = _equal_rewards(row)
+        if equal:
+            raise DancegrpoError(f"smoke: step {row['step']} learned nothing: {equal}", EQUAL_REWARDS_HINT)
     for s in figures:
         if not s.grad_norm > 0:
             raise DancegrpoError(f"smoke: training did nothing: the grad norm of step {s.step} is {s.grad_norm:g}",

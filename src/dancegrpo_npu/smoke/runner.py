@@ -10,7 +10,8 @@ per prompt (--generations), HPSv2 reward, strict mode on.
 It passes only if, read back from what the script itself wrote:
 
 * ``metrics.jsonl`` has every step, with finite rewards and losses and a finite, non-zero
-  grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check);
+  grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check), and no step
+  whose rewards are all equal (every advantage 0: it learns nothing; the step is named);
 * the checkpoint upstream writes at the last step N (``outputs/checkpoint-N-0``, or
   ``outputs/lora-checkpoint-N-0``) loads back the way upstream and diffusers intend -
   ``FluxTransformer2DModel.from_pretrained``, or ``FluxPipeline.lora_state_dict`` +
@@ -38,7 +39,7 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dancegrpo_npu.run.align_flags import AlignOptions
@@ -308,9 +309,12 @@ def _ran(record):
         failure = record.summary.get("failure") or {}
         # the exception line (run.failure.error_line), not the log's last line: a progress bar
         why = failure.get("error") or ""
+        advice = (record.summary.get("continue_with") or {}).get("line")
+        status = record.summary.get("status", "failed")
         raise DancegrpoError(
-            f"smoke: the training run failed (exit {record.returncode})" + (f": {why}" if why else ""),
-            f"see {record.run_dir / failure.get('log', 'logs')}")
+            f"smoke: the training run {'failed' if status == 'failed' else 'was ' + status} (exit {record.returncode})"
+            + (f": {why}" if why else ""),
+            f"see {record.run_dir / failure.get('log', 'logs')}" + (f"; {advice}" if advice else ""))
     return record
 
 
@@ -390,10 +394,10 @@ def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
                         options.checkpointing_steps) + tuple(options.extra_args)
 
 
-def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
-    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer)."""
-    from dataclasses import replace
-
+def resumed_options(project: Project, options: SmokeOptions, given: dict | None = None) -> SmokeOptions:
+    """--resume RUN: the smoke's options as that run had them (its steps, generations, trainer).
+    ``given``: the options typed with --resume (name -> value, None when not typed); one that
+    differs from the run's is refused in one line, as ``launch --resume`` refuses a change."""
     from dancegrpo_npu.rundirs.rundir import find_run
 
     if options.resume is None:
@@ -402,13 +406,23 @@ def resumed_options(project: Project, options: SmokeOptions) -> SmokeOptions:
     try:
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
-        return replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                       steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
-                       generations=int(v["--num_generations"]),
-                       checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+        recorded = replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
+                           steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
+                           generations=int(v["--num_generations"]),
+                           checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
+        device = launch["device"]
+        recorded = replace(recorded, device=device)
     except (OSError, ValueError, KeyError, TypeError):
         raise DancegrpoError(f"smoke --resume {options.resume}: {run_dir} is not a smoke run's record",
                              "resume a run `dancegrpo-npu smoke` started", exit_code=2) from None
+    has = {"trainer": recorded.trainer, "steps": recorded.steps, "generations": recorded.generations,
+           "nproc": recorded.nproc, "checkpointing-steps": recorded.checkpointing_steps, "device": device}
+    for name, value in (given or {}).items():
+        if value is not None and value != has[name]:
+            raise DancegrpoError(f"smoke --resume {options.resume}: --{name} {value} would change the run "
+                                 f"(it has {has[name]})", "resume without it: the run continues as it was started",
+                                 exit_code=2)
+    return recorded
 
 
 def _launch(project: Project, options: SmokeOptions, args):
@@ -416,7 +430,7 @@ def _launch(project: Project, options: SmokeOptions, args):
     from dancegrpo_npu.run.resume import resume_spec
 
     if options.resume is not None:
-        spec = resume_spec(project, options.resume)
+        spec = replace(resume_spec(project, options.resume), verb="smoke")
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
             return launch(project, spec)
 
@@ -431,6 +445,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         upstream_defaults=False,
         strict=options.strict,
         align=options.align,
+        verb="smoke",
     )
     with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
         return launch(project, spec)

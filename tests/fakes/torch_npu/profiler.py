@@ -1,7 +1,7 @@
 """FAKE ``torch_npu.profiler`` (see torch_npu/__init__.py): it writes folders, never a trace.
 
-EMULATED, as torch_npu 2.7.1's sources (profiler/profiler.py, _profiler_path_creator.py,
-utils/_path_manager.py) do it:
+EMULATED, as the sources of the wheels the fake follows (profiler/profiler.py,
+_profiler_path_creator.py, utils/_path_manager.py) do it:
 
 * every public call swallows its exceptions (``no_exception_func``): it prints
   ``[time] [ERROR] [pid] profiler.py: Call <name> failed. Exception: <text>`` to stdout and
@@ -13,7 +13,8 @@ utils/_path_manager.py) do it:
   ``+``, ``@`` or ``:`` loses every trace;
 * ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True,
   async_mode=False)`` checks ``dir_name`` when it is called: refused, it returns None (no
-  ``on_trace_ready``); ``profile`` takes keyword arguments only, and ``start()`` creates the
+  ``on_trace_ready``); ``profile`` takes keyword arguments only (among them
+  ``custom_trace_id_callback``, before ``use_cuda``), and ``start()`` creates the
   trace folder ``<dir>/<worker_name or hostname>_<pid>_<%Y%m%d%H%M%S%f minus 3 digits>_ascend_pt``
   (checked again as a whole); ``stop()`` calls ``on_trace_ready``;
 * ``ProfilerActivity.CPU`` / ``ProfilerActivity.NPU``.
@@ -135,7 +136,7 @@ def tensorboard_trace_handler(dir_name: str = None, worker_name: str = None, ana
 class profile:  # noqa: N801  (torch_npu's name)
     def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
                  profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
-                 experimental_config=None, use_cuda=None):
+                 experimental_config=None, custom_trace_id_callback=None, use_cuda=None):
         self.on_trace_ready = on_trace_ready
         self.prof_path: str | None = None
         self.stopped = True

@@ -3,7 +3,7 @@
 
 One test per emulated behaviour; each fails when the fake is changed back to what it was
 (no entry point, any device order accepted, one is_available() rule for every version, a
-profiler that raises and checks the relative path, a transfer_to_npu without side effects,
+profiler that raises, refuses a path it only warns about or checks the relative path, a transfer_to_npu without side effects,
 made-up error types).  tests/npu/test_torch_npu_wheel.py checks the same behaviours against
 the wheels' sources.  The fake runs in fresh interpreters only: its registration with torch
 cannot be undone.
@@ -45,14 +45,21 @@ except Exception as e:
 os.environ.pop("ASCEND_RT_VISIBLE_DEVICES")
 
 from torch_npu import profiler as p
+import shutil, warnings
+TOP = os.path.realpath(os.getcwd())
 def trace(dir_name):
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         handler = p.tensorboard_trace_handler(dir_name, worker_name="rank_0")
         prof = p.profile(activities=[p.ProfilerActivity.CPU, p.ProfilerActivity.NPU], on_trace_ready=handler)
         prof.start(); prof.stop()
-    found = sorted(str(q.relative_to(os.getcwd())) for q in __import__("pathlib").Path(os.getcwd()).rglob("*_ascend_pt"))
-    return {"handler": handler is not None, "stdout": buf.getvalue(), "folders": found}
+    root = __import__("pathlib").Path(TOP)
+    found = sorted(str(q.relative_to(root)) for q in root.rglob("*_ascend_pt"))
+    for q in root.rglob("*_ascend_pt"):
+        shutil.rmtree(q)
+    return {"handler": handler is not None, "stdout": buf.getvalue(), "folders": found,
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in seen]}
 os.makedirs("good", exist_ok=True)
 out["good"] = trace("good")
 os.makedirs("bad+dir", exist_ok=True)
@@ -61,6 +68,8 @@ out["relative_under_plus"] = trace("rel")
 os.chdir("..")
 os.symlink("good", "link")
 out["symlink"] = trace("link")
+open("a_file", "w").close()
+out["file"] = trace("a_file")
 try:
     p.profile([p.ProfilerActivity.CPU])
 except TypeError as e:
@@ -118,17 +127,41 @@ def test_visible_devices_must_ascend_else_none(probe):
 
 def test_profiler_writes_real_folder_names(probe):
     good = probe["good"]
-    assert good["handler"] and good["stdout"] == ""
+    assert good["handler"] and good["stdout"] == "" and good["warnings"] == []
     assert len(good["folders"]) == 1 and re.fullmatch(r"good/rank_0_\d+_\d{17}_ascend_pt", good["folders"][0])
 
 
-def test_profiler_checks_the_absolute_real_path_and_swallows_the_error(probe):
-    bad = probe["relative_under_plus"]  # "rel" alone passes the rule; its real path has a '+'
-    assert bad["handler"] is False and not any("bad+dir" in f for f in bad["folders"])
-    assert re.match(r"\[[\d\- :]+\] \[ERROR\] \[\d+\] profiler.py: Call tensorboard_trace_handler failed. "
-                    r"Exception: Invalid input path: /.*bad\+dir/rel", bad["stdout"])
-    assert probe["symlink"]["handler"] is False and "soft chain" in probe["symlink"]["stdout"]
+def test_profiler_path_rule_warns_on_the_absolute_real_path_and_writes_the_trace(probe):
+    plus = probe["relative_under_plus"]  # "rel" alone passes the rule; its real path has a '+'
+    assert plus["handler"] is True and plus["stdout"] == ""
+    assert len(plus["folders"]) == 1 and plus["folders"][0].startswith("bad+dir/rel/rank_0_")
+    assert plus["warnings"][0].startswith("UserWarning: Invalid input path: /") and \
+        plus["warnings"][0].endswith("bad+dir/rel")
+    link = probe["symlink"]  # followed, with a warning
+    assert link["handler"] is True and link["warnings"][0] == "UserWarning: Invalid input path is a soft chain: link"
+    assert len(link["folders"]) == 1 and link["folders"][0].startswith("good/rank_0_")
     assert probe["positional"] == "TypeError"  # profile() takes keywords only
+
+
+def test_profiler_swallows_what_it_refuses(probe):
+    refused = probe["file"]  # a dir_name that is a file: the one refusal left, logged and swallowed
+    assert refused["handler"] is False and refused["folders"] == []
+    assert re.match(r"\[[\d\- :]+\] \[ERROR\] \[\d+\] profiler.py: Call tensorboard_trace_handler failed. "
+                    r"Exception: Invalid input path is a file path", refused["stdout"])
+
+
+def test_profiler_of_2_10_0_post7_calls_a_symbolic_link_so(tmp_path):
+    code = """
+        import os, warnings
+        from torch_npu import profiler as p
+        os.makedirs("good"); os.symlink("good", "link")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            p.tensorboard_trace_handler("link", worker_name="rank_0")
+        print(seen[0].message)
+    """
+    out = run(code, tmp_path, {"FAKE_TORCH_NPU_EMULATES": "2.10.0.post7"})
+    assert out.stdout.strip() == "Invalid input path is a symbolic link: link"
 
 
 def test_transfer_to_npu_side_effects(probe):

@@ -305,7 +305,9 @@ def wheel_rules(wheel: Path) -> dict:
         rule = f"neither: {body}"
     restored = any(isinstance(n, ast.Expr) and ast.unparse(n) == "_autoload()"
                    for n in ast.parse(read(wheel, "__init__.py")).body)
-    return {"is_available": rule, "autoload_restored_on_import": restored}
+    realpath = functions(read(wheel, "profiler/analysis/prof_common_func/_path_manager.py"))
+    word = re.search(r"Invalid input path is a (.*?): ", ast.unparse(realpath["ProfilerPathManager.get_realpath"]))
+    return {"is_available": rule, "autoload_restored_on_import": restored, "symlink_word": word and word.group(1)}
 
 
 def test_every_name_the_project_uses_is_checked_here():
@@ -432,7 +434,21 @@ def test_profiler_rules(wheel):
     assert "MAX_PATH_LENGTH = 4096" in paths and "MAX_FILE_NAME_LENGTH = 255" in paths
     creator = read(wheel, "profiler/_profiler_path_creator.py")
     assert "dir_path = ProfilerPathManager.get_realpath(dir_name)" in creator  # the real, absolute path
-    assert "return os.path.realpath(path)" in read(wheel, "profiler/analysis/prof_common_func/_path_manager.py")
+    assert "PathManager.check_input_directory_path(self._prof_path)" in creator  # the whole trace folder
+    # the rule warns and the trace is written: nothing in it raises (2.7.1 without a post release raised)
+    manager = functions(paths)
+    common = ast.unparse(manager["PathManager._input_path_common_check"])
+    assert "raise" not in common and common.count("warnings.warn(") == 4
+    realpath = ast.unparse(functions(read(wheel, "profiler/analysis/prof_common_func/_path_manager.py"))[
+        "ProfilerPathManager.get_realpath"])
+    assert "if os.path.islink(path):" in realpath and "warnings.warn(msg)" in realpath
+    assert realpath.count("raise ") == 1 and "Input path is empty" in realpath  # the one refusal: ''
+    fake_realpath = ast.unparse(functions(FAKE_PROFILER)["_get_realpath"])
+    assert "warnings.warn(" in fake_realpath and fake_realpath.count("raise ") == 1
+    check = ast.unparse(manager["PathManager.check_input_directory_path"])
+    assert "cls._input_path_common_check(path)" in check and "if os.path.isfile(path):" in check
+    fake = ast.unparse(functions(FAKE_PROFILER)["_check_input_directory_path"])
+    assert fake.count("warnings.warn(") == 4 and fake.count("raise ") == 1 and "os.path.isfile(path)" in fake
     assert 'self._worker_name or socket.gethostname(),\n            str(os.getpid())' in creator
     assert 'span_name = "{}_{}_ascend_pt".format(worker_name, current_time.strftime("%Y%m%d%H%M%S%f")[:-3])' in creator
     profiler = functions(read(wheel, "profiler/profiler.py"))

@@ -93,11 +93,15 @@ __version__ = os.environ.get("FAKE_TORCH_NPU_VERSION") or torch.__version__.spli
 # - "is_available": "device_count" (``device_count() > 0``) or "runtime_count" (the CANN
 #   runtime's count, unless PYTORCH_HAL_BASED_NPU_CHECK=1; see the module docstring);
 # - "autoload_restored_on_import": whether the package calls ``_autoload()`` at the end of
-#   its own import.
+#   its own import;
+# - "symlink_word": what the profiler's path warnings call a symbolic link.
 VERSION_RULES = {
-    "2.7.1.post10": {"is_available": "device_count", "autoload_restored_on_import": False},
-    "2.10.0.post6": {"is_available": "device_count", "autoload_restored_on_import": False},
-    "2.10.0.post7": {"is_available": "runtime_count", "autoload_restored_on_import": True},
+    "2.7.1.post10": {"is_available": "device_count", "autoload_restored_on_import": False,
+                     "symlink_word": "soft chain"},
+    "2.10.0.post6": {"is_available": "device_count", "autoload_restored_on_import": False,
+                     "symlink_word": "soft chain"},
+    "2.10.0.post7": {"is_available": "runtime_count", "autoload_restored_on_import": True,
+                     "symlink_word": "symbolic link"},
 }
 DEFAULT_EMULATES = "2.10.0.post6"
 __emulates__ = os.environ.get("FAKE_TORCH_NPU_EMULATES") or DEFAULT_EMULATES

@@ -5,12 +5,16 @@ _profiler_path_creator.py, utils/_path_manager.py) do it:
 
 * every public call swallows its exceptions (``no_exception_func``): it prints
   ``[time] [ERROR] [pid] profiler.py: Call <name> failed. Exception: <text>`` to stdout and
-  returns None, so a rejected path gives no trace and no error;
-* the path rule applies to the ABSOLUTE REAL path: ``dir_name`` is expanded and resolved
-  (``os.path.realpath``; a ``dir_name`` that is a symbolic link is refused), then the whole
-  trace folder path must match ``(\\.|/|_|-|\\s|[~0-9a-zA-Z]|[\\u4e00-\\u9fa5])+``, be at
-  most 4096 characters long with no component over 255.  A checkout under a path with
-  ``+``, ``@`` or ``:`` loses every trace;
+  returns None, so a refused call gives no trace and no error (a ``dir_name`` that is a
+  file, a trace folder that cannot be made);
+* the path rule WARNS, it refuses nothing: ``dir_name`` is expanded and resolved
+  (``os.path.realpath``; a symbolic link gives the warning "Invalid input path is a soft
+  chain: ..." - "symbolic link" in 2.10.0.post7, ``VERSION_RULES`` - and is followed), then
+  the trace folder's absolute real path is held to ``(\\.|/|_|-|\\s|[~0-9a-zA-Z]|[\\u4e00-\\u9fa5])+``,
+  4096 characters and 255 per component, each breach a ``UserWarning`` ("Invalid input path:
+  ...", "Length of input path exceeds the limit.") and the trace is written all the same.
+  (torch_npu 2.7.1 without a post release raised there, and lost the trace; no wheel the
+  project installs does);
 * ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True,
   async_mode=False)`` checks ``dir_name`` when it is called: refused, it returns None (no
   ``on_trace_ready``); ``profile`` takes keyword arguments only (among them
@@ -33,6 +37,7 @@ import os
 import re
 import socket
 import time
+import warnings
 from datetime import datetime, timezone
 
 import torch_npu
@@ -69,23 +74,26 @@ def no_exception_func(default_ret=None):
 
 
 def _check_input_directory_path(path: str) -> None:
-    """utils._path_manager.PathManager.check_input_directory_path."""
+    """utils._path_manager.PathManager.check_input_directory_path: warnings, then a file is refused."""
     if len(path) > MAX_PATH_LENGTH:
-        raise RuntimeError("Length of input path exceeds the limit." + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn("Length of input path exceeds the limit.")
     if os.path.islink(path):
-        raise RuntimeError(f"Invalid input path is a soft chain: {path}" + torch_npu._pta_error(9, "resource unavailable"))
+        warnings.warn(f"Invalid input path is a {torch_npu.RULES['symlink_word']}: {path}")
     if not re.fullmatch(PATH_PATTERN, path):
-        raise RuntimeError(f"Invalid input path: {path}" + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn(f"Invalid input path: {path}")
     if any(len(name) > MAX_FILE_NAME_LENGTH for name in path.split("/")):
-        raise RuntimeError("Length of input path exceeds the limit." + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn("Length of input path exceeds the limit.")
     if os.path.isfile(path):
         raise RuntimeError("Invalid input path is a file path: {path}" + torch_npu._pta_error(1, "invalid parameter"))
 
 
 def _get_realpath(path: str) -> str:
+    """profiler.analysis.prof_common_func._path_manager.ProfilerPathManager.get_realpath."""
+    if not path:
+        raise RuntimeError("Input path is empty, please check. ErrorType: resource unavailable")
     path = os.path.expanduser(path)
     if os.path.islink(path):
-        raise RuntimeError(f"Invalid input path is a soft chain: {path}")
+        warnings.warn(f"Invalid input path is a {torch_npu.RULES['symlink_word']}: {path}")
     return os.path.realpath(path)
 
 

@@ -1,4 +1,4 @@
-"""The torch_npu the project talks to is the real one: the wheels of the lines bootstrap installs,
+"""The torch_npu the project talks to is the real one: the wheels bootstrap installs on CANN 9.1.x,
 read from their sources.
 
 Read: 2.7.1.post10 and 2.10.0.post6 (the wheels of the newest row of Ascend's table, CANN

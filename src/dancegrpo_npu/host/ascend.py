@@ -118,8 +118,8 @@ def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
 # torch_npu's PathManager._input_path_common_check, applied by its profiler to the REAL absolute
 # path of each trace folder (utils/_path_manager.py, profiler/_profiler_path_creator.py).  The
 # plain 2.7.1 wheel raised there, and its profiler swallows what it raises (no_exception_func): a
-# refused path gave no trace, no error.  The wheels bootstrap installs (2.7.1.post10, 2.10.0.post6)
-# and 2.10.0.post7 only warn and write the trace.
+# refused path gave no trace, no error.  The wheels bootstrap installs on CANN 9.1.x (2.7.1.post10,
+# 2.10.0.post6) and 2.10.0.post7 only warn and write the trace.
 PROFILER_PATH_PATTERN = r"(\.|/|_|-|\s|[~0-9a-zA-Z]|[\u4e00-\u9fa5])+"
 PROFILER_MAX_PATH = 4096
 PROFILER_MAX_NAME = 255

@@ -10,7 +10,7 @@ sources of the real wheels this fake follows.
 
 WHICH torch_npu: ``FAKE_TORCH_NPU_EMULATES`` (default 2.10.0.post6) names one of the wheels in
 ``VERSION_RULES`` below: 2.7.1.post10 and 2.10.0.post6 (the wheels of the newest row of
-Ascend's table for CANN 9.1.x, the two lines bootstrap installs) and 2.10.0.post7 (newer, with
+Ascend's table for CANN 9.1.x, the two lines bootstrap installs there) and 2.10.0.post7 (newer, with
 another ``is_available()`` rule); ``__emulates__`` says which one this process emulates.
 ``VERSION_RULES`` is the one place that says what differs between them; everything else below
 is the same in all three.  ``__version__`` is ``FAKE_TORCH_NPU_VERSION``, else torch's version

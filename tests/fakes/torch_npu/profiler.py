@@ -13,8 +13,7 @@ _profiler_path_creator.py, utils/_path_manager.py) do it:
   the trace folder's absolute real path is held to ``(\\.|/|_|-|\\s|[~0-9a-zA-Z]|[\\u4e00-\\u9fa5])+``,
   4096 characters and 255 per component, each breach a ``UserWarning`` ("Invalid input path:
   ...", "Length of input path exceeds the limit.") and the trace is written all the same.
-  (torch_npu 2.7.1 without a post release raised there, and lost the trace; no wheel the
-  project installs does);
+  (the plain 2.7.1 wheel, CANN 8.3.RC1's, raised there and lost the trace);
 * ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True,
   async_mode=False)`` checks ``dir_name`` when it is called: refused, it returns None (no
   ``on_trace_ready``); ``profile`` takes keyword arguments only (among them

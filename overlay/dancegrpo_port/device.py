@@ -138,8 +138,11 @@ def _import_torch_npu():
 
 
 def _npu_visible(torch_npu) -> bool:
+    # device_count(), not is_available(): from torch_npu 2.10.0.post7 is_available() is the CANN
+    # runtime's count, True for ASCEND_RT_VISIBLE_DEVICES=3,2 where device_count() (the ids
+    # set_device accepts) is 0; device_count() > 0 is what is_available() was before
     npu = getattr(torch, "npu", None) or getattr(torch_npu, "npu", None)
-    return bool(npu is not None and npu.is_available())
+    return bool(npu is not None and npu.device_count() > 0)
 
 
 def resolve_kind(requested: str) -> str:

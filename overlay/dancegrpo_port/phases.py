@@ -180,8 +180,7 @@ class StepProfiler:
         text = f"profile: step {step} left no trace in {os.path.realpath(directory)}"
         if self._kind == "npu":
             # it logs its own exceptions ("[ERROR] ... profiler.py: Call ... failed") and carries on
-            text += ("; torch_npu's profiler refused it without raising (see its [ERROR] line above): its path rule "
-                     "allows only letters, digits, '.', '/', '_', '-', '~' and spaces in the real absolute path")
+            text += "; torch_npu's profiler failed without raising: its [ERROR] line above says why"
         return text
 
     def _make(self, directory: Path):

@@ -206,16 +206,38 @@ def test_npu_requested_but_none_visible(run_python):
     assert proc.returncode != 0 and "DANCEGRPO_DEVICE=npu but torch_npu sees no NPU" in proc.stderr
 
 
+# 2.10.0.post7's is_available() is the CANN runtime's count: True for "3,2", where device_count() is 0
+EMULATED = ["2.10.0.post6", "2.10.0.post7"]
+
+
 @pytest.mark.fake_npu
-def test_auto_with_torch_npu_but_no_npu_visible_refuses_instead_of_training_on_the_cpu(run_python):
+@pytest.mark.parametrize("emulates", EMULATED)
+def test_auto_with_torch_npu_but_no_npu_visible_refuses_instead_of_training_on_the_cpu(run_python, emulates):
     # "3,2": torch_npu's device_count() is 0 for a list that does not ascend
     proc = run_python("from dancegrpo_port import device; device.activate()", fake_npu=True, check=False,
-                      env={"ASCEND_RT_VISIBLE_DEVICES": "3,2"})
+                      env={"ASCEND_RT_VISIBLE_DEVICES": "3,2", "FAKE_TORCH_NPU_EMULATES": emulates})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
                            "installed but sees no NPU (ASCEND_RT_VISIBLE_DEVICES '3,2'); check ASCEND_RT_VISIBLE_DEVICES")
     assert "`npu-smi info`" in last
+
+
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("emulates", EMULATED)
+def test_npu_requested_with_a_descending_list_is_refused_before_set_device(run_python, emulates):
+    code = """
+        import torch
+        from dancegrpo_port import device
+        print("is_available", torch.npu.is_available(), "device_count", torch.npu.device_count(), flush=True)
+        device.activate()
+    """
+    proc = run_python(code, fake_npu=True, check=False, env={
+        "DANCEGRPO_DEVICE": "npu", "ASCEND_RT_VISIBLE_DEVICES": "3,2", "FAKE_TORCH_NPU_EMULATES": emulates})
+    assert proc.stdout.split() == ["is_available", str(emulates == "2.10.0.post7"), "device_count", "0"]
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=npu but torch_npu sees no NPU")
 
 
 @pytest.mark.fake_npu

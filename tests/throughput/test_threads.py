@@ -41,3 +41,20 @@ def test_bench_sets_torchs_threads_and_says_how(eight_cores):
              "peak_memory": "RSS", "torch_threads": 2, "torch_threads_from": "OMP_NUM_THREADS=2, yours"}
     header = format_table([], facts).splitlines()[0]
     assert header.endswith("1 warm-up; 2 CPU thread(s) (OMP_NUM_THREADS=2, yours)")
+
+
+@pytest.mark.fake_npu
+@pytest.mark.parametrize("emulates", ["2.10.0.post6", "2.10.0.post7"])
+def test_smoke_auto_counts_npus_as_the_port_does(tmp_path, emulates):
+    """ASCEND_RT_VISIBLE_DEVICES=3,2: torch_npu's device_count() is 0 (2.10.0.post7's is_available()
+    is still True): the port runs on the CPU, so smoke gives its ranks the CPU threads."""
+    from pathlib import Path
+
+    from snippet import run_snippet
+
+    tests = Path(__file__).resolve().parents[1]
+    code = "from dancegrpo_npu.smoke import runner; print(dict(runner.job_env('auto', 2)).get('OMP_NUM_THREADS'))"
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "ASCEND_RT_VISIBLE_DEVICES": "3,2", "FAKE_TORCH_NPU_EMULATES": emulates}
+    proc = run_snippet(code, tmp_path, [str(tests / "fakes"), str(tests.parent / "src")], env,
+                       drop=("DANCEGRPO_", "ASCEND_", "FAKE_TORCH_NPU", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"))
+    assert proc.stdout.strip() not in ("", "None")

@@ -83,8 +83,10 @@ CPU_ONLY = ("for CPU-only work on this Ascend host: TORCH_DEVICE_BACKEND_AUTOLOA
 # torch (>= 2.5) imports torch_npu inside `import torch` through its `torch.backends` entry point
 # and wraps what it raised in this RuntimeError (torch/__init__.py, _import_device_backends).
 AUTOLOAD_FAILED = "Failed to load the backend extension: torch_npu"
-# What torch_npu 2.7.1 says when CANN's environment is missing: its libraries (libhccl.so,
-# libascendcl.so) are not on the loader path, or its package check finds no ASCEND_* paths.
+# What torch_npu says when CANN's environment is missing: its libraries (libhccl.so,
+# libascendcl.so) are not on the loader path (2.7.1.post10, 2.10.0.post6, 2.10.0.post7: the
+# loader's bare ImportError for torch_npu's _C module, nothing added), or its package check finds no
+# ASCEND_* paths (a bare Exception whose text names set_env.sh).
 CANN_MISSING_MARKS = ("libhccl.so", "libascendcl.so", "set_env.sh")
 
 
@@ -219,7 +221,7 @@ def _module_version(name: str) -> str | None:
 
 def check_accelerate(facts: Facts) -> Check:
     """accelerate's version, for the record.  Under transfer_to_npu no accelerate picks nccl on the
-    NPU: torch_npu 2.7.1 rewrites ``nccl`` to ``hccl`` in ``init_process_group`` and wraps
+    NPU: torch_npu's transfer_to_npu rewrites ``nccl`` to ``hccl`` in ``init_process_group`` and wraps
     accelerate's backend choice (``PartialState._prepare_backend``, accelerate >= 0.22)."""
     try:
         import importlib.metadata as md

@@ -5,9 +5,11 @@
   user's environment or ``--env KEY=VALUE`` overrides.
 - Which NPUs this host has: the driver creates one ``/dev/davinci<N>`` node per NPU (inside a
   container, one per NPU mapped in).  ``ASCEND_RT_VISIBLE_DEVICES`` takes logical ids
-  ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES, but torch_npu 2.7.1 counts them only
-  in strictly ascending order: for ``3,2`` (or ``1,1``) ``torch.npu.device_count()`` is 0
-  (``torch_npu/npu/__init__.py``, ``_device_count_ascend_hal``: "`rts` need ascending order").
+  ``0..count-1`` over those, like CUDA_VISIBLE_DEVICES, but torch_npu (2.7.1.post10, 2.10.0.post6,
+  2.10.0.post7) counts them only in strictly ascending order: for ``3,2`` (or ``1,1``)
+  ``torch.npu.device_count()`` is 0 (``torch_npu/npu/__init__.py``, ``_device_count_ascend_hal``:
+  "`rts` need ascending order").  From 2.10.0.post7 ``is_available()`` is the CANN runtime's own
+  count instead, which may be True for such a list: count NPUs with ``device_count()``.
 - CANN: where it is and its version are ``torch_stack``'s (the same rule chooses the torch pair).
   The driver's version is the ``Version=`` line of ``/usr/local/Ascend/driver/version.info``.
 """
@@ -113,9 +115,11 @@ def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
     return read_key(path, "Version")
 
 
-# torch_npu 2.7.1's PathManager._input_path_common_check, applied by its profiler to the REAL
-# absolute path of each trace folder (utils/_path_manager.py, profiler/_profiler_path_creator.py).
-# The profiler swallows what it raises (no_exception_func): a refused path gives no trace, no error.
+# torch_npu's PathManager._input_path_common_check, applied by its profiler to the REAL absolute
+# path of each trace folder (utils/_path_manager.py, profiler/_profiler_path_creator.py).  The
+# plain 2.7.1 wheel raised there, and its profiler swallows what it raises (no_exception_func): a
+# refused path gave no trace, no error.  The wheels bootstrap installs on CANN 9.1.x (2.7.1.post10,
+# 2.10.0.post6) and 2.10.0.post7 only warn and write the trace.
 PROFILER_PATH_PATTERN = r"(\.|/|_|-|\s|[~0-9a-zA-Z]|[\u4e00-\u9fa5])+"
 PROFILER_MAX_PATH = 4096
 PROFILER_MAX_NAME = 255

@@ -6,7 +6,7 @@ environment, then ``--env NAME=VALUE``.  PYTHONPATH always starts with the patch
 DANCEGRPO_DEVICE always comes from ``--device``.
 
 accelerate (``accelerate.logging`` in preprocessing) chooses its backend from
-``torch.cuda.is_available()``, which ``transfer_to_npu`` makes True; torch_npu 2.7.1's
+``torch.cuda.is_available()``, which ``transfer_to_npu`` makes True; torch_npu's
 ``transfer_to_npu`` rewrites ``nccl`` to ``hccl`` in ``init_process_group`` and wraps
 accelerate's backend choice, so nothing is set for it here.
 """

@@ -173,7 +173,9 @@ def _accelerator_visible() -> bool:
         import torch_npu  # noqa: F401
     except ImportError:
         return False
-    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+    # device_count(), as the port's device choice: torch_npu 2.10.0.post7's is_available() can be
+    # True where device_count() is 0 (ASCEND_RT_VISIBLE_DEVICES not ascending)
+    return bool(getattr(torch, "npu", None) and torch.npu.device_count() > 0)
 
 
 class StepProgress(io.TextIOBase):

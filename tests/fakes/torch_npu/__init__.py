@@ -3,33 +3,54 @@
 It exists so that the port's NPU-only code paths (device selection, ``transfer_to_npu``
 ordering, the HF32 switches, ``npu_fusion_attention``, the profiler, doctor's NPU branch) run
 on machines without an Ascend NPU.  Every result obtained with it is a CPU result: it never
-stands for an NPU measurement.  tests/fakes/test_fake_torch_npu.py holds one test per
-emulated behaviour below; tests/test_torch_npu_wheel.py checks every torch_npu name, keyword
-and environment variable the project uses against the sources of the real 2.7.1 wheel.
+stands for an NPU measurement.  tests/npu/test_fake_torch_npu.py holds one test per
+emulated behaviour below; tests/npu/test_torch_npu_wheel.py checks every torch_npu name,
+keyword and environment variable the project uses, and the behaviours below, against the
+sources of the real wheels this fake follows.
 
-EMULATED, as torch_npu 2.7.1's sources do it:
+WHICH torch_npu: ``FAKE_TORCH_NPU_EMULATES`` (default 2.10.0.post6) names one of the wheels in
+``VERSION_RULES`` below: 2.7.1.post10 and 2.10.0.post6 (the wheels of the newest row of
+Ascend's table for CANN 9.1.x, the two lines bootstrap installs there) and 2.10.0.post7 (newer, with
+another ``is_available()`` rule); ``__emulates__`` says which one this process emulates.
+``VERSION_RULES`` is the one place that says what differs between them; everything else below
+is the same in all three.  ``__version__`` is ``FAKE_TORCH_NPU_VERSION``, else torch's version
+(doctor compares the two).
 
-* autoload: ``tests/fakes/torch_npu-2.7.1+fake.dist-info`` registers the ``torch.backends``
+EMULATED, as those wheels' sources do it:
+
+* autoload: ``tests/fakes/torch_npu-2.10.0.post6+fake.dist-info`` registers the ``torch.backends``
   entry point ``torch_npu = torch_npu:_autoload``, so with tests/fakes on the path ``import
   torch`` imports this package (torch >= 2.5, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), and
   a failing import makes ``import torch`` itself fail ("Failed to load the backend extension:
   torch_npu").  Like the real one it sets ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` while it
-  imports torch and ``_autoload()`` restores the value it found.  The dist-info also makes
-  ``importlib.metadata`` (and diffusers' ``is_torch_npu_available()``) see it as installed;
-* import failures: ``FAKE_TORCH_NPU_BROKEN=1`` stands for CANN's libraries not on the loader
-  path (``set_env.sh`` not sourced): the ``ImportError`` names ``libhccl.so`` with torch_npu's
-  text ("Please check that the cann package is installed...", or "...the compiler package..."
-  when ``ASCEND_OPP_PATH`` is set); the CANN package check raises a bare ``Exception`` when
+  imports torch and ``_autoload()`` restores the value it found; 2.10.0.post7 also calls
+  ``_autoload()`` at the end of its own import (``import torch_npu`` before ``import torch``
+  leaves the variable as it was, not ``0``).  The dist-info also makes ``importlib.metadata``
+  (and diffusers' ``is_torch_npu_available()``) see it as installed;
+* import failures, in the real order: a torch that already has another accelerator (anything
+  but ``cpu`` or ``npu``) is refused with "Two accelerators cannot be used at the same time";
+  ``FAKE_TORCH_NPU_BROKEN=1`` stands for CANN's libraries not on the loader path
+  (``set_env.sh`` not sourced): ``import torch_npu._C`` fails with the loader's bare
+  ``ImportError`` ("libhccl.so: cannot open shared object file: No such file or directory",
+  ``name="torch_npu._C"``) - these wheels import ``_C`` before ``_check_npu_import``, the code
+  that would add "Please check that the cann package is installed..."; then the CANN package
+  check (``utils/npu_intercept._cann_package_check``, called from
+  ``_init/registry/registry_manager.py``) raises a bare ``Exception`` when
   ``ASCEND_HOME_PATH`` is set but it (or ``ASCEND_OPP_PATH``, ``<home>/runtime``,
-  ``<home>/compiler``) is missing; a torch that already has another accelerator (CUDA) is
-  refused with "Two accelerators cannot be used at the same time";
+  ``<home>/compiler``) is missing;
 * devices: ``FAKE_TORCH_NPU_DEVICES`` (default 8) NPUs are "present"; ``ASCEND_RT_VISIBLE_DEVICES``
   is parsed as ``torch_npu.npu._parse_visible_devices`` does (digits and commas, read up to
   the first other character; empty: none) and counted as ``_device_count_ascend_hal`` does:
-  a list that is not strictly ascending gives ``device_count()`` 0, the list is cut at the
-  first id that is not present, and ``is_available()`` is ``device_count() > 0``;
-  ``get_device_name`` / ``get_device_properties`` raise ``AssertionError("Invalid device
-  id...")`` outside ``0..device_count()-1``; the names are Ascend910B3 with 64 GiB;
+  a list that is not strictly ascending gives ``device_count()`` 0, and the list is cut at the
+  first id that is not present.  ``is_available()`` follows ``VERSION_RULES``:
+  ``device_count() > 0`` (2.7.1.post10, 2.10.0.post6; 2.10.0.post7 with
+  ``PYTORCH_HAL_BASED_NPU_CHECK=1``), or ``torch_npu._C._npu_getDeviceCount() > 0``
+  (2.10.0.post7), the CANN runtime's own count.  What the runtime counts for a list that does
+  not ascend is NOT in the wheel's Python sources: the fake ASSUMES it counts the listed ids
+  that are present, in any order, so that for ``3,2`` ``is_available()`` is True while
+  ``device_count()`` is 0.  ``get_device_name`` / ``get_device_properties`` raise
+  ``AssertionError("Invalid device id...")`` outside ``0..device_count()-1``; the names are
+  Ascend910B3 with 64 GiB;
 * registration: the ``npu`` device type (``rename_privateuse1_backend``), ``torch.npu``
   (``_register_device_module``) and the generated ``Tensor.npu`` / ``Tensor.is_npu`` /
   ``Module.npu`` methods; ``torch.npu.matmul.allow_hf32`` (default False) and
@@ -46,7 +67,8 @@ EMULATED, as torch_npu 2.7.1's sources do it:
 
 NOT emulated: no HCCL backend (``init_process_group("hccl")`` fails), no tensor can be
 allocated on the "npu" device, ``torch.cuda`` is not redirected to ``torch.npu``, no kernel
-runs in HF32 or gives NPU numerics.  Tests that use it are marked ``fake_npu``.
+runs in HF32 or gives NPU numerics, ``device_count()`` is never cached.  Tests that use it are
+marked ``fake_npu``.
 """
 
 from __future__ import annotations
@@ -66,6 +88,28 @@ import torch  # noqa: E402
 __fake__ = True
 __version__ = os.environ.get("FAKE_TORCH_NPU_VERSION") or torch.__version__.split("+")[0]
 
+# What differs between the wheels this fake follows (tests/npu/test_torch_npu_wheel.py reads
+# this literal and checks each entry against that wheel's sources):
+# - "is_available": "device_count" (``device_count() > 0``) or "runtime_count" (the CANN
+#   runtime's count, unless PYTORCH_HAL_BASED_NPU_CHECK=1; see the module docstring);
+# - "autoload_restored_on_import": whether the package calls ``_autoload()`` at the end of
+#   its own import;
+# - "symlink_word": what the profiler's path warnings call a symbolic link.
+VERSION_RULES = {
+    "2.7.1.post10": {"is_available": "device_count", "autoload_restored_on_import": False,
+                     "symlink_word": "soft chain"},
+    "2.10.0.post6": {"is_available": "device_count", "autoload_restored_on_import": False,
+                     "symlink_word": "soft chain"},
+    "2.10.0.post7": {"is_available": "runtime_count", "autoload_restored_on_import": True,
+                     "symlink_word": "symbolic link"},
+}
+DEFAULT_EMULATES = "2.10.0.post6"
+__emulates__ = os.environ.get("FAKE_TORCH_NPU_EMULATES") or DEFAULT_EMULATES
+if __emulates__ not in VERSION_RULES:
+    raise ImportError(f"fake torch_npu: FAKE_TORCH_NPU_EMULATES={__emulates__!r} is not one of "
+                      f"{', '.join(VERSION_RULES)}")
+RULES = VERSION_RULES[__emulates__]
+
 calls: list[tuple[str, dict]] = []  # what the code under test asked of the fake
 transfer_state: dict | None = None  # set by importing torch_npu.contrib.transfer_to_npu
 
@@ -79,7 +123,7 @@ def _pta_error(code: int, text: str) -> str:
 _NOT_FOUND = (8, "resource not found")
 
 _accelerator = torch._C._get_accelerator()
-if _accelerator.type != "cpu":
+if _accelerator.type not in ("cpu", "npu"):
     raise RuntimeError(
         f"Two accelerators cannot be used at the same time in PyTorch: npu and {_accelerator.type}. "
         f"You can install the cpu version of PyTorch to use your npu device, or use the "
@@ -87,12 +131,9 @@ if _accelerator.type != "cpu":
         + _pta_error(7, "feature not supported"))
 
 if os.environ.get("FAKE_TORCH_NPU_BROKEN"):  # CANN's libraries are not on the loader path
-    _package = ("Please check that the compiler package is installed. " if "ASCEND_OPP_PATH" in os.environ
-                else "Please check that the cann package is installed. ")
-    raise ImportError(
-        "libhccl.so: cannot open shared object file: No such file or directory. " + _package
-        + "Please run 'source set_env.sh' in the CANN installation path." + _pta_error(*_NOT_FOUND),
-        name="torch_npu._C")
+    # the loader's own error for `import torch_npu._C`: torch_npu adds nothing to it
+    raise ImportError("libhccl.so: cannot open shared object file: No such file or directory",
+                      name="torch_npu._C")
 
 
 def _cann_package_check() -> None:
@@ -145,6 +186,13 @@ def _parse_visible_devices() -> list[int]:
     return ids
 
 
+def _runtime_count() -> int:
+    """torch_npu._C._npu_getDeviceCount: ASSUMED to count the listed ids that are present, in
+    any order (the CANN runtime's rule is not in the wheel's Python sources)."""
+    present = _present()
+    return len({i for i in _parse_visible_devices() if 0 <= i < present}) if present > 0 else 0
+
+
 def _device_count() -> int:
     """torch_npu.npu._device_count_ascend_hal over the present NPUs."""
     visible = _parse_visible_devices()
@@ -176,6 +224,8 @@ class _FakeNpuModule(types.ModuleType):
         self.conv = types.SimpleNamespace(allow_hf32=True)
 
     def is_available(self) -> bool:
+        if RULES["is_available"] == "runtime_count" and os.getenv("PYTORCH_HAL_BASED_NPU_CHECK") != "1":
+            return _runtime_count() > 0
         return self.device_count() > 0
 
     def device_count(self) -> int:
@@ -314,3 +364,7 @@ from torch_npu import profiler  # noqa: E402,F401  (the real package imports it 
 def _autoload():
     """The ``torch.backends`` entry point torch calls inside ``import torch``."""
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+
+
+if RULES["autoload_restored_on_import"]:
+    _autoload()

@@ -1,19 +1,23 @@
 """FAKE ``torch_npu.profiler`` (see torch_npu/__init__.py): it writes folders, never a trace.
 
-EMULATED, as torch_npu 2.7.1's sources (profiler/profiler.py, _profiler_path_creator.py,
-utils/_path_manager.py) do it:
+EMULATED, as the sources of the wheels the fake follows (profiler/profiler.py,
+_profiler_path_creator.py, utils/_path_manager.py) do it:
 
 * every public call swallows its exceptions (``no_exception_func``): it prints
   ``[time] [ERROR] [pid] profiler.py: Call <name> failed. Exception: <text>`` to stdout and
-  returns None, so a rejected path gives no trace and no error;
-* the path rule applies to the ABSOLUTE REAL path: ``dir_name`` is expanded and resolved
-  (``os.path.realpath``; a ``dir_name`` that is a symbolic link is refused), then the whole
-  trace folder path must match ``(\\.|/|_|-|\\s|[~0-9a-zA-Z]|[\\u4e00-\\u9fa5])+``, be at
-  most 4096 characters long with no component over 255.  A checkout under a path with
-  ``+``, ``@`` or ``:`` loses every trace;
+  returns None, so a refused call gives no trace and no error (a ``dir_name`` that is a
+  file, a trace folder that cannot be made);
+* the path rule WARNS, it refuses nothing: ``dir_name`` is expanded and resolved
+  (``os.path.realpath``; a symbolic link gives the warning "Invalid input path is a soft
+  chain: ..." - "symbolic link" in 2.10.0.post7, ``VERSION_RULES`` - and is followed), then
+  the trace folder's absolute real path is held to ``(\\.|/|_|-|\\s|[~0-9a-zA-Z]|[\\u4e00-\\u9fa5])+``,
+  4096 characters and 255 per component, each breach a ``UserWarning`` ("Invalid input path:
+  ...", "Length of input path exceeds the limit.") and the trace is written all the same.
+  (the plain 2.7.1 wheel, CANN 8.3.RC1's, raised there and lost the trace);
 * ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True,
   async_mode=False)`` checks ``dir_name`` when it is called: refused, it returns None (no
-  ``on_trace_ready``); ``profile`` takes keyword arguments only, and ``start()`` creates the
+  ``on_trace_ready``); ``profile`` takes keyword arguments only (among them
+  ``custom_trace_id_callback``, before ``use_cuda``), and ``start()`` creates the
   trace folder ``<dir>/<worker_name or hostname>_<pid>_<%Y%m%d%H%M%S%f minus 3 digits>_ascend_pt``
   (checked again as a whole); ``stop()`` calls ``on_trace_ready``;
 * ``ProfilerActivity.CPU`` / ``ProfilerActivity.NPU``.
@@ -32,6 +36,7 @@ import os
 import re
 import socket
 import time
+import warnings
 from datetime import datetime, timezone
 
 import torch_npu
@@ -68,23 +73,26 @@ def no_exception_func(default_ret=None):
 
 
 def _check_input_directory_path(path: str) -> None:
-    """utils._path_manager.PathManager.check_input_directory_path."""
+    """utils._path_manager.PathManager.check_input_directory_path: warnings, then a file is refused."""
     if len(path) > MAX_PATH_LENGTH:
-        raise RuntimeError("Length of input path exceeds the limit." + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn("Length of input path exceeds the limit.")
     if os.path.islink(path):
-        raise RuntimeError(f"Invalid input path is a soft chain: {path}" + torch_npu._pta_error(9, "resource unavailable"))
+        warnings.warn(f"Invalid input path is a {torch_npu.RULES['symlink_word']}: {path}")
     if not re.fullmatch(PATH_PATTERN, path):
-        raise RuntimeError(f"Invalid input path: {path}" + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn(f"Invalid input path: {path}")
     if any(len(name) > MAX_FILE_NAME_LENGTH for name in path.split("/")):
-        raise RuntimeError("Length of input path exceeds the limit." + torch_npu._pta_error(1, "invalid parameter"))
+        warnings.warn("Length of input path exceeds the limit.")
     if os.path.isfile(path):
         raise RuntimeError("Invalid input path is a file path: {path}" + torch_npu._pta_error(1, "invalid parameter"))
 
 
 def _get_realpath(path: str) -> str:
+    """profiler.analysis.prof_common_func._path_manager.ProfilerPathManager.get_realpath."""
+    if not path:
+        raise RuntimeError("Input path is empty, please check. ErrorType: resource unavailable")
     path = os.path.expanduser(path)
     if os.path.islink(path):
-        raise RuntimeError(f"Invalid input path is a soft chain: {path}")
+        warnings.warn(f"Invalid input path is a {torch_npu.RULES['symlink_word']}: {path}")
     return os.path.realpath(path)
 
 
@@ -135,7 +143,7 @@ def tensorboard_trace_handler(dir_name: str = None, worker_name: str = None, ana
 class profile:  # noqa: N801  (torch_npu's name)
     def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
                  profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
-                 experimental_config=None, use_cuda=None):
+                 experimental_config=None, custom_trace_id_callback=None, use_cuda=None):
         self.on_trace_ready = on_trace_ready
         self.prof_path: str | None = None
         self.stopped = True

@@ -4,7 +4,8 @@ It records what had been imported before it (diffusers, transformers, the patche
 modules) and whether CUDA was initialised (``torch_npu.transfer_state``), so tests can check
 that the patched scripts import it first.
 
-EMULATED, the side effects of torch_npu 2.7.1's module on the rest of the process:
+EMULATED, the side effects of the module on the rest of the process, as in the wheels the fake
+follows (torch_npu/__init__.py says which):
 
 * ``warnings.filterwarnings(action='once')`` for the whole process;
 * the libraries of its ``apis_config.json`` (transformers >= 4.32.0, trl >= 0.7.1, peft >= 0.5.0,
@@ -15,12 +16,17 @@ EMULATED, the side effects of torch_npu 2.7.1's module on the rest of the proces
   ``PartialState._prepare_backend``;
 * ``torch.jit.script`` / ``torch.jit.script_method`` become no-ops (a RuntimeWarning says so);
 * ``torch.Tensor.is_cuda`` means "is on the NPU" and ``Tensor.cuda`` / ``Module.cuda`` are ``.npu``;
-* ``torch.distributed.init_process_group`` rewrites ``nccl`` to ``hccl`` in its backend
-  argument; ``is_nccl_available`` is ``is_hccl_available``; the ``cuda`` entry of
-  ``Backend.default_device_backend_map`` is removed.
+* ``torch.distributed.init_process_group`` is ``_compose_wrappers(_wrapper_cuda,
+  _wrapper_hccl)(init_process_group)``: ``_wrapper_hccl`` (outside) rewrites ``nccl`` to
+  ``hccl`` and ``cuda`` to ``npu`` in its string arguments and in ``backend=``;
+  ``_wrapper_cuda`` (inside) rewrites CUDA devices (strings, ``torch.device``; an int in
+  ``device=`` / ``device_id=`` ...) to the NPU in its arguments and device keywords, so
+  ``device_id=torch.device("cuda", 1)`` arrives as ``npu:1``; ``is_nccl_available`` is
+  ``is_hccl_available``; the ``cuda`` entry of ``Backend.default_device_backend_map`` is removed.
 
-NOT emulated: the redirection of ``torch.cuda.*``, "cuda" device strings and the profiler; nor,
-with ``FAKE_TORCH_NPU_LIBRARIES=skip``, the libraries' import and wrapping.
+NOT emulated: the redirection of ``torch.cuda.*``, of "cuda" device strings elsewhere than in
+``init_process_group`` and of the profiler; nor, with ``FAKE_TORCH_NPU_LIBRARIES=skip``, the
+libraries' import and wrapping.
 """
 
 import functools
@@ -143,18 +149,52 @@ torch.Tensor.is_cuda = torch.Tensor.is_npu
 torch.nn.Module.cuda = torch.nn.Module.npu
 
 
-def _wrapper_hccl(fn):
+DEVICE_KWARGS = ("device", "device_type", "map_location", "device_id")  # the real device_kwargs_list
+
+
+def _to_npu(value, replace_int: bool):
+    """_replace_cuda_to_npu_in_list / _in_kwargs for one value (dicts are left alone here)."""
+    if isinstance(value, str) and "cuda" in value:
+        return value.replace("cuda", "npu")
+    if isinstance(value, torch.device) and "cuda" in value.type:
+        return torch.device("npu" if value.index is None else f"npu:{value.index}")
+    if replace_int and isinstance(value, int) and not isinstance(value, bool):
+        return f"npu:{value}"
+    return value
+
+
+def _wrapper_cuda(fn):
     @functools.wraps(fn)
     def decorated(*args, **kwargs):
-        args = [a.replace("nccl", "hccl") if type(a) is str and "nccl" in a else a for a in args]
-        backend = kwargs.get("backend")
-        if type(backend) is str and "nccl" in backend:
-            kwargs["backend"] = backend.replace("nccl", "hccl")
+        replace_int = fn.__name__ in ("to", "to_empty")
+        args = [_to_npu(a, replace_int) for a in args]
+        for name in DEVICE_KWARGS:
+            if kwargs.get(name) is not None:
+                kwargs[name] = _to_npu(kwargs[name], True)  # an int device keyword becomes npu:<int>
         return fn(*args, **kwargs)
     return decorated
 
 
-torch.distributed.init_process_group = _wrapper_hccl(torch.distributed.init_process_group)
+def _wrapper_hccl(fn):
+    @functools.wraps(fn)
+    def decorated(*args, **kwargs):
+        args = [a.replace("nccl", "hccl").replace("cuda", "npu") if type(a) is str else a for a in args]
+        backend = kwargs.get("backend")
+        if type(backend) is str:
+            kwargs["backend"] = backend.replace("nccl", "hccl").replace("cuda", "npu")
+        return fn(*args, **kwargs)
+    return decorated
+
+
+def _compose_wrappers(*wrappers):
+    def compose(f):
+        for wrapper in wrappers:
+            f = wrapper(f)
+        return f
+    return compose
+
+
+torch.distributed.init_process_group = _compose_wrappers(_wrapper_cuda, _wrapper_hccl)(torch.distributed.init_process_group)
 torch.distributed.is_nccl_available = lambda: "hccl" in torch.distributed.Backend.backend_list
 if "cuda" in getattr(torch.distributed.Backend, "default_device_backend_map", {}):
     del torch.distributed.Backend.default_device_backend_map["cuda"]

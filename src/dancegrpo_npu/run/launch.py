@@ -192,16 +192,13 @@ def build_plan(
         recipe_args=recipe_args,
     )
     problems = input_problems(info, script_args)
-<<<<<<< HEAD
     if dry_run:
         problems += network.not_checked_here(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname,
                                              network.this_host())
-=======
     script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
     script_args += _profile_args(spec)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
     arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
->>>>>>> wip-launch
     if problems and not dry_run:
         raise DancegrpoError(
             "; ".join(problems),

@@ -72,9 +72,26 @@ def test_an_npu_profile_is_refused_where_torch_npu_would_write_no_trace(tmp_path
         return
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert f"--profile: the real path of the traces, {tmp_path / where}/proj/runs/" in err
-    assert "torch_npu's profiler would write no trace and raise nothing" in err and "--runs-dir DIR" in err
+    assert "torch_npu's profiler would write no trace and raise nothing (so does 2.7.1; " in err and "--runs-dir DIR" in err
+    assert "this job has torch_npu not installed here" in err
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "cpu", "--profile", "1")
     assert rc == 0, err  # torch.profiler has no such rule
+
+
+@pytest.mark.parametrize("wheel, refused", [("2.10.0.post6", False), ("2.7.1.post10", False), ("2.7.1", True),
+                                            ("2.9.0", True)])
+def test_the_wheels_that_write_a_refused_path_with_a_warning_are_not_refused(tmp_path, monkeypatch, capsys, wheel,
+                                                                              refused):
+    """2.7.1.post10 and 2.10.0.post6 (the wheels bootstrap installs on CANN 9.1.x) warn and write
+    the trace; plain 2.7.1 writes none, and a wheel not read is taken to write none."""
+    from dancegrpo_npu.run import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "_torch_npu_version", lambda python: f"{wheel}+cpu")
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / "proj+1" / "proj"))
+    rc, out, err = dry_run(project, capsys, "flux", "--dry-run", "--device", "npu", "--profile", "1")
+    assert (rc == 2 and f"this job has torch_npu {wheel})" in err) if refused else (
+        rc != 2 and "the real path of the traces" not in out + err), err
 
 
 def test_a_symlinked_runs_dir_is_judged_by_its_real_path(tmp_path, monkeypatch, capsys):

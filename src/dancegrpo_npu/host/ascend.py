@@ -127,8 +127,15 @@ PROFILER_MAX_NAME = 255
 PROFILER_TRACE_TAIL = "/step_99999/rank_9999_9999999_20260101000000000_ascend_pt"
 
 
-def check_profiler_dir(directory: Path) -> None:
-    """Refuse a trace directory whose traces torch_npu's profiler would silently not write."""
+# The torch_npu wheels read for what their profiler does with a path its rule refuses: plain 2.7.1
+# (CANN 8.3.RC1's) swallows the error and writes no trace; these warn and write it
+# (tests/npu/test_torch_npu_wheel.py reads them).  Any other wheel is taken to drop the trace.
+PROFILER_WRITES_REFUSED_PATHS = ("2.7.1.post10", "2.10.0.post6", "2.10.0.post7")
+
+
+def check_profiler_dir(directory: Path, torch_npu_version: str | None = None) -> None:
+    """Refuse a trace directory whose traces the job's torch_npu profiler would silently not
+    write (``torch_npu_version``: the job's, None where it is not installed here)."""
     real = os.path.realpath(directory)
     path = real + PROFILER_TRACE_TAIL
     bad = sorted({c for c in real if not re.fullmatch(PROFILER_PATH_PATTERN, c)})
@@ -138,9 +145,14 @@ def check_profiler_dir(directory: Path) -> None:
         problem = f"is longer than its limits ({PROFILER_MAX_PATH} characters, {PROFILER_MAX_NAME} per name)"
     else:
         return
+    wheel = (torch_npu_version or "").split("+")[0]
+    if wheel in PROFILER_WRITES_REFUSED_PATHS:
+        return  # it warns and writes the trace
+    have = f"torch_npu {wheel}" if wheel else "torch_npu not installed here"
     raise DancegrpoError(
         f"--profile: the real path of the traces, {real}, {problem}: torch_npu's profiler would write no trace "
-        "and raise nothing",
+        f"and raise nothing (so does 2.7.1; {', '.join(PROFILER_WRITES_REFUSED_PATHS)} write it with a warning; "
+        f"this job has {have})",
         "put the runs where the real path has none: --runs-dir DIR (or DANCEGRPO_RUNS; a symbolic link helps only "
         "if its target's path is clean, the rule reads the real path)",
         exit_code=2,

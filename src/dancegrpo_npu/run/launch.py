@@ -101,6 +101,15 @@ def check_spec(spec: LaunchSpec, dry_run: bool = False) -> ScriptInfo:
     return info
 
 
+def _torch_npu_version(python: str) -> str | None:
+    """The torch_npu the job's interpreter would import (None: not installed, or no interpreter)."""
+    from dancegrpo_npu.host.devices import package_versions
+
+    if not Path(python).exists():
+        return None
+    return package_versions(python).get("torch_npu")
+
+
 def _profile_args(spec: LaunchSpec) -> list[str]:
     """``--profile_steps STEPS`` for the trainer (patch 0022), which writes its traces to
     <run>/profile/step_<N>/ (the run directory is its working directory)."""
@@ -208,8 +217,6 @@ def build_plan(
     if spec.align.env():  # --msprobe: before the user's --env, which wins
         spec = replace(spec, env=spec.align.env() + tuple(spec.env))
     env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
-    if spec.profile_steps is not None and profile == "npu":
-        ascend.check_profiler_dir(run_dir / "profile")  # torch_npu's profiler drops a refused path silently
     port = spec.master_port
     if port is None:
         port = network.free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
@@ -221,6 +228,8 @@ def build_plan(
                 raise
             problems.append(f"{e.message}: {e.hint}")
             python = str(depsets.venv_dir(info.depset, environ) / "bin" / "python")
+    if spec.profile_steps is not None and profile == "npu":  # torch_npu 2.7.1 drops a refused path silently
+        ascend.check_profiler_dir(run_dir / "profile", _torch_npu_version(python))
     command = (
         python,
         "-m",

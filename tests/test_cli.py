@@ -287,7 +287,7 @@ def test_dancegrpo_device_in_the_environment_is_the_default_device(tmp_path, mon
         seen.append(spec.device)
         raise Planned
 
-    def stop_smoke(project, options):
+    def stop_smoke(project, options, *typed):
         seen.append(options.device)
         raise Planned
 

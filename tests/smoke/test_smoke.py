@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tiny_fixtures import built  # noqa: F401  (a fixture)
@@ -460,7 +461,7 @@ def test_if_needed_remembers_each_set_of_options(patched_tree, tmp_path):
         (project.build_dir / passes.PASSED_NAME).unlink(missing_ok=True)
 
 
-def test_no_strict_reaches_the_launch(monkeypatch):
+def test_no_strict_reaches_the_launch(monkeypatch, tmp_path):
     """--no-strict (for an ablation tree that runs float64 on purpose) turns strict mode off in
     the launch the smoke plans; by default the smoke launches with strict mode on."""
     from dancegrpo_npu.cli import build_parser
@@ -470,6 +471,7 @@ def test_no_strict_reaches_the_launch(monkeypatch):
     seen = []
     monkeypatch.setattr("dancegrpo_npu.run.launch.launch", lambda project, spec, dry_run=False: seen.append(spec))
     monkeypatch.setattr(smoke, "all_trainer_args", lambda options, fixtures: ())
-    smoke._launch(None, smoke.SmokeOptions(), ())
-    smoke._launch(None, smoke.SmokeOptions(strict=False), ())
+    project = SimpleNamespace(runs_dir=tmp_path)  # where the step lines would be read from
+    smoke._launch(project, smoke.SmokeOptions(), ())
+    smoke._launch(project, smoke.SmokeOptions(strict=False), ())
     assert [spec.strict for spec in seen] == [True, False]

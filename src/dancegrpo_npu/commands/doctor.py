@@ -10,7 +10,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.doctor.report import CHECK_NAMES, format_report, run_checks
 from dancegrpo_npu.doctor import report
-from dancegrpo_npu.commands.numbers import non_negative, positive
+from dancegrpo_npu.argtypes import non_negative, positive
 
 
 def register(sub, common) -> None:

@@ -12,7 +12,7 @@ import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.doctor.report import FAIL, FLUX_LAYOUT, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
+from dancegrpo_npu.doctor.report import FAIL, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.doctor.checks import stack_pair
 
@@ -20,19 +20,10 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def flux_weights(tree: Path) -> None:
-    """An empty FLUX.1-dev-shaped directory: the weights check reads the layout, not the tensors."""
-    flux = tree / "data" / "flux"
-    for part in FLUX_LAYOUT:
-        (flux / part).mkdir(parents=True, exist_ok=True) if "." not in part else (flux / part).write_text("{}")
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     trust_synthetic_tree(monkeypatch)
-    project = find_project(make_project(tmp_path / "proj"))
-    flux_weights(project.workdir)
-    return project
+    return find_project(make_project(tmp_path / "proj"))  # with the FLUX trainers' inputs, as launch checks them
 
 
 def by_name(checks):
@@ -42,7 +33,8 @@ def by_name(checks):
 def test_doctor_for_real_on_this_machine_passes(project, capsys):
     if "torch_npu" in sys.modules:
         pytest.skip("a torch_npu is loaded in this process")
-    rc = main(["-C", str(project.root), "doctor", "--min-free-gb", "0.001"])
+    # the LoRA trainer: its resume checkpoint is small, so the disk check asks for --min-free-gb alone
+    rc = main(["-C", str(project.root), "doctor", "--min-free-gb", "0.001", "--trainer", "flux-lora"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "0 failed" in out and "training can start" in out
@@ -76,7 +68,8 @@ def test_doctor_missing_tree(tmp_path):
 
 
 def test_doctor_json(project, capsys):
-    assert main(["-C", str(project.root), "doctor", "--json", "--skip", "all_reduce", "--min-free-gb", "0"]) == 0
+    assert main(["-C", str(project.root), "doctor", "--json", "--skip", "all_reduce", "--min-free-gb", "0",
+                 "--trainer", "flux-lora"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in data][:3] == ["python", "torch", "torch_npu"]
 
@@ -367,3 +360,44 @@ def test_doctor_checks_the_pair_against_the_hosts_cann(fake_npu, version):
     assert bad[0] == FAIL and f"Ascend's table does not list torch_npu {CANN_PAIRS[version][1][1]} for CANN {version}" \
         in bad[1], bad
     assert bad[2].startswith(f"install {CANN_FIX[version]} (the CPU build of torch; "), bad
+
+
+def test_the_disk_check_asks_the_runs_directory_for_one_resume_checkpoint_of_the_largest_trainer(project, tmp_path,
+                                                                                                  monkeypatch):
+    """Not the project: the runs directory, where checkpoints go; and not 50 GB whatever the trainer."""
+    from dancegrpo_npu.doctor import trainers
+
+    need, why = trainers.disk_need(["flux-lora", "wan", "qwenimage"], 50.0)
+    assert 230 < need < 260 and why.startswith("one resume checkpoint of qwenimage")  # Qwen-Image's 20 B parameters
+    assert trainers.disk_need(["flux-lora"], 50.0) == (50.0, "--min-free-gb")  # LoRA: the floor alone
+    assert trainers.disk_need(["wan"], 50.0)[0] == 50.0  # 1.4 B parameters: 17 GiB, under the floor
+    runs = tmp_path / "elsewhere" / "runs"
+    runs.parent.mkdir()
+    from dancegrpo_npu.project import find_project
+
+    moved = find_project(project.root, runs_dir=runs)  # --runs-dir (or DANCEGRPO_RUNS)
+    c = by_name(run_checks(moved, DoctorOptions(skip=("matmul", "all_reduce"), min_free_gb=0, trainers=("flux",))))["disk"]
+    assert f"free under {runs.parent} (the runs directory, to be made)" in c.detail
+    assert "wanted (one resume checkpoint of flux" in c.detail
+    monkeypatch.setattr(trainers, "free_gib", lambda path: (1.0, runs.parent))
+    c = by_name(run_checks(moved, DoctorOptions(skip=("matmul", "all_reduce"), min_free_gb=0, trainers=("flux",))))["disk"]
+    assert c.status == FAIL and "--runs-dir DIR" in c.fix
+
+
+@pytest.mark.upstream
+@pytest.mark.slow  # the trainers' own parsers run in their dependency sets' interpreters
+def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(patched_tree, monkeypatch):
+    """The real tree, no weights: each trainer's missing inputs are named as `launch --dry-run` names
+    them; by default every trainer whose set is installed is checked; a missing set is named."""
+    from dancegrpo_npu.doctor import trainers
+
+    project = patched_tree.project
+    assert trainers.installed(project, dict(os.environ)) == ["flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit"]
+    opts = DoctorOptions(skip=("matmul", "all_reduce", "disk"), trainers=("wan", "qwenimage"))
+    c = by_name(run_checks(project, opts))["weights"]
+    assert c.status == FAIL and c.detail.startswith("wan: ") and " | qwenimage: " in c.detail
+    assert "Wan2.1-T2V-1.3B weights" in c.detail and "Qwen-Image weights" in c.detail and "FLUX" not in c.detail
+    gone = {**os.environ, "DANCEGRPO_VENV_DIFFUSERS_0_35": str(patched_tree.tree / "no-such-venv")}
+    c = by_name(run_checks(project, DoctorOptions(skip=opts.skip, trainers=("wan",), environ=gone)))["weights"]
+    assert c.status == FAIL and "diffusers-0.35" in c.detail and "bootstrap.sh" in c.detail
+    assert "wan" not in trainers.installed(project, gone)

@@ -9,7 +9,7 @@ from dancegrpo_npu.doctor.checks import FAIL, DoctorOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.doctor.report import CHECK_NAMES, format_report, run_checks
-from dancegrpo_npu.doctor import report
+from dancegrpo_npu.doctor import report, trainers
 from dancegrpo_npu.argtypes import non_negative, positive
 
 
@@ -27,6 +27,12 @@ def register(sub, common) -> None:
         help="what training will run on (npu: the NPU checks must pass)",
     )
     p.add_argument(
+        "--trainer", action="append", choices=trainers.grpo_trainers(), default=None, metavar="NAME",
+        help=f"the trainer whose inputs and dependency set to check, as `launch NAME --dry-run` does "
+             f"({', '.join(trainers.grpo_trainers())}); repeatable; default: every one whose dependency set "
+             "is installed here",
+    )
+    p.add_argument(
         "--flux", type=Path, metavar="DIR", help="FLUX.1-dev directory (default: <tree>/data/flux, upstream's)"
     )
     p.add_argument("--hps-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt")
@@ -35,7 +41,8 @@ def register(sub, common) -> None:
     )
     p.add_argument(
         "--min-free-gb", type=non_negative, default=50.0, metavar="GB",
-        help="free disk the check asks for (default 50; 0 or more)"
+        help="the least free disk the check asks for under the runs directory (default 50; 0 or more); "
+             "it asks for one resume checkpoint of the largest trainer checked where that is more"
     )
     p.add_argument(
         "--timeout", type=positive, default=180.0, metavar="S",
@@ -65,6 +72,7 @@ def run(args) -> int:
         min_free_gb=args.min_free_gb,
         timeout=args.timeout,
         skip=tuple(args.skip or ()),
+        trainers=tuple(dict.fromkeys(args.trainer or ())),
     )
     checks = run_checks(project, opts)
     if args.json:

@@ -35,7 +35,8 @@ class DoctorOptions:
     flux_dir: Path | None = None  # default: <tree>/data/flux
     hps_ckpt: Path | None = None  # default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt
     hps_open_clip_ckpt: Path | None = None  # default: <tree>/hps_ckpt/open_clip_pytorch_model.bin
-    min_free_gb: float = 50.0
+    min_free_gb: float = 50.0  # the floor; the disk check also asks for one resume checkpoint
+    trainers: tuple[str, ...] = ()  # () : every GRPO trainer of the tree whose dependency set is installed
     timeout: float = 180.0
     skip: tuple[str, ...] = ()
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))

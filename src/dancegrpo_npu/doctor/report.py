@@ -8,8 +8,6 @@ FAILed.  torch is imported inside the checks, never when the CLI starts.
 
 from __future__ import annotations
 
-import shutil
-
 from dancegrpo_npu.doctor.checks import (
     FAIL,
     PASS,
@@ -27,41 +25,26 @@ from dancegrpo_npu.doctor.checks import (
     check_visible_devices,
 )
 from dancegrpo_npu.doctor.compute import check_all_reduce, check_matmul
+from dancegrpo_npu.doctor import trainers as trainers_mod
 from dancegrpo_npu.doctor.numerics import check_numerics
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.run.upstream_args import DEFAULT_FLUX_DIR, SCRIPTS
 
-# What preprocessing (the whole pipeline) and training (transformer, vae) load from FLUX.1-dev.
-FLUX_LAYOUT = (
-    "model_index.json",
-    "transformer",
-    "vae",
-    "text_encoder",
-    "text_encoder_2",
-    "tokenizer",
-    "tokenizer_2",
-    "scheduler",
-)
-
-
-def check_disk(project: Project, opts: DoctorOptions) -> Check:
-    where = project.root
-    free = shutil.disk_usage(where).free / 2**30
-    detail = f"{free:.0f} GiB free under {where}"
-    if free < opts.min_free_gb:
-        return Check(
-            "disk",
-            FAIL,
-            detail,
-            f"free at least {opts.min_free_gb:.0f} GiB: a full FLUX transformer checkpoint is tens of GB (or --min-free-gb)",
-        )
-    return Check("disk", PASS, detail)
+def check_disk(project: Project, opts: DoctorOptions, trainers: list[str]) -> Check:
+    """Free space where the runs go (their checkpoints): at least one resume checkpoint of the
+    largest trainer checked, and --min-free-gb."""
+    free, where = trainers_mod.free_gib(project.runs_dir)
+    need, why = trainers_mod.disk_need(trainers, opts.min_free_gb)
+    detail = f"{free:.0f} GiB free under {where} (the runs directory{'' if where == project.runs_dir else ', to be made'})"
+    if free < need:
+        return Check("disk", FAIL, f"{detail}; {need:.0f} GiB wanted ({why})",
+                     f"free at least {need:.0f} GiB there, or put the runs elsewhere: --runs-dir DIR (or DANCEGRPO_RUNS)")
+    return Check("disk", PASS, f"{detail}; {need:.0f} GiB wanted ({why})")
 
 
 def check_tree(project: Project) -> Check:
     from dancegrpo_npu.engine import treecheck
 
-    state = treecheck.tree_state(project, SCRIPTS["flux"].relpath)
+    state = treecheck.tree_state(project)
     status = PASS if state["state"] == "verified" else FAIL
     fix = (
         None
@@ -73,30 +56,31 @@ def check_tree(project: Project) -> Check:
     return Check("tree", status, state["detail"], fix)
 
 
+def chosen_trainers(project: Project, opts: DoctorOptions) -> list[str]:
+    return list(opts.trainers) if opts.trainers else trainers_mod.installed(project, opts.environ)
+
+
 def check_weights(project: Project, opts: DoctorOptions) -> Check:
-    tree = project.workdir
-    defaults = dict(SCRIPTS["flux"].defaults)  # where launch points the reward files by default
-    flux = opts.flux_dir or tree / DEFAULT_FLUX_DIR
-    hps = opts.hps_ckpt or tree / defaults["--hps_ckpt"]
-    clip = opts.hps_open_clip_ckpt or tree / defaults["--hps_open_clip_ckpt"]
-    problems = []
-    if not flux.is_dir():
-        problems.append(f"FLUX.1-dev directory {flux} is missing")
-    else:
-        missing = [part for part in FLUX_LAYOUT if not (flux / part).exists()]
-        if missing:
-            problems.append(f"{flux} lacks {', '.join(missing)}")
-    for path, what in ((hps, "HPS_v2.1_compressed.pt"), (clip, "open_clip ViT-H-14 weights")):
-        if not path.is_file() or path.stat().st_size == 0:
-            problems.append(f"{what} {path} is missing")
+    """Each trainer's inputs and dependency set, as ``launch NAME --dry-run`` finds them."""
+    names = chosen_trainers(project, opts)
+    if not names:
+        return Check("weights", FAIL, "no GRPO trainer of the tree has its dependency set installed here",
+                     "./scripts/bootstrap.sh --deps-only (--with diffusers-0.35 for wan and qwenimage)")
+    problems, ready = [], []
+    for name in names:
+        found = trainers_mod.trainer_problems(project, name, opts.environ, flux_dir=opts.flux_dir,
+                                              hps_ckpt=opts.hps_ckpt, hps_open_clip_ckpt=opts.hps_open_clip_ckpt)
+        if found:
+            problems.append(f"{name}: {'; '.join(found)}")
+        else:
+            ready.append(name)
     if problems:
-        return Check(
-            "weights",
-            FAIL,
-            "; ".join(problems),
-            "put the weights where docs/ascend-910b.md (Weights) says, or pass --flux/--hps-ckpt/--hps-open-clip-ckpt",
-        )
-    return Check("weights", PASS, f"FLUX.1-dev at {flux}; HPS at {hps}; open_clip at {clip}")
+        shown = f" ({', '.join(ready)} ready)" if ready else ""
+        return Check("weights", FAIL, " | ".join(problems) + shown,
+                     "put the inputs where docs/weights.md says, or pass their flags (--flux/--hps-ckpt/"
+                     "--hps-open-clip-ckpt; `dancegrpo-npu launch NAME --dry-run -- ...` for the rest)")
+    return Check("weights", PASS, f"every input and the dependency set of {', '.join(ready)} "
+                 "(as `launch NAME --dry-run` checks them)")
 
 
 # Each check as (name, fn(project, opts, facts)), in the order doctor runs them: facts found by
@@ -112,7 +96,7 @@ STEPS = (
     ("matmul", lambda project, opts, facts: check_matmul(facts)),
     ("numerics", lambda project, opts, facts: check_numerics(facts)),
     ("all_reduce", lambda project, opts, facts: check_all_reduce(facts, opts)),
-    ("disk", lambda project, opts, facts: check_disk(project, opts)),
+    ("disk", lambda project, opts, facts: check_disk(project, opts, chosen_trainers(project, opts))),
     ("tree", lambda project, opts, facts: check_tree(project)),
     ("weights", lambda project, opts, facts: check_weights(project, opts)),
 )

@@ -1,0 +1,103 @@
+"""doctor's checks of what a trainer needs on this host: its inputs, its dependency set, the disk.
+
+Which trainers: ``--trainer NAME`` (repeatable), else every GRPO trainer of the tree whose
+dependency set is installed here.  A trainer's inputs and dependency set are checked the way
+``launch NAME --dry-run`` checks them (``run.launch.build_plan``: upstream's recipe, the port's
+defaults, the trainer's own parser, each input's expected contents), so doctor and launch never
+disagree; the disk check asks the runs directory for one resume checkpoint of the largest
+trainer checked.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import Project
+from dancegrpo_npu.run import depsets
+from dancegrpo_npu.run.upstream_args import SCRIPTS, ScriptInfo
+
+# A resume checkpoint holds a trainable parameter in float32 and AdamW's two float32 moments
+# (dancegrpo_port.resume), and the save wants 5 % over its size (checkpoints.MARGIN).
+RESUME_BYTES_PER_PARAMETER = 12
+SAVE_MARGIN = 1.05
+
+
+def grpo_trainers() -> list[str]:
+    """The trainers (not the preprocessing scripts): their outputs are the run's own."""
+    return [name for name, info in SCRIPTS.items() if info.output_in_run_dir]
+
+
+def installed(project: Project, environ: dict[str, str]) -> list[str]:
+    """The GRPO trainers this host can run: the script is in the tree and its set is installed."""
+    found = []
+    for name in grpo_trainers():
+        info = SCRIPTS[name]
+        if not (project.workdir / info.relpath).is_file():
+            continue
+        try:
+            depsets.python_for(info.depset, environ)
+        except DancegrpoError:
+            continue
+        found.append(name)
+    return found
+
+
+def _user_args(info: ScriptInfo, flux_dir: Path | None, hps_ckpt: Path | None, clip: Path | None) -> tuple[str, ...]:
+    """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags."""
+    args: list[str] = []
+    if flux_dir is not None:  # the inputs that are FLUX.1-dev's weights, where the trainer has them
+        for flag, _kind, what in info.required_inputs:
+            if what.startswith("FLUX.1-dev"):
+                args += [flag, str(flux_dir)]
+    if hps_ckpt is not None:
+        args += ["--hps_ckpt", str(hps_ckpt)]
+    if clip is not None:
+        args += ["--hps_open_clip_ckpt", str(clip)]
+    return tuple(args)
+
+
+def trainer_problems(project: Project, name: str, environ: dict[str, str], *, flux_dir: Path | None = None,
+                     hps_ckpt: Path | None = None, hps_open_clip_ckpt: Path | None = None) -> list[str]:
+    """What would stop ``launch NAME`` here before its job starts (empty: nothing)."""
+    from dancegrpo_npu.run.launch import build_plan
+    from dancegrpo_npu.run.plan import LaunchSpec
+
+    info = SCRIPTS[name]
+    spec = LaunchSpec(name, args=_user_args(info, flux_dir, hps_ckpt, hps_open_clip_ckpt), device="cpu")
+    try:  # the inputs are the device's own business nowhere: the CPU plan lists the same ones
+        plan = build_plan(project, spec, project.runs_dir / "doctor-probe", environ=environ, dry_run=True)
+    except DancegrpoError as e:
+        return [e.one_line()]
+    return list(plan.problems)
+
+
+def resume_checkpoint_bytes(name: str) -> int | None:
+    """About one resume checkpoint of trainer ``name`` (full fine-tuning), from plan's model shapes;
+    None where plan has no model of that name (the LoRA trainer's checkpoint is small)."""
+    from dancegrpo_npu.plan import memory, models
+
+    if name not in models.names():
+        return None
+    return int(memory.transformer_parameters(models.model_of(name)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
+
+
+def disk_need(trainers: list[str], floor_gb: float) -> tuple[float, str]:
+    """GiB the runs directory should have free, and why."""
+    sizes = {name: size for name in trainers if (size := resume_checkpoint_bytes(name))}
+    if not sizes:
+        return floor_gb, "--min-free-gb"
+    largest = max(sizes, key=sizes.get)
+    gib = sizes[largest] / 2**30
+    if gib <= floor_gb:
+        return floor_gb, "--min-free-gb"
+    return gib, f"one resume checkpoint of {largest}: its fp32 weights and AdamW's two moments, 12 bytes a parameter"
+
+
+def free_gib(path: Path) -> tuple[float, Path]:
+    """Free space where ``path`` is or will be made (its nearest existing parent)."""
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return shutil.disk_usage(where).free / 2**30, where

@@ -401,3 +401,17 @@ def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(pa
     c = by_name(run_checks(project, DoctorOptions(skip=opts.skip, trainers=("wan",), environ=gone)))["weights"]
     assert c.status == FAIL and "diffusers-0.35" in c.detail and "bootstrap.sh" in c.detail
     assert "wan" not in trainers.installed(project, gone)
+
+
+def test_dancegrpo_device_is_doctors_default_device(project, monkeypatch):
+    """DANCEGRPO_DEVICE=npu is what training will use: doctor checks for it unless --device says else."""
+    from dancegrpo_npu.doctor import report
+
+    seen = []
+    monkeypatch.setattr(report, "run_checks", lambda project, opts: seen.append(opts.device) or [])
+    monkeypatch.setenv("DANCEGRPO_DEVICE", "npu")
+    main(["-C", str(project.root), "doctor"])
+    main(["-C", str(project.root), "doctor", "--device", "cpu"])
+    monkeypatch.delenv("DANCEGRPO_DEVICE")
+    main(["-C", str(project.root), "doctor"])
+    assert seen == ["npu", "cpu", "auto"]

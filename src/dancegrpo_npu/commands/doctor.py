@@ -23,8 +23,9 @@ def register(sub, common) -> None:
     p.add_argument(
         "--device",
         choices=DEVICE_CHOICES,
-        default="auto",
-        help="what training will run on (npu: the NPU checks must pass)",
+        default=None,
+        help="what training will run on (npu: the NPU checks must pass; default: $DANCEGRPO_DEVICE if set, "
+             "else auto)",
     )
     p.add_argument(
         "--trainer", action="append", choices=trainers.grpo_trainers(), default=None, metavar="NAME",
@@ -61,11 +62,13 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
+    from dancegrpo_npu.commands.launch import resolve_device
+
     project = project_from_args(args)
     here = Path.cwd()
     resolve = lambda p: None if p is None else (p if p.is_absolute() else here / p).resolve()  # noqa: E731
     opts = DoctorOptions(
-        device=args.device,
+        device=resolve_device(args.device),
         flux_dir=resolve(args.flux),
         hps_ckpt=resolve(args.hps_ckpt),
         hps_open_clip_ckpt=resolve(args.hps_open_clip_ckpt),

@@ -218,3 +218,14 @@ def project_state(root: Path) -> dict[str, bytes]:
     for p in sorted((root / "patches").iterdir()):
         out[f"patches/{p.name}"] = p.read_bytes()
     return out
+
+
+def error_of(fn, *args) -> str:
+    """The one line the CLI would print for the DancegrpoError ``fn(*args)`` raises."""
+    import pytest
+
+    from dancegrpo_npu.errors import DancegrpoError
+
+    with pytest.raises(DancegrpoError) as e:
+        fn(*args)
+    return e.value.one_line()

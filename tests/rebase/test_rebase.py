@@ -16,8 +16,8 @@ from dancegrpo_npu.rebase.session import abort_rebase, continue_rebase, skip_pat
 from dancegrpo_npu.rebase.dry_run import dry_run
 from dancegrpo_npu.engine.series import load_series
 from rebase_helpers import (
-    PatchSpec, base_history, code_file, git, make_project, project_state, refetch, run_cli, set_line, tree_state,
-    verified,
+    PatchSpec, base_history, code_file, error_of, git, make_project, project_state, refetch, run_cli, set_line,
+    tree_state, verified,
 )
 
 DATE = "1767225600"  # 2026-01-01, via SOURCE_DATE_EPOCH
@@ -49,13 +49,6 @@ def world(tmp_path, monkeypatch):
     history, base = base_history(tmp_path / "upstream")
     root = make_project(tmp_path / "project", history, base, SPECS, OVERLAY)
     return history, base, find_project(root)
-
-
-def error_of(fn, *args) -> str:
-    """The one line the CLI would print for the DancegrpoError ``fn(*args)`` raises."""
-    with pytest.raises(DancegrpoError) as e:
-        fn(*args)
-    return e.value.one_line()
 
 
 def snapshot(project):

@@ -11,7 +11,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase.dry_run import dry_run
 from dancegrpo_npu.rebase.session import start_rebase
-from rebase_helpers import base_history, git, make_project, project_state, run_cli, tree_state
+from rebase_helpers import base_history, error_of, git, make_project, project_state, run_cli, tree_state
 from test_rebase import DATE, OVERLAY, SPECS
 
 
@@ -22,12 +22,6 @@ def world(tmp_path, monkeypatch):
     history, base = base_history(tmp_path / "upstream")
     root = make_project(tmp_path / "project", history, base, SPECS, OVERLAY)
     return history, base, find_project(root)
-
-
-def error_of(fn, *args) -> str:
-    with pytest.raises(DancegrpoError) as e:
-        fn(*args)
-    return e.value.one_line()
 
 
 def everything(project):

@@ -405,10 +405,10 @@ def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(pa
 
 def test_dancegrpo_device_is_doctors_default_device(project, monkeypatch):
     """DANCEGRPO_DEVICE=npu is what training will use: doctor checks for it unless --device says else."""
-    from dancegrpo_npu.doctor import report
+    from dancegrpo_npu.commands import doctor as doctor_cmd
 
     seen = []
-    monkeypatch.setattr(report, "run_checks", lambda project, opts: seen.append(opts.device) or [])
+    monkeypatch.setattr(doctor_cmd, "run_checks", lambda project, opts: seen.append(opts.device) or [])
     monkeypatch.setenv("DANCEGRPO_DEVICE", "npu")
     main(["-C", str(project.root), "doctor"])
     main(["-C", str(project.root), "doctor", "--device", "cpu"])

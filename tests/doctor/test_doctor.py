@@ -14,7 +14,6 @@ from synthetic_tree import make_project, trust_synthetic_tree
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.doctor.report import FAIL, PASS, SKIP, Check, DoctorOptions, format_report, run_checks
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.doctor.checks import stack_pair
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -246,8 +245,6 @@ def test_device_npu_requested_without_npu_stack(project):
         pytest.skip("a torch_npu is loaded in this process")
     checks = by_name(run_checks(project, DoctorOptions(device="npu", skip=("matmul", "all_reduce"), min_free_gb=0)))
     assert checks["torch_npu"].status == FAIL and checks["devices"].status == FAIL
-    import torch
-
     assert checks["torch_npu"].fix.startswith("no CANN on this host: install CANN first")
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from interpreters import runnable
 
 from dancegrpo_npu.host import torch_stack
 
@@ -155,18 +156,6 @@ def test_python_312_is_accepted_and_313_refused(tmp_path, python, ok):
     assert (proc.returncode == 0) == ok, proc.stderr
     if not ok:
         assert "is not Python 3.10, 3.11 or 3.12" in proc.stderr
-
-
-def runnable(name: str) -> str | None:
-    """An interpreter that runs: on PATH, or one of pyenv's versions (its shims run only the selected ones)."""
-    import glob
-    import shutil
-
-    found = [shutil.which(name), *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/*/bin/{name}")))]
-    for path in filter(None, found):
-        if subprocess.run([path, "-c", "pass"], capture_output=True).returncode == 0:
-            return path
-    return None
 
 
 def test_the_table_is_the_one_the_docs_show():

@@ -13,14 +13,13 @@ Extended tier: minutes of downloads and training; ``./scripts/test.sh --all`` ru
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from interpreters import runnable
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -31,20 +30,11 @@ pytestmark = [pytest.mark.extended, pytest.mark.upstream, pytest.mark.slow]
 LINES = {"2.10": ("2.10.0", "0.25.0", "3.12"), "2.7": ("2.7.1", "0.22.1", "3.10")}
 
 
-def interpreter(version: str) -> str | None:
-    name = f"python{version}"
-    for path in filter(None, [shutil.which(name), *sorted(glob.glob(os.path.expanduser(
-            f"~/.pyenv/versions/{version}*/bin/{name}")))]):
-        if subprocess.run([path, "-c", "pass"], capture_output=True).returncode == 0:
-            return path
-    return None
-
-
 @pytest.fixture(scope="module", params=sorted(LINES))
 def line_venv(request) -> Path:
     """The line's virtualenv on its Python, built (or found up to date) by bootstrap."""
     line = request.param
-    python = interpreter(LINES[line][2])
+    python = runnable(f"python{LINES[line][2]}")
     if python is None:
         pytest.fail(f"no Python {LINES[line][2]} on this machine: the torch {line} line is checked on it")
     venv = ROOT / f".venv-torch{line}"

@@ -2,9 +2,11 @@
 
 A feature on the seam (dancegrpo_port/hooks.py): the trainers reach it through the hooks only.
 It imports only torch, safetensors and the standard library, never the dancegrpo_npu tool.
-``hooks.run_start`` calls ``start()`` once and the run is kept in ``RUN``: upstream draws its SDE
-noise deep inside ``flux_step``, which has no handle on the run.  Before ``start()`` the noise
-source is upstream's (``--rng device``) and nothing is recorded.
+``hooks.run_start`` makes the run's ``Run`` (``run_of``) and installs its ``Alignment`` feature,
+which answers the seam's noise events (``hooks.initial_latents``, ``sde_noise``,
+``timestep_perms``: upstream draws its SDE noise deep inside ``flux_step``, which calls the seam).
+Where no feature answers (before ``run_start``), the draws are upstream's (``UPSTREAM_NOISE``,
+``--rng device``) and nothing is recorded.
 
 Noise (``--rng``, ``--replay``)
   device  upstream's draws, call for call: ``torch.randn(shape, device=, dtype=bfloat16)``
@@ -47,8 +49,7 @@ from dancegrpo_port import alignment_records as records
 from dancegrpo_port import upstream_args
 from dancegrpo_port.alignment_health import Health
 from dancegrpo_port.contract import RNG_CHOICES, parse_steps
-
-RUN = None  # the current run (start())
+from dancegrpo_port.feature import Feature
 
 
 @dataclass(frozen=True)
@@ -258,23 +259,18 @@ class Run:
             self.recorder.end(self.noise.recorded() if self.noise.keep else {})
 
 
-_UPSTREAM = Run(Settings())  # used before start(): upstream's draws, nothing recorded
-
-
-def _run() -> Run:
-    return RUN if RUN is not None else _UPSTREAM
+UPSTREAM_NOISE = Noise("device")  # the seam's draws where no feature answers: upstream's, nothing kept
 
 
 def start(args, rank: int, world_size: int, device=None) -> Run:
-    """Once, in main(), after the process group is up."""
-    global RUN
-    RUN = Run(Settings.from_args(args, rank, world_size), device, run_fields(args, world_size))
-    return RUN
+    """A run's alignment: its noise source, recorder and GRPO health (``run_of`` makes it once a run)."""
+    return Run(Settings.from_args(args, rank, world_size), device, run_fields(args, world_size))
 
 
-def noise_source() -> Noise:
-    """The run's noise (upstream's device draws before ``start()``)."""
-    return _run().noise
+def run_of(context) -> Run:
+    """The run's alignment ``Run``, made once per run start (feature.Context): the Alignment
+    feature and Resume (which saves and restores its generator) share it."""
+    return context.get("alignment", lambda: start(context.args, context.rank, context.world_size, context.device))
 
 
 @contextmanager
@@ -295,9 +291,10 @@ def capture_modules(run: Run, prefix: str, root):
         recorder.add_modules(prefix, capture)
 
 
-class Alignment:
-    """The alignment feature on the seam (dancegrpo_port/hooks.py): what the trainer reports
-    goes to the GRPO health figures and, with --record, to the step's record."""
+class Alignment(Feature):
+    """The alignment feature on the seam (dancegrpo_port/hooks.py): the run's noise source
+    (--rng, --replay), and what the trainer reports goes to the GRPO health figures and, with
+    --record, to the step's record."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -316,6 +313,15 @@ class Alignment:
 
     def rollout_batch(self, batch_idx) -> None:
         self.run.noise.select(batch_idx)
+
+    def initial_latents(self, shape, device, dtype):
+        return self.run.noise.initial_latents(shape, device, dtype)
+
+    def sde_noise(self, like, index: int):
+        return self.run.noise.sde_noise(like, index)
+
+    def timestep_perms(self, batch_size: int, n: int):
+        return self.run.noise.timestep_perms(batch_size, n)
 
     def model_call(self, name: str, module):
         return capture_modules(self.run, name, module)

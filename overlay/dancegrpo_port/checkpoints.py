@@ -231,7 +231,8 @@ def add_arguments(parser) -> None:
     )
 
 
-def argument_problem(args) -> str | None:
+def argument_problem(args, environ=None) -> str | None:
+    """What is wrong with the resume flags (one line), or None (``environ``: not read)."""
     limit = getattr(args, "checkpoints_total_limit", None)
     if limit is not None and limit < 1:
         return f"--checkpoints_total_limit must be at least 1, not {limit}"

@@ -25,8 +25,10 @@ import gc
 
 import torch.distributed as dist
 
+from dancegrpo_port.feature import Feature
 
-class CleanExit:
+
+class CleanExit(Feature):
     def run_end(self) -> None:
         if dist.is_available() and dist.is_initialized():  # sequence parallelism destroyed it already
             dist.destroy_process_group()

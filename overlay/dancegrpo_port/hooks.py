@@ -6,6 +6,11 @@ health; phase times; profiler traces; the background image writer; metrics.jsonl
 clean exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
 seam plus its model-specific patches.
 
+A feature is a ``feature.Feature`` (one no-op method per event; it overrides those it acts
+on) and one row of ``FEATURES`` below: its flags, their check and how a run makes it.
+``add_arguments``, ``argument_problem``, ``run_start`` and the bench all read that table.  Each
+call point below dispatches one event to the installed features, in the table's order.
+
 Call points, in the order a run makes them::
 
     add_arguments(parser)            the port's trainer flags, before parse_args
@@ -13,6 +18,7 @@ Call points, in the order a run makes them::
     run_start(args, rank, world_size, device)
     checkpoint_load(init_steps, **state) -> the step to start after (upstream's resume point;
                                      --resume_from_checkpoint loads the state: checkpoints.py)
+      data_pass_begin()              a trainer of several passes: before a pass's DataLoader iterator
       step_begin(step)
         rollout_begin(samples, latent_shape, sampling_steps, same_noise)
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
@@ -29,7 +35,8 @@ Call points, in the order a run makes them::
     run_end()                        the end of main()
 
 Before ``run_start`` (a module imported by a test, say) every call behaves as upstream: the
-device's noise, nothing recorded, timed or written.  Self-contained: torch and the standard
+device's noise (no feature answers: ``alignment.UPSTREAM_NOISE``), nothing recorded, timed or
+written.  Self-contained: torch and the standard
 library; it never imports the dancegrpo_npu tool.
 """
 
@@ -41,9 +48,37 @@ from contextlib import ExitStack, contextmanager
 
 from dancegrpo_port import alignment, checkpoints, phases, rollout, upstream_args, weights
 from dancegrpo_port.clean_exit import CleanExit
+from dancegrpo_port.feature import (
+    BENCH_EVERY_STEP, BENCH_TIMED_STEPS, Context, FeatureError, FeatureRow, check_feature,
+)
 from dancegrpo_port.images import ImageFiles
 from dancegrpo_port.metrics import MetricsLog
 from dancegrpo_port.resume import Resume
+
+# The seam's table: every feature of the port, in call order (the order its events reach them).
+# Its flags and their checks are added and run in this order too.  Image writer first (a write
+# error surfaces before the step's records), metrics.jsonl last of those that add figures (it
+# writes what the others add); Resume first of all: it restores the generators at rollout_begin,
+# before alignment draws.  A new feature is one row here (dancegrpo_port/feature.py says what a
+# row holds); the bench (dancegrpo_npu/throughput/phases.py) makes its step's features from it.
+FEATURES = (
+    FeatureRow(name="resume", add_arguments=checkpoints.add_arguments, argument_problem=checkpoints.argument_problem,
+               create=lambda c: Resume(c.args, c.rank, c.world_size, c.device, alignment.run_of(c).noise.generator,
+                                       on_resume=lambda step: _call("resumed", step))),
+    FeatureRow(name="images", create=lambda c: ImageFiles(c.rank)),
+    FeatureRow(name="alignment", add_arguments=alignment.add_arguments, argument_problem=alignment.argument_problem,
+               create=lambda c: alignment.Alignment(alignment.run_of(c)), bench=BENCH_EVERY_STEP),
+    FeatureRow(name="batching", add_arguments=rollout.add_arguments, argument_problem=rollout.argument_problem,
+               create=lambda c: rollout.Batching(getattr(c.args, "sample_batch_size", 1)), bench=BENCH_EVERY_STEP),
+    FeatureRow(name="profile", add_arguments=phases.add_arguments, argument_problem=phases.argument_problem,
+               create=lambda c: phases.Profile(phases.StepProfiler(getattr(c.args, "profile_steps", None), "./profile"))),
+    FeatureRow(name="phase-times", create=lambda c: phases.PhaseTimes(c.get("phase_timer", phases.PhaseTimer)),
+               bench=BENCH_EVERY_STEP),
+    FeatureRow(name="metrics", create=lambda c: MetricsLog(c.rank), bench=BENCH_TIMED_STEPS),
+    FeatureRow(name="weights", add_arguments=weights.add_arguments,
+               create=lambda c: weights.WeightDigest(c.rank, getattr(c.args, "weights_digest", False))),
+    FeatureRow(name="clean-exit", create=lambda c: CleanExit()),
+)
 
 _FEATURES: list = []  # this process's features, in call order (run_start)
 
@@ -54,27 +89,38 @@ def features() -> list:
 
 
 def install(features: list) -> None:
-    """Plug these features in, in call order (run_start does; tests plug in one alone)."""
+    """Plug these features in, in call order (run_start does; tests plug in one alone).  Each
+    must be a feature.Feature whose public methods are all events: else FeatureError (one line
+    naming the class and the method), and nothing is installed."""
+    for feature in features:
+        check_feature(feature)
     _FEATURES[:] = features
+
+
+def create(context: Context, rows=None) -> list:
+    """The features of ``rows`` (default: the whole table; in its order) made for a run (``context``)."""
+    return [row.create(context) for row in (FEATURES if rows is None else rows)]
 
 
 # ---------------------------------------------------------------- arguments
 
 
 def add_arguments(parser) -> None:
-    """Every feature's trainer flags (--rng, --record..., --replay, --sample_batch_size,
-    --vae_decode_chunk, --profile_steps, --checkpoints_total_limit, --weights_digest)."""
-    for module in (alignment, rollout, phases, checkpoints, weights):
-        module.add_arguments(parser)
+    """Every feature's trainer flags (--checkpoints_total_limit, --rng, --record..., --replay,
+    --sample_batch_size, --vae_decode_chunk, --profile_steps, --weights_digest)."""
+    for row in FEATURES:
+        if row.add_arguments is not None:
+            row.add_arguments(parser)
 
 
 def argument_problem(args, environ=None) -> str | None:
-    """The first thing wrong with the port's arguments (one line), or None."""
-    checks = (upstream_args.accumulation_problem, rollout.argument_problem, phases.argument_problem,
-              checkpoints.argument_problem,
-              lambda a: alignment.argument_problem(a, environ))
+    """The first thing wrong with the port's arguments (one line), or None: upstream's own
+    flags' arithmetic first, then every feature's check, in the table's order."""
+    environ = os.environ if environ is None else environ
+    checks = [lambda a, _: upstream_args.accumulation_problem(a)]
+    checks += [row.argument_problem for row in FEATURES if row.argument_problem is not None]
     for check in checks:
-        problem = check(args)
+        problem = check(args, environ)
         if problem:
             return problem
     return None
@@ -96,22 +142,14 @@ def check_arguments(args) -> None:
 
 
 def run_start(args, rank: int, world_size: int, device) -> None:
-    """Once, in main(), after the process group is up: the run's features, in call order.  The
-    image writer comes first (a write error surfaces before the step's records), metrics.jsonl
-    last (it writes what the others add to the step's figures).  Resume is the first after
-    the alignment run exists: it restores the generators at step_begin before anything draws."""
-    run = alignment.start(args, rank, world_size, device)
-    install([
-        Resume(args, rank, world_size, device, run.noise.generator, on_resume=lambda step: _call("resumed", step)),
-        ImageFiles(rank),
-        alignment.Alignment(run),
-        rollout.Batching(getattr(args, "sample_batch_size", 1)),
-        phases.Profile(phases.StepProfiler(getattr(args, "profile_steps", None), "./profile")),
-        phases.PhaseTimes(phases.PhaseTimer()),
-        MetricsLog(rank),
-        weights.WeightDigest(rank, getattr(args, "weights_digest", False)),
-        CleanExit(),
-    ])
+    """Once, in main(), after the process group is up: the table's features, made for this run
+    and installed in call order.  A feature class with a public method that is no event stops
+    the run here, in one line naming it (exit 1)."""
+    try:
+        install(create(Context(args, rank, world_size, device)))
+    except FeatureError as exc:
+        print(f"{os.path.basename(sys.argv[0])}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def trained_model(model) -> None:
@@ -126,19 +164,24 @@ def run_end() -> None:
 
 def _call(name: str, *args, **kwargs) -> None:
     for feature in _FEATURES:
-        method = getattr(feature, name, None)
-        if method is not None:
-            method(*args, **kwargs)
+        getattr(feature, name)(*args, **kwargs)
 
 
 @contextmanager
 def _around(name: str, *args):
     with ExitStack() as stack:
         for feature in _FEATURES:
-            method = getattr(feature, name, None)
-            if method is not None:
-                stack.enter_context(method(*args))
+            stack.enter_context(getattr(feature, name)(*args))
         yield
+
+
+def _answer(name: str, *args):
+    """The first feature's answer (not None), or upstream's draw: the noise source's events."""
+    for feature in _FEATURES:
+        answer = getattr(feature, name)(*args)
+        if answer is not None:
+            return answer
+    return getattr(alignment.UPSTREAM_NOISE, name)(*args)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -151,9 +194,7 @@ def checkpoint_load(init_steps: int, **state) -> int:
     forgets what the run wrote after that step (metrics.jsonl, records), so no step is
     written twice."""
     for feature in _FEATURES:
-        method = getattr(feature, "checkpoint_load", None)
-        if method is not None:
-            init_steps = method(init_steps, **state)
+        init_steps = feature.checkpoint_load(init_steps, **state)
     return init_steps
 
 
@@ -198,11 +239,11 @@ def rollout_batch(batch_idx) -> None:
 
 
 def initial_latents(shape, device, dtype):
-    return alignment.noise_source().initial_latents(shape, device, dtype)
+    return _answer("initial_latents", shape, device, dtype)
 
 
 def sde_noise(like, index: int):
-    return alignment.noise_source().sde_noise(like, index)
+    return _answer("sde_noise", like, index)
 
 
 def sampling():
@@ -249,7 +290,7 @@ def advantages(rewards, advantages) -> None:
 
 
 def timestep_perms(batch_size: int, n: int):
-    return alignment.noise_source().timestep_perms(batch_size, n)
+    return _answer("timestep_perms", batch_size, n)
 
 
 def training(items):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from dancegrpo_port.feature import Feature
+
 
 class ImageWriter:
     """Saves PIL images on a background thread.  ``wait()`` blocks until every image handed
@@ -56,7 +58,7 @@ def image_path(name: str, rank: int, sample: int) -> str:
     return f"./images/{name}_{rank}_{sample}.png"
 
 
-class ImageFiles:
+class ImageFiles(Feature):
     """One PNG per sample, upstream's names, in the background (see the module doc)."""
 
     def __init__(self, rank: int, writer: ImageWriter | None = None):

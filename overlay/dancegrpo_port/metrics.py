@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 
+from dancegrpo_port.feature import Feature
+
 PATH = "./metrics.jsonl"
 
 
-class MetricsLog:
+class MetricsLog(Feature):
     def __init__(self, rank: int, path: str = PATH):
         self.rank, self.path = rank, path
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from dancegrpo_port.contract import DEVICE_KINDS, PHASES, parse_steps
+from dancegrpo_port.feature import Feature
 
 DEVICE_PEAK_KIND = "device allocator"
 HOST_PEAK_KIND = "host peak RSS (includes weights)"
@@ -204,7 +205,7 @@ class StepProfiler:
 # ---------------------------------------------------------------- the features on the seam
 
 
-class PhaseTimes:
+class PhaseTimes(Feature):
     """Each phase of the step timed (the seam's sampling, decoding, rewarding and training
     contexts); the step's figures get time_<phase>, peak_memory_bytes and peak_memory_kind."""
 
@@ -227,7 +228,7 @@ class PhaseTimes:
         figures.update(self.timer.step_metrics())  # this rank's; every rank: it starts the next step
 
 
-class Profile:
+class Profile(Feature):
     """``--profile_steps``: a profiler trace of each chosen step (written once the step's time
     is taken: writing the trace is not the step's time)."""
 
@@ -250,7 +251,8 @@ def add_arguments(parser) -> None:
     )
 
 
-def argument_problem(args) -> str | None:
+def argument_problem(args, environ=None) -> str | None:
+    """What is wrong with --profile_steps (one line), or None (``environ``: not read)."""
     steps = getattr(args, "profile_steps", None)
     if steps in (None, ""):
         return None

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dancegrpo_port import checkpoints as files
+from dancegrpo_port.feature import Feature
 from dancegrpo_port.checkpoints import CheckpointProblem
 
 RANK_FILE = "rank_{rank}.pt"
@@ -140,7 +141,7 @@ def skip_batches(sampler, batches: int, batch_size: int) -> None:
     sampler.__class__ = Resumed
 
 
-class Resume:
+class Resume(Feature):
     def __init__(self, args, rank: int, world_size: int, device, port_generator=None, on_resume=None):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.port_generator = port_generator  # --rng cpu's generator (None: upstream's draws)
@@ -156,12 +157,12 @@ class Resume:
 
     # -------------------------------------------------------------- saving
 
-    def due(self, step: int) -> bool:
+    def _due(self, step: int) -> bool:
         return step == self.last or (self.every > 0 and step % self.every == 0)
 
     def checkpoint_save(self, step: int, transformer=None, optimizer=None, lr_scheduler=None, ema=None,
                         sampler=None, **_) -> None:
-        if transformer is None or optimizer is None or not self.due(step):
+        if transformer is None or optimizer is None or not self._due(step):
             return
         final = self.root / files.checkpoint_name(step)
         tmp = self.root / (files.TMP_PREFIX + final.name)

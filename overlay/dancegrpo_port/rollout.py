@@ -21,6 +21,8 @@ from contextlib import contextmanager
 
 import torch
 
+from dancegrpo_port.feature import Feature
+
 # ---------------------------------------------------------------- arguments
 
 
@@ -30,8 +32,8 @@ def group_size(args) -> int:
     return args.num_generations if args.use_group else args.train_batch_size
 
 
-def argument_problem(args) -> str | None:
-    """What is wrong with the rollout arguments (one line), or None."""
+def argument_problem(args, environ=None) -> str | None:
+    """What is wrong with the rollout arguments (one line), or None (``environ``: not read)."""
     n = getattr(args, "sample_batch_size", 1)
     k = getattr(args, "vae_decode_chunk", None)
     g = group_size(args)
@@ -62,7 +64,7 @@ def add_arguments(parser) -> None:
     )
 
 
-class Batching:
+class Batching(Feature):
     """The rollout batches the trainer samples are the ones asked for: a tree whose trainer
     still samples one at a time (without the batched-rollout patch) stops at the first batch
     instead of ignoring --sample_batch_size."""

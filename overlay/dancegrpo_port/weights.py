@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 
+from dancegrpo_port.feature import Feature
+
 
 def add_arguments(parser) -> None:
     parser.add_argument(
@@ -37,7 +39,7 @@ def digests(model) -> dict[str, str]:
     return out
 
 
-class WeightDigest:
+class WeightDigest(Feature):
     def __init__(self, rank: int, enabled: bool, directory: str = "./weights"):
         self.rank, self.enabled, self.directory = rank, enabled, directory
 

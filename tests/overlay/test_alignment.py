@@ -42,7 +42,6 @@ def make_args(**kw) -> argparse.Namespace:
 
 @pytest.fixture(autouse=True)
 def no_current_run(monkeypatch):
-    monkeypatch.setattr(alignment, "RUN", None)
     monkeypatch.setattr(hooks, "_FEATURES", [])
 
 

@@ -178,18 +178,21 @@ class Bench:
         if recorded_steps:
             args = SimpleNamespace(**vars(args), record=True, record_steps=f"1-{recorded_steps}")
         with self.in_run_dir():
-            self.alignment = alignment.Alignment(alignment.start(args, 0, 1, device))
+            self.alignment_run = alignment.start(args, 0, 1, device)
         self.logged_steps = 0
 
     def features(self, n: int, logged: bool) -> list:
-        """The seam's features for a step at N, in run_start's order: the GRPO health figures,
-        the batching check, the phase times and, for a timed step, metrics.jsonl."""
-        from dancegrpo_port import phases as port_phases
-        from dancegrpo_port import rollout
-        from dancegrpo_port.metrics import MetricsLog
+        """The seam's features for a step at N, made from the seam's table (dancegrpo_port/hooks.py
+        FEATURES) in its order: the rows a bench step takes (alignment: upstream's noise and the
+        GRPO health figures; the batching check; the phase times) and, for a timed step, those
+        that log it (metrics.jsonl).  Every step shares the bench's alignment run and phase
+        timer; a step runs in the run directory, where metrics.jsonl is written."""
+        from dancegrpo_port import feature, hooks
 
-        features = [self.alignment, rollout.Batching(n), port_phases.PhaseTimes(self.timer)]
-        return features + [MetricsLog(0, str(self.run_dir / "metrics.jsonl"))] if logged else features
+        wanted = (feature.BENCH_EVERY_STEP, feature.BENCH_TIMED_STEPS) if logged else (feature.BENCH_EVERY_STEP,)
+        context = feature.Context(trainer_args(self.sizes, n, 1), 0, 1, self.device,
+                                  shared={"alignment": self.alignment_run, "phase_timer": self.timer})
+        return hooks.create(context, [row for row in hooks.FEATURES if row.bench in wanted])
 
     def step(self, n: int, decode_chunk: int, logged: bool) -> dict:
         """One ``train_one_step`` between the seam's step_begin and step_end: its figures

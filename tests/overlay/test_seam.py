@@ -1,0 +1,155 @@
+"""The seam itself (overlay/dancegrpo_port/hooks.py, feature.py): the Feature base and its events,
+the refusal of a feature whose method is no event, the one table of features that the flags,
+the checks and run_start read, and the noise source as a feature like the others."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from contextlib import nullcontext
+
+import pytest
+from overlay_runner import OVERLAY  # noqa: F401  (puts overlay/ on sys.path)
+
+torch = pytest.importorskip("torch")
+
+from dancegrpo_port import alignment, feature, hooks  # noqa: E402  (overlay/ is on sys.path)
+from dancegrpo_port.feature import Feature, FeatureError, FeatureRow  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_features(monkeypatch):
+    monkeypatch.setattr(hooks, "_FEATURES", [])
+
+
+def run_args(**kw) -> argparse.Namespace:
+    """A trainer's parsed flags: upstream's the features read, and the port's defaults."""
+    parser = argparse.ArgumentParser()
+    hooks.add_arguments(parser)
+    args = parser.parse_args([])
+    base = dict(seed=42, clip_range=1e-4, num_generations=2, use_group=True, train_batch_size=1, h=32, w=32, t=1,
+                sampling_steps=4, init_same_noise=False, eta=0.3, timestep_fraction=0.6, max_train_steps=2,
+                gradient_accumulation_steps=2, output_dir=None, checkpointing_steps=None, resume_from_checkpoint=None)
+    return argparse.Namespace(**{**vars(args), **base, **kw})
+
+
+def test_the_base_has_a_no_op_for_every_event_the_seam_dispatches():
+    source = (OVERLAY / "dancegrpo_port" / "hooks.py").read_text()
+    dispatched = set(re.findall(r'\b_(?:call|around|answer)\("(\w+)"', source))
+    dispatched |= set(re.findall(r"feature\.(\w+)\(init_steps", source))  # checkpoint_load's chain
+    assert dispatched == feature.EVENTS
+    base = Feature()
+    for name in sorted(feature.EVENTS):
+        method = getattr(base, name)
+        if name in feature.CONTEXTS:
+            assert isinstance(method(*[None] * (method.__code__.co_argcount - 1)), nullcontext)
+        elif name == "checkpoint_load":
+            assert method(7, transformer=None) == 7
+        else:
+            assert method(*[None] * (method.__code__.co_argcount - 1)) is None
+
+
+def test_a_feature_whose_method_is_no_event_is_refused_at_install_in_one_line():
+    class Typo(Feature):
+        def step_ends(self, step, figures):  # step_end, misspelt: the seam would never call it
+            pass
+
+    kept = [Feature()]
+    hooks.install(kept)
+    with pytest.raises(FeatureError) as refused:
+        hooks.install([Feature(), Typo()])
+    message = str(refused.value)
+    assert "\n" not in message and "Typo.step_ends" in message and "_step_ends" in message
+    assert hooks.features() == kept  # nothing of the refused list is installed
+
+    class Helper(Feature):  # a private helper and the events themselves are fine
+        def step_end(self, step, figures):
+            self._count(figures)
+
+        def _count(self, figures):
+            figures["n"] = figures.get("n", 0) + 1
+
+    hooks.install([Helper(), Helper()])
+    assert hooks.step_end(3) == {"step": 3, "n": 2}
+
+    class NotAFeature:
+        def step_end(self, step, figures):
+            pass
+
+    with pytest.raises(FeatureError, match=r"NotAFeature is not a dancegrpo_port\.feature\.Feature"):
+        hooks.install([NotAFeature()])
+
+
+def test_run_start_stops_on_a_misspelt_event_in_one_line(monkeypatch, capsys):
+    class Misspelt(Feature):
+        def rollout_batches(self, batch_idx):
+            pass
+
+    row = FeatureRow(name="misspelt", create=lambda context: Misspelt())
+    monkeypatch.setattr(hooks, "FEATURES", hooks.FEATURES + (row,))
+    with pytest.raises(SystemExit) as stopped:
+        hooks.run_start(run_args(), 0, 1, torch.device("cpu"))
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Misspelt.rollout_batches is no event of the seam" in err
+    assert hooks.features() == []
+
+
+def test_every_feature_of_a_run_comes_from_the_table_in_its_order():
+    hooks.run_start(run_args(), 0, 1, torch.device("cpu"))
+    installed = hooks.features()
+    assert len(installed) == len(hooks.FEATURES) == len({row.name for row in hooks.FEATURES})
+    assert all(isinstance(f, Feature) for f in installed)
+    assert [type(f).__name__ for f in installed] == ["Resume", "ImageFiles", "Alignment", "Batching", "Profile",
+                                                      "PhaseTimes", "MetricsLog", "WeightDigest", "CleanExit"]
+    resume, aligned = installed[0], installed[2]
+    assert resume.port_generator is aligned.run.noise.generator  # one alignment run, shared
+
+
+def test_a_row_added_to_the_table_brings_its_flag_its_check_and_its_feature(monkeypatch):
+    class Counter(Feature):
+        def __init__(self, every):
+            self.every, self.seen = every, []
+
+        def step_begin(self, step):
+            self.seen.append(step)
+
+    row = FeatureRow(
+        name="counter",
+        add_arguments=lambda parser: parser.add_argument("--count_every", type=int, default=1),
+        argument_problem=lambda args, environ: "--count_every must be positive" if args.count_every < 1 else None,
+        create=lambda context: Counter(context.args.count_every),
+    )
+    monkeypatch.setattr(hooks, "FEATURES", hooks.FEATURES + (row,))
+    assert run_args().count_every == 1  # add_arguments read the table
+    assert hooks.argument_problem(run_args(count_every=0), environ={}) == "--count_every must be positive"
+    assert hooks.argument_problem(run_args(), environ={}) is None
+    hooks.run_start(run_args(count_every=3), 0, 1, torch.device("cpu"))
+    counter = hooks.features()[-1]
+    assert isinstance(counter, Counter) and counter.every == 3
+    hooks.step_begin(5)
+    assert counter.seen == [5]
+
+
+def test_the_noise_source_is_a_feature_not_a_global():
+    assert not hasattr(alignment, "RUN")
+    args = run_args(rng="cpu", seed=7)
+    alignment.start(args, 0, 1)  # a run made but not installed changes no draw
+    torch.manual_seed(3)
+    upstream = torch.randn((1, 16, 4, 4), dtype=torch.bfloat16)
+    torch.manual_seed(3)
+    assert torch.equal(hooks.initial_latents((1, 16, 4, 4), "cpu", torch.bfloat16), upstream)
+
+    class Zeros(Feature):  # the first feature that answers is the source
+        def initial_latents(self, shape, device, dtype):
+            return torch.zeros(shape, dtype=dtype)
+
+    run = alignment.start(args, 0, 1)
+    hooks.install([Feature(), Zeros(), alignment.Alignment(run)])
+    assert not hooks.initial_latents((1, 16, 4, 4), "cpu", torch.bfloat16).any()
+    hooks.install([Feature(), alignment.Alignment(run)])
+    hooks.step_begin(1)
+    hooks.rollout_begin(1, (16, 4, 4), 4, False)
+    hooks.rollout_batch([0])
+    expected = torch.randn((1, 16, 4, 4), generator=torch.Generator("cpu").manual_seed(7 * 1000))
+    assert torch.equal(hooks.initial_latents((1, 16, 4, 4), "cpu", torch.float32), expected)

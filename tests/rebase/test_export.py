@@ -6,7 +6,8 @@ import pytest
 
 from dancegrpo_npu.engine.apply import apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.rebase.export import export_edits, patch_file_name
+from dancegrpo_npu.engine.series import read_series_names
+from dancegrpo_npu.rebase.export import export_edits, patch_file_name, renumber_series
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase.session import start_rebase
@@ -50,7 +51,8 @@ def test_modified_file_becomes_a_patch(world, tmp_path):
     assert result.files == ("M fastvideo/train.py",)
     text = result.patch.read_text()
     assert text.startswith("Description: TODO: say in one line what this patch changes\n TODO: say why")
-    assert "Forwarded: not-needed\nLast-Update: 2026-01-01\n---\ndiff --git a/fastvideo/train.py b/fastvideo/train.py\n" in text
+    assert "Forwarded: not-needed\n TODO: why upstream does not need it" in text  # the rule's reason, to write
+    assert "Last-Update: 2026-01-01\n---\ndiff --git a/fastvideo/train.py b/fastvideo/train.py\n" in text
     assert "+train_value_30 = 30  # hccl fix" in text and "index " not in text
     assert "device = pick()" not in text.split("---\n", 1)[1].replace(" device = pick()", "")  # only the new edit
     assert project.series_path.read_text().splitlines()[-1] == "0003-fix-hccl-timeout.patch"
@@ -112,12 +114,78 @@ def test_exported_edits_survive_a_rebase(world):
 
 
 def test_names():
-    assert patch_file_name("Fix HCCL timeout!", ["0001-a.patch", "0009-b.patch"]) == "0010-fix-hccl-timeout.patch"
+    # the number is the new patch's position in the series, as gbp pq numbers patches
+    assert patch_file_name("Fix HCCL timeout!", ["0001-a.patch", "0009-b.patch"]) == "0003-fix-hccl-timeout.patch"
     assert patch_file_name("x", []) == "0001-x.patch"
     assert patch_file_name("x", ["a.patch"]) == "x.patch"
-    assert patch_file_name("my.patch", ["0001-a.patch"]) == "my.patch"
+    assert patch_file_name("my.patch", ["0001-a.patch"]) == "0002-my.patch"
+    assert patch_file_name("0007-my.patch", ["0001-a.patch"]) == "0002-my.patch"
     with pytest.raises(DancegrpoError):
         patch_file_name("!!!", [])
+
+
+def drift(project, order):
+    """Reorder patches/series (its patches keep their files: their numbers drift)."""
+    text = project.series_path.read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("#")] + ["# a comment kept"] + order
+    project.series_path.write_text("\n".join(lines) + "\n")
+
+
+def test_export_renumbers_a_series_whose_numbers_drifted(world, tmp_path):
+    history, base, project = world
+    drift(project, ["0002-utils.patch", "0001-train.patch"])  # utils first: its number is no longer its place
+    assert apply_worktree(project).patches == 2
+    utils = (project.patches_dir / "0002-utils.patch").read_bytes()
+    p = project.workdir / "fastvideo/train.py"
+    p.write_text(p.read_text().replace("train_value_30 = compute('train', 30)", "train_value_30 = 30"))
+
+    result = export_edits(project, "fix")
+
+    assert result.patch == project.patches_dir / "0003-fix.patch"
+    assert result.renamed == (("0002-utils.patch", "0001-utils.patch"), ("0001-train.patch", "0002-train.patch"))
+    assert sorted(p.name for p in project.patches_dir.glob("*.patch")) == ["0001-utils.patch", "0002-train.patch",
+                                                                          "0003-fix.patch"]
+    assert (project.patches_dir / "0001-utils.patch").read_bytes() == utils  # renamed, not rewritten
+    assert project.series_path.read_text().splitlines()[-4:] == ["# a comment kept", "0001-utils.patch",
+                                                                 "0002-train.patch", "0003-fix.patch"]
+    assert_tree_is_series(tmp_path, history, base, project)
+
+
+def test_export_renumber_alone_renumbers_the_whole_series(world):
+    history, base, project = world
+    drift(project, ["0002-utils.patch", "0001-train.patch"])
+    r = run_cli(project.root, "export", "--renumber")
+    assert r.returncode == 0, r.stderr
+    assert "0002-utils.patch -> 0001-utils.patch" in r.stdout and "0001-train.patch -> 0002-train.patch" in r.stdout
+    assert read_series_names(project.series_path) == ["0001-utils.patch", "0002-train.patch"]
+    r = run_cli(project.root, "export", "--renumber")
+    assert r.returncode == 0 and "nothing renamed" in r.stdout
+    r = run_cli(project.root, "export")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NAME" in r.stderr and "--renumber" in r.stderr
+
+
+def test_renumbering_refuses_to_overwrite_a_file_the_series_does_not_list(world):
+    history, base, project = world
+    drift(project, ["0002-utils.patch", "0001-train.patch"])
+    stray = project.patches_dir / "0001-utils.patch"
+    stray.write_text("not in the series\n")
+    before = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
+    with pytest.raises(DancegrpoError, match="0001-utils.patch, which exists and is not in patches/series"):
+        renumber_series(project)
+    assert {p.name: p.read_bytes() for p in project.patches_dir.iterdir()} == before  # nothing moved
+
+
+def test_a_renumbered_series_still_rebases(world):
+    history, base, project = world
+    drift(project, ["0002-utils.patch", "0001-train.patch"])
+    renumber_series(project)
+    apply_worktree(project)
+    history.edit_line("fastvideo/train.py", 30, "train_value_30 = 'moved upstream'")
+    history.commit("upstream moves on")
+    result = start_rebase(project, "main")
+    assert result.status == "done", result.report
+    assert read_series_names(project.series_path) == ["0001-utils.patch", "0002-train.patch"]
+    assert verified(project.root)
 
 
 def test_refused_during_a_rebase(world):

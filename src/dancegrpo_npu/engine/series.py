@@ -7,7 +7,7 @@ comment; blank lines are ignored.  A patch is a DEP-3 header
     Description: one line saying what the patch does
      Longer text, each continuation line indented by one space, saying why.
     Author: Name <mail>
-    Forwarded: not-needed | no | <url>
+    Forwarded: not-needed | no | <url>   (not-needed and no: the reason on the next line)
     Last-Update: 2026-11-30
     ---
     diff --git a/fastvideo/utils/load.py b/fastvideo/utils/load.py
@@ -165,29 +165,55 @@ def series_sha256(patches: list[Patch]) -> str:
     return h.hexdigest()
 
 
+# A patch's number: the digits before the first dash of its file name (gbp pq's num_prefix).
+_NUMBER = re.compile(r"^(\d+)-(?=.)")
+
+
+def patch_stem(file_name: str) -> str:
+    """A patch's name, what a user types: its file name without the number and ``.patch``
+    (``0018-batched-rollout.patch`` -> ``batched-rollout``)."""
+    return _NUMBER.sub("", file_name, count=1).removesuffix(".patch")
+
+
+def is_numbered(names: list[str]) -> bool:
+    """Every patch of the series has a number (an empty series counts as numbered)."""
+    return all(_NUMBER.match(n) for n in names)
+
+
+def numbered_name(position: int, file_name: str) -> str:
+    """The file name of the patch at ``position`` (from 1) of the series, as ``gbp pq`` numbers
+    patches: ``'%04d-' % position``, then the name without its old number."""
+    return f"{position:04d}-{_NUMBER.sub('', file_name, count=1)}"
+
+
+def renumbering(names: list[str]) -> list[tuple[str, str]]:
+    """(old, new) for each patch whose number is not its position in ``names``."""
+    pairs = [(old, numbered_name(i, old)) for i, old in enumerate(names, 1)]
+    return [(old, new) for old, new in pairs if old != new]
+
+
 def select_without(patches: list[Patch], names) -> tuple[list[Patch], tuple[str, ...]]:
-    """The series minus the patches ``names`` gives (each a patch file name, with or
-    without ``.patch``, or its number: ``0006-float32-rope.patch``, ``0006-float32-rope``,
-    ``0006``, ``6``): (the patches kept, in order; the names left out, in series order).
-    A name that is no patch of the series is a one-line error."""
+    """The series minus the patches ``names`` gives (each a patch's name, ``batched-rollout``,
+    or its file name with or without ``.patch``, ``0018-batched-rollout.patch``, or its number,
+    ``0018``): (the patches kept, in order; the names left out, in series order).  A name that
+    is no patch of the series, or more than one, is a one-line error."""
     chosen: set[str] = set()
     for given in names:
-        found = [p.name for p in patches if _names_patch(given.strip(), p.name)]
+        given = given.strip()
+        found = [p.name for p in patches if p.name == given] or [p.name for p in patches if _names_patch(given, p.name)]
         if len(found) != 1:
             what = "no patch of patches/series" if not found else f"ambiguous ({', '.join(found)})"
-            raise DancegrpoError(
-                f"--without {given}: {what}",
-                "name a patch as `dancegrpo-npu series` lists it (with or without .patch), or by its number",
-                exit_code=2,
-            )
+            hint = ("name a patch as `dancegrpo-npu series` lists it: its name (batched-rollout) or its file name"
+                    if not found else "give its file name (NNNN-name.patch), which is one patch")
+            raise DancegrpoError(f"--without {given}: {what}", hint, exit_code=2)
         chosen.add(found[0])
     return [p for p in patches if p.name not in chosen], tuple(p.name for p in patches if p.name in chosen)
 
 
 def _names_patch(given: str, name: str) -> bool:
-    if given in (name, name.removesuffix(".patch")):
+    if given in (name, name.removesuffix(".patch"), patch_stem(name), patch_stem(name) + ".patch"):
         return True
-    number = re.match(r"^(\d+)-", name)
+    number = _NUMBER.match(name)
     return bool(given.isdigit() and number and int(number.group(1)) == int(given))
 
 

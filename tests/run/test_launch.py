@@ -534,7 +534,7 @@ def test_failed_run_records_the_failure(project):
 def test_matmul_precision_report_missing_or_broken_says_why(tmp_path):
     assert trainer_matmul_precision(tmp_path) == {
         "reported": False,
-        "why": "the trainer wrote no matmul_precision.json (it stopped before main(), or its tree predates patch 0016)"}
+        "why": "the trainer wrote no matmul_precision.json (it stopped before main(), or its tree predates the allow-tf32-hf32 patch)"}
     (tmp_path / "matmul_precision.json").write_text("{not json")
     got = trainer_matmul_precision(tmp_path)
     assert got["reported"] is False and got["why"].startswith("matmul_precision.json is unreadable: ")

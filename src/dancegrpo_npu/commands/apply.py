@@ -25,7 +25,7 @@ def register(sub, common) -> None:
             the next dancegrpo-npu command.  Re-applying an unchanged series is a no-op.
 
             --without PATCH leaves patches out (an ablation tree, e.g. `--workdir
-            build/norope --without 0006`): refused, naming it, when a later patch no longer
+            build/norope --without float32-rope`): refused, naming it, when a later patch no longer
             applies without them.  status and verify then say "series without PATCH", a
             launch or smoke on it records what was left out, and a plain apply restores the
             full series.
@@ -40,8 +40,9 @@ def register(sub, common) -> None:
     p.add_argument("--force", action="store_true", help="save local edits as a patch file, then re-apply over them")
     p.add_argument(
         "--without", action="append", metavar="PATCH",
-        help="leave this patch of the series out (repeatable; a file name, with or without .patch, or its number):"
-        " an ablation tree, e.g. `--workdir build/norope --without 0006`; refused, naming it, when a later patch"
+        help="leave this patch of the series out (repeatable; its name, e.g. batched-rollout, or its file name; a"
+        " name that is more than one patch is refused): an ablation tree, e.g. `--workdir build/norope --without"
+        " float32-rope`; refused, naming it, when a later patch"
         " needs it; status and verify then say 'series without PATCH', and a plain apply restores the full series",
     )
     p.set_defaults(func=run)

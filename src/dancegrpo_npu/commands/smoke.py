@@ -23,7 +23,7 @@ examples:
   dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
   dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
                                          # longer, bigger groups, 128x128 (later arguments win)
-  dancegrpo-npu smoke --workdir /tmp/tree-without-0006   # the tree at DIR instead of build/DanceGRPO
+  dancegrpo-npu smoke --workdir /tmp/tree-without-rope   # the tree at DIR instead of build/DanceGRPO
   dancegrpo-npu smoke --steps 4 --checkpointing-steps 1  # a resume checkpoint after every step
   dancegrpo-npu smoke --resume 20261201-101500-smoke     # continue that smoke run from its newest one
 
@@ -127,6 +127,6 @@ def register(sub, common) -> None:
                    "--checkpointing_steps, --num_generations, --output_dir: the checks depend on them)")
     p.add_argument("--no-strict", action="store_true",
                    help="run without strict mode (DANCEGRPO_NPU_STRICT): for a tree that runs float64 on purpose, "
-                   "e.g. one applied --without 0006-float32-rope.patch, diffusers' float64 RoPE")
+                   "e.g. one applied --without float32-rope, diffusers' float64 RoPE")
     add_align_options(p)
     p.set_defaults(func=run)

@@ -143,7 +143,7 @@ def read_series_names(series_path: Path) -> list[str]:
         if not _SAFE_NAME.match(name) or name == "series":
             raise DancegrpoError(
                 f"{series_path}:{lineno}: {name!r} is not a plain patch file name",
-                "name patches like 0001-what-it-does.patch, directly under patches/",
+                "name patches like NNNN-what-it-does.patch, directly under patches/",
             )
         if name in names:
             raise DancegrpoError(f"{series_path}:{lineno}: {name} is listed twice", "list each patch once")
@@ -171,7 +171,7 @@ _NUMBER = re.compile(r"^(\d+)-(?=.)")
 
 def patch_stem(file_name: str) -> str:
     """A patch's name, what a user types: its file name without the number and ``.patch``
-    (``0018-batched-rollout.patch`` -> ``batched-rollout``)."""
+    (``NNNN-batched-rollout.patch`` -> ``batched-rollout``)."""
     return _NUMBER.sub("", file_name, count=1).removesuffix(".patch")
 
 
@@ -194,8 +194,8 @@ def renumbering(names: list[str]) -> list[tuple[str, str]]:
 
 def select_without(patches: list[Patch], names) -> tuple[list[Patch], tuple[str, ...]]:
     """The series minus the patches ``names`` gives (each a patch's name, ``batched-rollout``,
-    or its file name with or without ``.patch``, ``0018-batched-rollout.patch``, or its number,
-    ``0018``): (the patches kept, in order; the names left out, in series order).  A name that
+    or its file name with or without ``.patch``, ``NNNN-batched-rollout.patch``, or its number,
+    ``NNNN``): (the patches kept, in order; the names left out, in series order).  A name that
     is no patch of the series, or more than one, is a one-line error."""
     chosen: set[str] = set()
     for given in names:

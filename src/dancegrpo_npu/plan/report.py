@@ -22,7 +22,7 @@ OFFLOAD = {
     "flux": ("flux", "--use_cpu_offload"),
     "qwenimage": ("qwenimage", "--use_cpu_offload"),  # honoured by the port (upstream ignores it)
     "qwenimage-edit": ("qwenimage-edit", "--use_cpu_offload"),
-    "wan": ("wan", "--use_cpu_offload"),  # the port's FSDP of the Wan trainer (patch 0024) takes it
+    "wan": ("wan", "--use_cpu_offload"),  # the port's FSDP of the Wan trainer (the wan-fsdp patch) takes it
 }
 LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
 NO_OFFLOAD = "the trainer has no FSDP CPU offload"

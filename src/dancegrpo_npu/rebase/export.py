@@ -66,7 +66,7 @@ class ExportResult:
 def patch_file_name(name: str, existing: list[str]) -> str:
     """``NAME`` as the file name of a patch appended to the series ``existing``: in a
     numbered series ``NNNN-name.patch``, NNNN its position; else ``name.patch``.  A NAME given
-    as a file name (``name.patch``, ``0007-name.patch``) gives its name."""
+    as a file name (``name.patch``, ``NNNN-name.patch``) gives its name."""
     slug = name.strip() if name.endswith(".patch") else re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip("-.").lower()
     slug = patch_stem(slug)
     if not slug:

@@ -52,7 +52,7 @@ def upstream_facts(project: Project) -> dict:
     return facts
 
 
-# Written in the run directory by the patched trainers' rank 0 at the start of main() (patch 0016,
+# Written in the run directory by the patched trainers' rank 0 at the start of main() (the allow-tf32-hf32 patch,
 # overlay dancegrpo_port/device.py allow_tf32): the TF32 / HF32 switches as set and read back.
 # Only the trainer can see them, so the launcher folds the file in after the run.
 MATMUL_RECORD = "matmul_precision.json"
@@ -65,7 +65,7 @@ def trainer_matmul_precision(run_dir: Path) -> dict:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {"reported": False,
-                "why": f"the trainer wrote no {MATMUL_RECORD} (it stopped before main(), or its tree predates patch 0016)"}
+                "why": f"the trainer wrote no {MATMUL_RECORD} (it stopped before main(), or its tree predates the allow-tf32-hf32 patch)"}
     except (OSError, ValueError) as e:
         return {"reported": False, "why": f"{MATMUL_RECORD} is unreadable: {e}"}
     if not isinstance(data, dict):

@@ -111,7 +111,7 @@ def _torch_npu_version(python: str) -> str | None:
 
 
 def _profile_args(spec: LaunchSpec) -> list[str]:
-    """``--profile_steps STEPS`` for the trainer (patch 0022), which writes its traces to
+    """``--profile_steps STEPS`` for the trainer (the seam's profile feature), which writes its traces to
     <run>/profile/step_<N>/ (the run directory is its working directory)."""
     if spec.profile_steps is None:
         return []

@@ -40,7 +40,7 @@ def read_json(path: Path) -> dict | None:
 # grad norm upstream already logs.  A value is None where the step had no pairs to compute it on.
 HEALTH_COLUMNS = ("grad_norm", *HEALTH_KEYS)
 
-# Phase times of a GRPO step: the trainers write them from patch 0022 on (overlay
+# Phase times of a GRPO step: the trainers write them through their seam (overlay
 # dancegrpo_port/phases.py), for the phases bench times (PHASES): time_<phase> seconds, and
 # peak_memory_bytes {phase: bytes} with its kind.
 

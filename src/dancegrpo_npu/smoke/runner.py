@@ -81,7 +81,7 @@ class SmokeOptions:
     generations: int = GENERATIONS
     extra_args: tuple[str, ...] = ()  # trainer arguments after the smoke's own (argparse: the later wins)
     align: AlignOptions = AlignOptions()  # --rng/--record.../--replay: launch maps and checks them
-    strict: bool = True  # off only for trees that run float64 on purpose (an ablation without 0006)
+    strict: bool = True  # off only for trees that run float64 on purpose (an ablation without float32-rope)
     checkpointing_steps: int | None = None  # --checkpointing-steps N; None: the last step only
     resume: str | None = None  # --resume RUN: continue that smoke run (its own options)
 

@@ -89,9 +89,15 @@ def test_apply_without_a_patch_and_back(s):
     assert cli(s.project, "verify").stdout.endswith("+ 3 patches + overlay\n")
 
 
-@pytest.mark.parametrize("name", ["0001-train.patch", "0001-train", "0001", "1"])
+@pytest.mark.parametrize("name", ["train", "0001-train.patch", "0001-train", "0001", "1"])
 def test_names_with_or_without_patch_or_the_number(s, name):
     assert s.apply(without=(name,)).without == ("0001-train.patch",)
+
+
+def test_the_cli_takes_a_patchs_name_without_its_number(s):
+    r = cli(s.project, "apply", "--without", "module-more")  # not "module": that is 0002's name
+    assert r.returncode == 0, r.stderr
+    assert "series without 0003-module-more.patch" in r.stdout
 
 
 def test_a_patch_a_later_one_needs_is_refused_naming_both(s):

@@ -35,8 +35,9 @@ def run_args(**kw) -> argparse.Namespace:
 
 def test_the_base_has_a_no_op_for_every_event_the_seam_dispatches():
     source = (OVERLAY / "dancegrpo_port" / "hooks.py").read_text()
-    dispatched = set(re.findall(r'\b_(?:call|around|answer)\("(\w+)"', source))
-    dispatched |= set(re.findall(r"feature\.(\w+)\(init_steps", source))  # checkpoint_load's chain
+    kinds = {kind: set(re.findall(rf'\b_{kind}\("(\w+)"', source)) for kind in ("call", "around", "answer")}
+    assert kinds["around"] == set(feature.CONTEXTS) and kinds["answer"] == set(feature.ANSWERS)
+    dispatched = set().union(*kinds.values()) | set(re.findall(r"feature\.(\w+)\(init_steps", source))  # + checkpoint_load
     assert dispatched == feature.EVENTS
     base = Feature()
     for name in sorted(feature.EVENTS):

@@ -1,6 +1,6 @@
 """``dancegrpo-npu plan``: the memory one rank needs for a GRPO run, before the run.
 
-For a model (Qwen-Image, Qwen-Image-Edit, FLUX.1-dev, Wan2.1-T2V-1.3B: shapes shipped with
+For a trainer of the registry with model shapes (its row's ``plan_model``: shapes shipped with
 the tool), a world size, the device's memory and upstream's recipe sizes (Wan's read from
 upstream's script in the patched tree, so plan wan runs in a project after fetch and apply),
 it estimates per rank: the fp32
@@ -62,7 +62,8 @@ def register(sub, common) -> None:
     p = sub.add_parser(
         "plan",
         parents=[common],
-        help="estimate the memory a rank needs for a GRPO run (Qwen-Image, FLUX, Wan) and what fits on 64/32 GiB cards",
+        help=f"estimate the memory a rank needs for a GRPO run ({', '.join(models.names())}) and what fits on "
+             "64/32 GiB cards",
         description=__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

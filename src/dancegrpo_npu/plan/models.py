@@ -1,6 +1,7 @@
-"""The shapes the memory plan knows: shipped in models.json, or the bench's built configs.
+"""The shapes the memory plan knows: shipped in trainers/plan_models.json, or the bench's built configs.
 
-A model's transformer (and VAE) config is in models.json, or names a config file the package
+The models are the registry's trainers with a ``plan_model`` (dancegrpo_npu.trainers): that
+entry of plan_models.json holds the shapes.  A model's transformer (and VAE) config is there, or names a config file the package
 ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes are shipped
 too (checked against upstream's scripts by tests/plan), or, for an entry whose recipe names
 only its script (Wan), read from upstream's launch script in the patched tree by
@@ -14,11 +15,12 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan.memory import Model, Recipe
 
-MODELS_FILE = Path(__file__).with_name("models.json")
 PACKAGE = Path(__file__).resolve().parents[1]
+MODELS_FILE = PACKAGE / "trainers" / "plan_models.json"
 
 
 @lru_cache(maxsize=1)
@@ -27,19 +29,21 @@ def _shipped() -> dict:
 
 
 def names() -> list[str]:
-    return list(_shipped())
+    """The trainers plan knows: the registry's rows with model shapes."""
+    return [spec.name for spec in trainers.planned()]
 
 
 def entry(name: str) -> dict:
-    """The shipped entry, with ``same_as`` resolved (the edit model shares Qwen-Image's shapes)."""
-    data = _shipped()[name]
+    """The shipped shapes of trainer ``name``, with ``same_as`` resolved (the edit model shares
+    Qwen-Image's shapes)."""
+    data = data_of(name)
     if "same_as" in data:
-        data = {**data_of(data["same_as"]), **data}
+        data = {**_shipped()[data["same_as"]], **data}
     return data
 
 
 def data_of(name: str) -> dict:
-    return _shipped()[name]
+    return _shipped()[trainers.get(name, "model").plan_model]
 
 
 def _config(data: dict, key: str) -> dict:
@@ -52,7 +56,7 @@ def model_of(name: str) -> Model:
     if "vae_file" in data:  # Wan's VAE: its channels from its config (base_dim x dim_mult)
         cfg = _config(data, "vae")
         vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
-    return Model(name, data["trainer"], _config(data, "transformer"), vae, data["hps"],
+    return Model(name, name, _config(data, "transformer"), vae, data["hps"],
                  reference_image_tokens=data.get("reference_image_tokens", False))
 
 
@@ -121,13 +125,15 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
     return recipe, script.world_size
 
 
-def from_bench(name: str, configs, counts) -> Model:
+def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
     """A bench preset's models (FLUX-shaped: its transformer config, its VAE and HPS configs
-    and their parameter counts from meta-device builds) as the plan sees them."""
+    and their parameter counts from meta-device builds) as the plan sees them; ``trainer``:
+    the registry row it trains with (None: the default trainer)."""
     transformer_cfg, vae_cfg, hps_cfg = configs
     vision = hps_cfg["vision_cfg"]
     vae = {"parameters": counts.vae, "first_channels": vae_cfg["block_out_channels"][0],
            "widest_channels": max(vae_cfg["block_out_channels"]), "tile": vae_cfg.get("sample_size", 1024)}
     hps = {"parameters": counts.hps, "image_size": vision["image_size"], "patch_size": vision["patch_size"],
            "width": vision["width"], "head_width": vision.get("head_width", 64)}
-    return Model(name, "flux", {"_class_name": "FluxTransformer2DModel", **transformer_cfg}, vae, hps)
+    spec = trainers.get(trainer) if trainer else trainers.default_trainer()
+    return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps)

@@ -98,7 +98,7 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     from dancegrpo_npu.throughput import models as model_lib
     from dancegrpo_npu.throughput import phases, record
 
-    spec = presets.TRAINERS[config.preset.trainer]
+    spec = presets.trainer_of(config.preset)
     state = tree_state(project, spec.relpath)
     if state["state"] == "missing":
         raise DancegrpoError(f"bench: {state['detail']}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
@@ -149,7 +149,7 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         precision_autocast(trainer, kind, dtype)
         if dtype == torch.float32:
             float32_inputs(built.transformer)
-        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype, family)
+        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype, spec)
         with phases.single_rank_group():
             recorded = config.sizes.steps * len(config.sample_batch_sizes) if config.record else 0
             bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded, spec)

@@ -53,6 +53,7 @@ BENCH_SIZES = dict(height=720, width=720, sampling_steps=16, generations=12, tim
 BENCH = Bench(
     classes=("FluxTransformer2DModel", "AutoencoderKL"),
     sizes=BENCH_SIZES,
+    recipe="2nodes",
     presets=(
         BenchPreset(name="full", models="flux1-dev",
                     summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe"),

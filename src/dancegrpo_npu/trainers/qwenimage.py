@@ -44,6 +44,7 @@ BENCH_SIZES = dict(height=720, width=720, sampling_steps=20, generations=12, tim
 BENCH = Bench(
     classes=("QwenImageTransformer2DModel", "AutoencoderKLQwenImage"),
     sizes=BENCH_SIZES,
+    recipe="8gpus",
     presets=(
         BenchPreset(name="qwenimage", models="qwen-image",
                     summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "

@@ -65,7 +65,11 @@ class Bench:
     """What ``bench`` builds and runs for the trainer's ``train_one_step``."""
 
     classes: tuple[str, str]  # diffusers' (transformer, VAE) classes
-    sizes: dict  # throughput.presets.Sizes of the trainer's recipe
+    # throughput.presets.Sizes of upstream's recipe ``recipe`` (run.recipes' name of it), for one
+    # prompt a bench step: its accumulation capped at the prompt's generations.  Tied to the
+    # script by tests/trainers/test_registry_recipes.py.
+    sizes: dict
+    recipe: str
     prompt: Callable  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
     train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> figures
     presets: tuple[BenchPreset, ...] = ()

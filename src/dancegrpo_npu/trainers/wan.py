@@ -46,6 +46,7 @@ BENCH_SIZES = dict(height=512, width=512, sampling_steps=20, generations=12, tim
 BENCH = Bench(
     classes=("WanTransformer3DModel", "AutoencoderKLWan"),
     sizes=BENCH_SIZES,
+    recipe="8gpus",
     presets=(
         BenchPreset(name="wan", models="wan2.1-t2v-1.3b",
                     summary="Wan2.1-T2V-1.3B at full size (30 blocks), its VAE, a ViT-H-14 HPS; upstream's Wan "

@@ -29,3 +29,20 @@ def test_each_full_size_preset_runs_its_upstream_recipe(patched_tree, name):
     assert {k: spec.bench.sizes[k] for k in want} == want
     full = presets.presets()[spec.bench.presets[0].name]
     assert {k: getattr(full.sizes, k) for k in want} == want
+
+
+@pytest.mark.upstream
+def test_bench_runs_the_recipe_the_tree_holds_and_says_where_the_copy_differs(patched_tree, monkeypatch):
+    from dataclasses import replace
+
+    spec = trainers.default_trainer()
+    stale = replace(spec, bench=replace(spec.bench, sizes={**spec.bench.sizes, "sampling_steps": 99, "eta": 0.5}))
+    monkeypatch.setitem(trainers.REGISTRY, spec.name, stale)
+    full = spec.bench.presets[0].name
+    config, path, differ = presets.with_recipe(presets.resolve({"preset": full}), patched_tree.tree)
+    assert path.is_file() and differ == {"sampling_steps": (99, 16), "eta": (0.5, 0.3)}
+    assert (config.sizes.sampling_steps, config.sizes.eta) == (16, 0.3)
+    typed = presets.resolve({"preset": full, "sampling_steps": 8})  # a flag wins over the recipe
+    assert presets.with_recipe(typed, patched_tree.tree)[0].sizes.sampling_steps == 8
+    smaller = presets.resolve({"preset": spec.bench.presets[1].name})  # and so does a preset's own size
+    assert presets.with_recipe(smaller, patched_tree.tree)[0].sizes.sampling_steps == 4

@@ -50,6 +50,7 @@ class Preset:
     hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
     sizes: Sizes = None  # type: ignore[assignment]
     trainer: str = ""  # the registry row whose train_one_step it runs (dancegrpo_npu.trainers)
+    overrides: tuple[str, ...] = ()  # the Sizes fields the preset sets itself (not the recipe's)
 
 
 def presets() -> dict[str, Preset]:
@@ -62,7 +63,7 @@ def presets() -> dict[str, Preset]:
             found[p.name] = Preset(name=p.name, summary=p.summary, models=p.models,
                                    transformer_overrides=dict(p.transformer_overrides),
                                    hps_overrides=dict(p.hps_overrides), sizes=replace(recipe, **p.sizes),
-                                   trainer=spec.name)
+                                   trainer=spec.name, overrides=tuple(p.sizes))
     return found
 
 
@@ -73,6 +74,49 @@ DEFAULT_PRESET = trainers.default_trainer().bench.presets[0].name  # the default
 def trainer_of(preset: Preset):
     """The registry row of the preset's trainer."""
     return trainers.get(preset.trainer)
+
+
+# The Sizes fields upstream's recipe scripts hold, and the flag each is read from.
+RECIPE_FLAGS = (("height", "--h", int), ("width", "--w", int), ("sampling_steps", "--sampling_steps", int),
+                ("generations", "--num_generations", int), ("timestep_fraction", "--timestep_fraction", float),
+                ("eta", "--eta", float), ("shift", "--shift", float),
+                ("gradient_accumulation_steps", "--gradient_accumulation_steps", int))
+
+
+def recipe_sizes(spec, tree) -> tuple[dict, object]:
+    """(sizes, script) of the upstream recipe the row's bench names, read from the patched tree
+    as launch reads it (run.recipes).  A bench step is one prompt, so the accumulation is capped
+    at its generations (every sample a micro-batch, as in the trainers' loop)."""
+    from dancegrpo_npu.run.recipes import recipes_for
+
+    found = {r.name: r for r in recipes_for(tree, spec.relpath, spec.recipe_glob)}
+    if spec.bench.recipe not in found:
+        raise DancegrpoError(f"bench: the patched tree has no recipe {spec.bench.recipe!r} of {spec.name} "
+                             f"(it has: {', '.join(found) or 'none'})", "run `dancegrpo-npu apply` to restore it")
+    recipe = found[spec.bench.recipe]
+    values = recipe.values()
+    try:
+        sizes = {name: kind(values[flag]) for name, flag, kind in RECIPE_FLAGS}
+    except (KeyError, TypeError, ValueError) as e:
+        raise DancegrpoError(f"bench: {recipe.path} gives no number for {e}",
+                             "run `dancegrpo-npu apply` to restore upstream's recipe") from None
+    sizes["gradient_accumulation_steps"] = min(sizes["gradient_accumulation_steps"], sizes["generations"])
+    return sizes, recipe.path
+
+
+def with_recipe(config: "BenchConfig", tree) -> tuple["BenchConfig", object, dict]:
+    """The configuration with upstream's recipe sizes as the patched tree holds them, where
+    neither the preset nor a flag sets them; (config, the recipe's script, {field: (the
+    registry's copy, the recipe's)} where the two differ: the bench says so and runs the recipe's)."""
+    recipe, path = recipe_sizes(trainer_of(config.preset), tree)
+    keep = {*config.preset.overrides, *config.given}
+    taken = {name: value for name, value in recipe.items() if name not in keep}
+    differ = {name: (getattr(config.sizes, name), value) for name, value in taken.items()
+              if getattr(config.sizes, name) != value}
+    sizes = replace(config.sizes, **taken)
+    check_sizes(sizes)
+    check_batch_sizes(sizes, config.sample_batch_sizes)
+    return replace(config, sizes=sizes), path, differ
 
 
 def depset_of(preset: Preset) -> str:
@@ -105,6 +149,7 @@ class BenchConfig:
     device: str
     dtype: str
     record: bool = False  # the timed steps' stages into <run>/records/, as launch --record writes them
+    given: tuple[str, ...] = ()  # the Sizes fields set by a flag
 
     def decode_chunk(self, n: int) -> int:
         return self.vae_decode_chunk or n
@@ -191,11 +236,7 @@ def resolve(options: dict) -> BenchConfig:
     check_sizes(sizes)
     text = options.get("sample_batch_sizes")
     batch_sizes = parse_batch_sizes(text) if text is not None else (1,)
-    for n in batch_sizes:
-        if sizes.generations % n:
-            raise _bad(
-                f"--sample-batch-sizes: {n} does not divide the {sizes.generations} generations of a prompt",
-                f"use divisors of {sizes.generations}: {', '.join(str(d) for d in divisors(sizes.generations))}")
+    check_batch_sizes(sizes, batch_sizes)
     chunk = options.get("vae_decode_chunk")
     if chunk is not None and chunk < 1:
         raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
@@ -205,7 +246,15 @@ def resolve(options: dict) -> BenchConfig:
         raise _bad(f"unknown device {device!r}", f"choose one of: {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         raise _bad(f"unknown dtype {dtype!r}", f"choose one of: {', '.join(DTYPES)}")
-    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")))
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), tuple(given))
+
+
+def check_batch_sizes(sizes: Sizes, batch_sizes) -> None:
+    for n in batch_sizes:
+        if sizes.generations % n:
+            raise _bad(
+                f"--sample-batch-sizes: {n} does not divide the {sizes.generations} generations of a prompt",
+                f"use divisors of {sizes.generations}: {', '.join(str(d) for d in divisors(sizes.generations))}")
 
 
 def divisors(n: int) -> list[int]:

@@ -6,7 +6,7 @@
 - the HPSv2 reward: hpsv2's open_clip ``CLIP`` from its bundled ``ViT-H-14`` config, built by
   ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast),
 
-or, for the ``tiny`` preset, the smoke's tiny configurations (``smoke.tiny_models``).  The Wan
+or, for the tiny presets, the smoke's tiny configurations (the module the preset's registry row names).  The Wan
 presets build diffusers' ``WanTransformer3DModel`` and ``AutoencoderKLWan`` from Wan2.1-T2V-1.3B's
 ``transformer/config.json`` and ``vae/config.json`` (``wan2.1-t2v-1.3b-*.json``), or the Wan
 smoke's tiny ones (``smoke.wan_fixtures``), with the same HPS; they need diffusers >= 0.33 (the
@@ -56,10 +56,12 @@ def shipped_config(filename: str) -> dict:
 
 def model_configs(preset) -> tuple[dict, dict, dict]:
     """(transformer, vae, hps) configs for a preset, overrides applied."""
-    if preset.models in ("tiny", "tiny-wan", "tiny-qwenimage"):
-        from dancegrpo_npu.smoke import qwen_fixtures, tiny_models, wan_fixtures
+    if preset.tiny:  # the smoke's tiny models, named by the preset's registry row
+        import importlib
 
-        smoke = {"tiny": tiny_models, "tiny-wan": wan_fixtures, "tiny-qwenimage": qwen_fixtures}[preset.models]
+        from dancegrpo_npu.smoke import tiny_models
+
+        smoke = importlib.import_module(preset.tiny)
         transformer, vae, hps = smoke.TRANSFORMER_CONFIG, smoke.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
         return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
     transformer_file, vae_file = SHIPPED[preset.models]

@@ -50,6 +50,7 @@ class Preset:
     hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
     sizes: Sizes = None  # type: ignore[assignment]
     trainer: str = ""  # the registry row whose train_one_step it runs (dancegrpo_npu.trainers)
+    tiny: str = ""  # the module of the smoke's tiny models it builds (its row's), or ""
     overrides: tuple[str, ...] = ()  # the Sizes fields the preset sets itself (not the recipe's)
 
 
@@ -63,7 +64,7 @@ def presets() -> dict[str, Preset]:
             found[p.name] = Preset(name=p.name, summary=p.summary, models=p.models,
                                    transformer_overrides=dict(p.transformer_overrides),
                                    hps_overrides=dict(p.hps_overrides), sizes=replace(recipe, **p.sizes),
-                                   trainer=spec.name, overrides=tuple(p.sizes))
+                                   trainer=spec.name, tiny=p.tiny, overrides=tuple(p.sizes))
     return found
 
 

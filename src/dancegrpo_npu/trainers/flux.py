@@ -68,7 +68,7 @@ BENCH = Bench(
                     hps_overrides={"vision_layers": 1, "text_layers": 1},
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1)),
         # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
-        BenchPreset(name="tiny", models="tiny",
+        BenchPreset(name="tiny", models="tiny", tiny="dancegrpo_npu.smoke.tiny_models",
                     summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2)),
     ),

@@ -50,7 +50,7 @@ BENCH = Bench(
                     summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "
                             "upstream's recipe"),
         # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
-        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage",
+        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage", tiny="dancegrpo_npu.smoke.qwen_fixtures",
                     summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at "
                             "64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,

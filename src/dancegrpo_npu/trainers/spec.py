@@ -54,7 +54,9 @@ class BenchPreset:
 
     name: str
     summary: str
-    models: str  # a shipped config family (throughput.models.SHIPPED) or a tiny model's name
+    models: str  # a shipped config family (throughput.models.SHIPPED), or the tiny models' name
+    # "module" holding the smoke's tiny TRANSFORMER_CONFIG and VAE_CONFIG, for tiny models
+    tiny: str = ""
     transformer_overrides: dict = field(default_factory=dict)
     hps_overrides: dict = field(default_factory=dict)
     sizes: dict = field(default_factory=dict)  # Sizes fields over the trainer's ``Bench.sizes``

@@ -58,7 +58,7 @@ BENCH = Bench(
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, gradient_accumulation_steps=4,
                                steps=1)),
         # The Wan smoke's tiny models (dancegrpo_npu.smoke.wan_fixtures): seconds, for tests.
-        BenchPreset(name="tiny-wan", models="tiny-wan",
+        BenchPreset(name="tiny-wan", models="tiny-wan", tiny="dancegrpo_npu.smoke.wan_fixtures",
                     summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2)),
     ),

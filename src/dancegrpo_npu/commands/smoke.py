@@ -96,8 +96,8 @@ def _trainer_help(name: str, default: str) -> str:
 def _passes_help() -> str:
     """The trainers of several passes over their prompts: their default --steps is one a pass."""
     several = [(name, trainers.get(name).smoke.passes) for name in trainers.smoked() if trainers.get(name).smoke.passes > 1]
-    return "; ".join(f"{name}: {passes}, one a pass of its {passes} passes, so a multiple of {passes}"
-                     for name, passes in several) or "one trainer, one pass"
+    return "".join(f"; {name}: {passes}, one a pass of its {passes} passes, so a multiple of {passes}"
+                   for name, passes in several)
 
 
 def register(sub, common) -> None:
@@ -120,7 +120,7 @@ def register(sub, common) -> None:
                    help="DANCEGRPO_DEVICE for the run (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, "
                    "else cpu)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help=f"GRPO steps (default {runner.STEPS}; {_passes_help()}); the checkpoint of step N (the weights "
+                   help=f"GRPO steps (default {runner.STEPS}{_passes_help()}); the checkpoint of step N (the weights "
                    "after step N-1) is checked, so the weight check needs 2 or more")
     p.add_argument("--generations", type=int, default=None, metavar="G",
                    help=f"images per prompt, GRPO's group (default {runner.GENERATIONS}, at least 2); one optimizer "

@@ -50,7 +50,3 @@ def weights_input(what: str, kind: str = "weights") -> Input:
 def preprocess_defaults(model_path: str, prompts: str = "./assets/prompts.txt", *more) -> tuple:
     """A preprocessing script's defaults as upstream's scripts/preprocess/*.sh give them."""
     return (("--model_path", model_path), ("--output_dir", "data/rl_embeddings"), ("--prompt_dir", prompts), *more)
-
-
-def grpo_smoke_params(**values) -> tuple[tuple[str, object], ...]:
-    return tuple(sorted(values.items()))

@@ -49,14 +49,18 @@ def test_readme_is_a_front_page_linking_every_guide():
 def test_the_weights_page_names_each_trainers_repository_and_its_place():
     """docs/weights.md: the repository of every trainer's model (Wan's Diffusers layout), under
     the directory launch passes it from; the 910B guide's Weights section links it."""
-    from dancegrpo_npu.run import upstream_args
+    from dancegrpo_npu import trainers
 
     page = (ROOT / "docs" / "weights.md").read_text()
+
+    def model_path(script):
+        return dict(trainers.get(script).defaults)["--model_path"]
+
     model_dirs = {
-        "black-forest-labs/FLUX.1-dev": dict(upstream_args.PREPROCESS_DEFAULTS)["--model_path"],
-        "Qwen/Qwen-Image": dict(upstream_args.PREPROCESS_QWENIMAGE_DEFAULTS)["--model_path"],
-        "Qwen/Qwen-Image-Edit": dict(upstream_args.PREPROCESS_QWENIMAGE_EDIT_DEFAULTS)["--model_path"],
-        "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": dict(upstream_args.PREPROCESS_WAN_DEFAULTS)["--model_path"],
+        "black-forest-labs/FLUX.1-dev": model_path("preprocess"),
+        "Qwen/Qwen-Image": model_path("preprocess-qwenimage"),
+        "Qwen/Qwen-Image-Edit": model_path("preprocess-qwenimage-edit"),
+        "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": model_path("preprocess-wan"),
     }
     rows = {line.split("|")[2]: line for line in page.splitlines() if line.startswith("| `")}
     for repo, directory in model_dirs.items():
@@ -67,11 +71,11 @@ def test_the_weights_page_names_each_trainers_repository_and_its_place():
 
 
 def test_alignment_guide_gives_rng_cpu_to_every_trainer_with_the_seam():
-    from dancegrpo_npu.run.align_flags import ALIGN_SCRIPTS
+    from dancegrpo_npu import trainers
 
     text = (ROOT / "docs" / "alignment.md").read_text()
     paragraph = text.split("`--rng cpu` (on")[1].split("\n\n")[0]
-    assert all(f"`{name}`" in paragraph for name in ALIGN_SCRIPTS), paragraph
+    assert all(f"`{name}`" in paragraph for name in trainers.aligning()), paragraph
 
 
 def test_port_guide_names_every_patch_in_series_order():
@@ -123,7 +127,7 @@ def test_test_counts_are_stated_with_when_they_were_measured():
 def test_launch_examples_name_the_recipe_the_launch_runs(patched_tree):
     """A documented `launch flux ... --nproc-per-node N  # ... <script>.sh` runs that script's recipe."""
     from dancegrpo_npu.run.recipes import recipes_for
-    from dancegrpo_npu.run.upstream_args import SCRIPTS
+    from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
 
     example = re.compile(r"dancegrpo-npu launch (flux|flux-lora) .*--nproc-per-node (\d+)\s.*#.*?(finetune_\w+\.sh)")
     checked = 0

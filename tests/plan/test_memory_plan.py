@@ -245,7 +245,7 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
     """Every trainer flag a launch line prints is one its script's argparse defines."""
     import re
 
-    from dancegrpo_npu.run.upstream_args import SCRIPTS
+    from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
 
     for model in ("flux", "qwenimage", "qwenimage-edit", "wan"):
         for extra in ([], ["--lora-rank", "128"]):
@@ -369,8 +369,14 @@ def test_shipped_recipe_sizes_are_upstreams_and_wan_reads_them(patched_tree, cap
     read there by the plan itself."""
     for name in models.names():
         read, world = models.read_recipe(name, patched_tree.tree)
-        _, shipped, shipped_world, _ = models.load(name, patched_tree.tree)
-        assert (read, world) == (shipped, shipped_world), name
+        if models.shipped_recipe(name) is not None:
+            assert (read, world) == models.shipped_recipe(name), name
+        _, loaded, loaded_world, _ = models.load(name, patched_tree.tree)  # with a tree, the tree's
+        assert (loaded, loaded_world) == (read, world) and models.reads_tree(name, patched_tree.tree), name
+    status = main(["-C", str(patched_tree.project.root), "plan", "flux"])
+    assert status == 0 and models.COPY_NOTE not in capsys.readouterr().out
+    status, out, _ = _plan(capsys, "flux")  # without a tree: the copy, and the plan says so
+    assert status == 0 and f"8 ranks; {models.COPY_NOTE})" in out
     wan, world = models.read_recipe("wan", patched_tree.tree)
     assert (wan.height, wan.width, wan.frames, wan.generations, wan.sampling_steps, world) == (512, 512, 1, 12, 20, 8)
     assert wan.guidance_batch == 2 and wan.selective_checkpointing == 1.0 and not wan.ema

@@ -14,7 +14,7 @@ from conftest import in_ci
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import depsets
-from dancegrpo_npu.run.upstream_args import SCRIPTS
+from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_launch_starts_a_trainer_with_its_sets_interpreter(tmp_path, monkeypatch
 
     trust_synthetic_tree(monkeypatch)
     project = find_project(make_project(tmp_path / "proj"))
-    monkeypatch.setitem(upstream_args.SCRIPTS, "flux", replace(SCRIPTS["flux"], depset="diffusers-0.35"))
+    monkeypatch.setitem(SCRIPTS, "flux", replace(SCRIPTS["flux"], depset="diffusers-0.35"))
     layer = tmp_path / "layer"
     env = {"PATH": "/usr/bin:/bin", "DANCEGRPO_VENV_DIFFUSERS_0_35": str(layer)}
     spec = LaunchSpec(script="flux", device="cpu")

@@ -64,7 +64,7 @@ def upstream_dataset_tree(upstream_source, tmp_path_factory) -> Path:
 
 
 def test_layout_matches_the_contract(built):
-    assert built.model_dir.name == "flux" and (built.model_dir / "model_index.json").is_file()
+    assert built.model_dir.name == "pipeline" and (built.model_dir / "model_index.json").is_file()
     for sub in ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"):
         assert (built.model_dir / sub).is_dir(), sub
     for path in (built.hps_model_config, built.hps_open_clip_ckpt, built.hps_ckpt, built.data_json, built.prompts):
@@ -91,7 +91,7 @@ def test_incomplete_or_stale_dir_is_not_current(built, tmp_path, damage):
     if damage == "no stamp":
         (copy / fx.STAMP_NAME).unlink()
     elif damage == "file deleted":
-        (copy / "flux" / "vae" / "config.json").unlink()
+        (copy / "pipeline" / "vae" / "config.json").unlink()
     elif damage == "file changed":
         with open(copy / "rl_embeddings" / "prompt_embed" / "0.pt", "r+b") as handle:
             handle.seek(100)
@@ -153,8 +153,8 @@ def test_failed_build_leaves_old_dir_and_no_staging(built, tmp_path, monkeypatch
     (tmp_path / ".fixtures.build-crashed").mkdir()  # a staging dir of a build that died
 
     def half_build(root):
-        (root / "flux").mkdir()
-        (root / "flux" / "model_index.json").write_text("{}")
+        (root / "pipeline").mkdir()
+        (root / "pipeline" / "model_index.json").write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(fx, "_build_into", half_build)

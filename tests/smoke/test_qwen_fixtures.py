@@ -27,6 +27,7 @@ import sys
 import pytest
 
 from dancegrpo_npu.cli import main
+from dancegrpo_npu import trainers
 
 torch = pytest.importorskip("torch")
 
@@ -60,8 +61,8 @@ def built(patched_tree):
     python = diffusers_035_python()
     project = patched_tree.project
     prompts = build_fixtures(project.build_dir / "fixtures").prompts  # the HPS fixture's, as the smokes
-    plain = qwen_smoke.fixtures(project, prompts, "qwenimage", python)
-    edit = qwen_smoke.fixtures(project, prompts, "qwenimage-edit", python)
+    plain = qwen_smoke.fixtures(project, prompts, trainers.get("qwenimage"), python)
+    edit = qwen_smoke.fixtures(project, prompts, trainers.get("qwenimage-edit"), python)
     return {"python": python, "prompts": prompts.read_text().splitlines(), "plain": plain, "edit": edit,
             "prompts_file": prompts}
 

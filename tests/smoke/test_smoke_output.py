@@ -77,7 +77,7 @@ def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path
 
     calls = []
     monkeypatch.setattr(depsets, "python_for", lambda *a, **k: "python")
-    monkeypatch.setattr(fixtures, "build_fixtures", lambda *a, **k: None)
+    monkeypatch.setattr(fixtures, "build_fixtures", lambda *a, **k: type("HPS", (), {"prompts": None})())
     monkeypatch.setattr(runner, "_launch", lambda *a: None)
     monkeypatch.setattr(runner, "_ran", lambda record: type("R", (), {"run_dir": tmp_path})())
     monkeypatch.setattr(runner, "read_metrics", lambda *a: ())
@@ -85,11 +85,15 @@ def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path
     monkeypatch.setattr(runner, "check_training_moved", lambda check: None)
     monkeypatch.setattr(trained, "check_checkpoint", lambda *a: CheckpointCheck(Path("c"), "x", 4, 4, 1.0, 0.0, 2))
     monkeypatch.setattr(trained, "check_equal_weights", lambda run_dir, nproc: calls.append(nproc) or 42)
+    from dancegrpo_npu import trainers
+
     project = type("P", (), {"build_dir": tmp_path, "workdir": tmp_path})()
+    built = type("Built", (), {"model_dir": tmp_path})()
+    spec = trainers.get("wan")
+    monkeypatch.setattr(trainers, "load", {spec.smoke.fixtures: lambda *a: built, spec.smoke.arguments: lambda *a: ()}.get)
     for nproc in (1, 2):
         options = runner.SmokeOptions(trainer="wan", nproc=nproc, steps=2)
-        built = type("Built", (), {"model_dir": tmp_path})()
-        result = runner._run_in_035_set(project, options, 0.0, lambda hps, python: built, lambda *a: (), "M")
+        result = runner.run_with_depset_fixtures(project, options, spec, 0.0)
         text = runner.format_result(result)
         assert ("every rank holds the same weights" in text) == (nproc > 1), (nproc, text)
     assert calls == [2]

@@ -71,7 +71,7 @@ def test_two_ranks_strict(runs, trainer):
     result = passed(runs(trainer, steps=steps, align=True))
     assert [s.step for s in result.steps] == list(range(1, steps + 1)) and all(s.grad_norm > 0 for s in result.steps)
     assert result.checkpoint.loaded_with == "QwenImageTransformer2DModel.from_pretrained"
-    name, updates = last_checkpoint(steps, smoke.TRAINERS[trainer].passes)
+    name, updates = last_checkpoint(steps, smoke.TRAINERS[trainer].smoke.passes)
     assert result.checkpoint.path.name == name and result.checkpoint.updates == updates > 0
     assert result.checkpoint.changed > 0
     assert result.equal_weights == result.checkpoint.total

@@ -39,7 +39,7 @@ def test_the_wan_preset_is_wan2_1_t2v_1_3b():
     s = presets.PRESETS["wan"].sizes
     assert (s.height, s.width, s.sampling_steps, s.generations, s.text_tokens) == (512, 512, 20, 12, 226)
     assert (s.timestep_fraction, s.eta, s.shift, s.train_timesteps) == (0.6, 0.3, 3.0, 11)
-    assert dict(presets.TRAINERS["wan"].extra_args)["cfg_infer"] == 5.0
+    assert dict(presets.trainer_of(presets.PRESETS["wan"]).bench.extra_args)["cfg_infer"] == 5.0
     cpu, _, _ = model_configs(presets.PRESETS["wan-cpu"])
     assert cpu == {**transformer, "num_layers": 1}
     assert {name: presets.depset_of(p) for name, p in presets.PRESETS.items()} == {

@@ -78,7 +78,8 @@ def register(sub, common) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Names are checked in presets.resolve, so a wrong one is a one-line error, not argparse's usage.
-    p.add_argument("--preset", default="full", help=f"one of {', '.join(presets.PRESETS)} (default full)")
+    p.add_argument("--preset", default=presets.DEFAULT_PRESET,
+                   help=f"one of {', '.join(presets.presets())} (default {presets.DEFAULT_PRESET})")
     p.add_argument("--device", default=None,
                    help="auto | cpu | cuda | npu (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 (default auto: bf16 on npu/cuda, fp32 on cpu)")

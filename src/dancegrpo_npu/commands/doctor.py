@@ -13,6 +13,15 @@ from dancegrpo_npu.doctor import report, trainers
 from dancegrpo_npu.argtypes import non_negative, positive
 
 
+def _trainer(name: str) -> str:
+    """--trainer NAME: a registry trainer, else one line naming the trainers."""
+    from dancegrpo_npu import trainers as registry
+
+    if name not in registry.trainers():
+        raise registry.unknown(name, "trainer", registry.trainers(), "doctor")
+    return name
+
+
 def register(sub, common) -> None:
     p = sub.add_parser(
         "doctor",
@@ -28,7 +37,7 @@ def register(sub, common) -> None:
              "else auto)",
     )
     p.add_argument(
-        "--trainer", action="append", choices=trainers.grpo_trainers(), default=None, metavar="NAME",
+        "--trainer", action="append", type=_trainer, default=None, metavar="NAME",
         help=f"the trainer whose inputs and dependency set to check, as `launch NAME --dry-run` does "
              f"({', '.join(trainers.grpo_trainers())}); repeatable; default: every one whose dependency set "
              "is installed here",

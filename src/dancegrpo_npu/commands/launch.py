@@ -12,7 +12,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.environment import parse_env_assignment
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.run.plan import LaunchSpec
-from dancegrpo_npu.run.upstream_args import SCRIPTS
+from dancegrpo_npu import trainers
 from dancegrpo_npu.run.launch import launch
 from dancegrpo_npu.run.resume import resume_spec
 
@@ -47,9 +47,8 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     )
     p.add_argument("--recipe", default=d(None), metavar="NAME",
                    help="upstream's recipe for a trainer: the trainer arguments of one of its scripts "
-                   "scripts/finetune/finetune_<trainer>_grpo*.sh in the patched tree (flux: 8gpus, 2nodes, "
-                   "8gpus-lora; wan, qwenimage, qwenimage-edit: 8gpus); default: the one for the launch's "
-                   "world size, else the nearest one, scaled")
+                   "scripts/finetune/finetune_<trainer>_grpo*.sh in the patched tree, named after the file "
+                   "(e.g. 8gpus); default: the one for the launch's world size, else the nearest one, scaled")
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -108,12 +107,11 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
 EPILOG = textwrap.dedent(
     """\
     The GRPO trainers start from upstream's own recipe: the trainer arguments of its launch
-    script in the patched tree, read from scripts/finetune/finetune_*_grpo*.sh (flux: 8gpus,
-    the one-node script, and 2nodes, finetune_flux_grpo.sh; 8gpus-lora for flux-lora; wan,
-    qwenimage, qwenimage-edit: 8gpus).  The default is the recipe for the launch's world size; a world size no recipe has runs the nearest one
-    scaled to it (the same prompts per step and effective batch where it divides them), and
-    says so.  The port adds the HPS reward paths; preprocess (and preprocess-wan,
-    preprocess-qwenimage...) gets the arguments of its scripts/preprocess/*.sh.  Arguments
+    script in the patched tree, read from scripts/finetune/finetune_*_grpo*.sh (e.g. 8gpus,
+    the one-node script).  The default is the recipe for the launch's world size; a world size
+    no recipe has runs the nearest one scaled to it (the same prompts per step and effective
+    batch where it divides them), and says so.  The port adds the HPS reward paths; each
+    preprocessing script gets the arguments of its scripts/preprocess/*.sh.  Arguments
     after -- override these.  The weights each one reads, and where: docs/weights.md.
     Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
     patched tree; relative paths you type, in the current directory.  Without --output_dir,
@@ -121,7 +119,7 @@ EPILOG = textwrap.dedent(
     value that differs from its script.
 
     Each model's RL-embeddings dataset has its own directory, data/rl_embeddings/<model>/
-    (flux, wan, qwenimage, qwenimage-edit): preprocess* writes it there, with dataset.json
+    ({datasets}): its preprocessing writes it there, with dataset.json
     saying what made it, and the model's trainers read it from there; a dataset of another
     model is refused.  Upstream's shared data/rl_embeddings/ is reachable by its path.
 
@@ -142,15 +140,24 @@ EPILOG = textwrap.dedent(
 )
 
 
+def scripts_table() -> str:
+    """The registry's trainers, one a line with what each trains, then its preprocessing scripts."""
+    width = max(map(len, trainers.trainers()))
+    lines = [f"  {name:<{width}}  {trainers.get(name).help}" for name in trainers.trainers()]
+    return "\n".join([*lines, f"  preprocessing (a model's dataset): {', '.join(trainers.preprocessing())}"])
+
+
 def register(sub, common) -> None:
+    datasets = ", ".join(dict.fromkeys(s.dataset for s in trainers.REGISTRY.values() if s.dataset))
     p = sub.add_parser(
         "launch",
         parents=[common],
-        help=f"run {' | '.join(SCRIPTS)} under torchrun, with a run record",
-        description="Run a stock upstream script from the patched tree under torchrun.",
-        epilog=EPILOG,
+        help=f"run {' | '.join(trainers.names())} under torchrun, with a run record",
+        description="Run a stock upstream script (SCRIPT) from the patched tree under torchrun.\n\ntrainers:\n"
+                    + scripts_table(),
+        epilog=EPILOG.replace("{datasets}", datasets),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage=f"dancegrpo-npu launch {{{','.join(SCRIPTS)}}} [options] [-- upstream args]",
+        usage="dancegrpo-npu launch SCRIPT [options] [-- upstream args]",
     )
     _add_options(p, suppress=False)
     # The script name and everything after it, verbatim: argparse would drop a "--" that
@@ -162,7 +169,7 @@ def register(sub, common) -> None:
 def _parse_words(args) -> tuple[str, list[str]]:
     words = list(args.words)
     if not words or words[0].startswith("-"):
-        raise DancegrpoError("launch: name the script", f"one of: {', '.join(SCRIPTS)}", exit_code=2)
+        raise DancegrpoError("launch: name the script", f"one of: {', '.join(trainers.names())}", exit_code=2)
     script, rest = words[0], words[1:]
     upstream: list[str] = []
     if "--" in rest:

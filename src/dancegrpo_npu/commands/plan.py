@@ -1,8 +1,9 @@
 """``dancegrpo-npu plan``: the memory one rank needs for a GRPO run, before the run.
 
-For a model (Qwen-Image, Qwen-Image-Edit, FLUX.1-dev, Wan2.1-T2V-1.3B: shapes shipped with
-the tool), a world size, the device's memory and upstream's recipe sizes (Wan's read from
-upstream's script in the patched tree, so plan wan runs in a project after fetch and apply),
+For a trainer of the registry with model shapes (its row's ``plan_model``: shapes shipped with
+the tool), a world size, the device's memory and upstream's recipe sizes (read from upstream's
+script in the patched tree; outside a project, the tool's copy, which the recipe line names; plan
+wan, which has no copy, runs in a project after fetch and apply),
 it estimates per rank: the fp32
 master weights, gradients and AdamW moments sharded over the ranks (FSDP FULL_SHARD), FSDP's
 gathered blocks, the HPSv2 reward and the VAE, the activations of the largest phase (from the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan import models
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.plan.report import plan
@@ -51,18 +53,24 @@ def run(args) -> int:
 
 
 def _tree(args):
-    """The patched tree, for a model whose recipe sizes are read there (Wan); None where the
-    model ships them, so that plan needs no project for it."""
-    if args.model not in models.names() or not models.recipe_from_tree(args.model):
+    """The patched tree, where the recipe sizes are read; None outside a project for a model
+    whose sizes the tool has a copy of (the plan then says it used the copy)."""
+    if args.model not in models.names():
         return None
-    return project_from_args(args).workdir
+    try:
+        return project_from_args(args).workdir
+    except DancegrpoError:
+        if models.recipe_from_tree(args.model):
+            raise
+        return None
 
 
 def register(sub, common) -> None:
     p = sub.add_parser(
         "plan",
         parents=[common],
-        help="estimate the memory a rank needs for a GRPO run (Qwen-Image, FLUX, Wan) and what fits on 64/32 GiB cards",
+        help=f"estimate the memory a rank needs for a GRPO run ({', '.join(models.names())}) and what fits on "
+             "64/32 GiB cards",
         description=__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

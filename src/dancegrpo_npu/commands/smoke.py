@@ -10,6 +10,7 @@ from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, optio
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
+from dancegrpo_npu import trainers
 from dancegrpo_npu.smoke import passes, runner
 
 
@@ -57,12 +58,14 @@ def run(args) -> int:
                            extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume)
-    steps = args.steps if args.steps is not None else runner.TRAINERS[runner.trainer_of(options)].default_steps
+    if options.trainer:
+        trainers.smoke_spec(options.trainer)  # an unknown one is refused before anything else
+    steps = args.steps if args.steps is not None else runner.default_steps(trainers.smoke_spec(runner.trainer_of(options)))
     options = replace(options, steps=steps)
     if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
         raise DancegrpoError("smoke --resume continues a run as it was started",
                              "give --resume RUN alone (and -v as before)", exit_code=2)
-    typed = {"trainer": args.trainer or ("flux-lora" if args.lora else None), "steps": args.steps,
+    typed = {"trainer": args.trainer or (runner.lora_trainer() if args.lora else None), "steps": args.steps,
              "generations": args.generations, "nproc": args.nproc,
              "checkpointing-steps": args.checkpointing_steps, "device": None if args.device == "auto" else args.device}
     options = runner.resumed_options(project, options, typed)
@@ -74,7 +77,7 @@ def run(args) -> int:
             print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
             return 0
-    print(f"smoke: {runner.TRAINERS[runner.trainer_of(options)].title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
+    print(f"smoke: {trainers.smoke_spec(runner.trainer_of(options)).smoke.title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
           f"generations, HPSv2 reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:
@@ -83,6 +86,18 @@ def run(args) -> int:
     print(runner.format_result(result))
     passes.record_pass(project, key, result)
     return 0
+
+
+def _trainer_help(name: str, default: str) -> str:
+    spec = trainers.get(name)
+    return f"{name} ({'default, ' if name == default else ''}{spec.relpath.rsplit('/', 1)[-1]}, {spec.depset})"
+
+
+def _passes_help() -> str:
+    """The trainers of several passes over their prompts: their default --steps is one a pass."""
+    several = [(name, trainers.get(name).smoke.passes) for name in trainers.smoked() if trainers.get(name).smoke.passes > 1]
+    return "".join(f"; {name}: {passes}, one a pass of its {passes} passes, so a multiple of {passes}"
+                   for name, passes in several)
 
 
 def register(sub, common) -> None:
@@ -96,18 +111,17 @@ def register(sub, common) -> None:
         usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )
     p.add_argument("--nproc", type=int, default=None, metavar="N", help="processes (ranks) on this machine (default 1)")
-    p.add_argument("--trainer", choices=list(runner.TRAINERS), default=None,
-                   help="the trainer: flux (default, train_grpo_flux.py), flux-lora (train_grpo_flux_lora.py), "
-                   "wan (train_grpo_wan_2_1.py), qwenimage (train_grpo_qwenimage.py), qwenimage-edit "
-                   "(train_grpo_qwenimage_edit.py); the last three with the diffusers-0.35 set: docs/dependencies.md")
-    p.add_argument("--lora", action="store_true", help="the same as --trainer flux-lora")
+    default = trainers.default_trainer()
+    p.add_argument("--trainer", default=None, metavar="NAME",
+                   help="the trainer: " + ", ".join(_trainer_help(name, default.name) for name in trainers.smoked())
+                   + "; a dependency set other than the tool's: docs/dependencies.md")
+    p.add_argument("--lora", action="store_true", help=f"the same as --trainer {runner.lora_trainer()}")
     p.add_argument("--device", choices=DEVICES, default=None,
                    help="DANCEGRPO_DEVICE for the run (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, "
                    "else cpu)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help=f"GRPO steps (default {runner.STEPS}; qwenimage-edit: {runner.TRAINERS['qwenimage-edit'].default_steps}, "
-                   "one a pass of its three passes, so a multiple of 3); the checkpoint of step N (the weights after "
-                   "step N-1) is checked, so the weight check needs 2 or more")
+                   help=f"GRPO steps (default {runner.STEPS}{_passes_help()}); the checkpoint of step N (the weights "
+                   "after step N-1) is checked, so the weight check needs 2 or more")
     p.add_argument("--generations", type=int, default=None, metavar="G",
                    help=f"images per prompt, GRPO's group (default {runner.GENERATIONS}, at least 2); one optimizer "
                    "update a step, on the whole group")

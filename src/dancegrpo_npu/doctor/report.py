@@ -60,12 +60,25 @@ def chosen_trainers(project: Project, opts: DoctorOptions) -> list[str]:
     return list(opts.trainers) if opts.trainers else trainers_mod.installed(project, opts.environ)
 
 
+def _other_depsets() -> str:
+    """`` (--with SET for NAME, ...)`` for each dependency set of the registry's trainers other than
+    the tool's own."""
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.run import depsets
+
+    users: dict[str, list[str]] = {}
+    for name in trainers.trainers():
+        if trainers.get(name).depset != depsets.DEFAULT:
+            users.setdefault(trainers.get(name).depset, []).append(name)
+    return "".join(f" (--with {depset} for {', '.join(names)})" for depset, names in users.items())
+
+
 def check_weights(project: Project, opts: DoctorOptions) -> Check:
     """Each trainer's inputs and dependency set, as ``launch NAME --dry-run`` finds them."""
     names = chosen_trainers(project, opts)
     if not names:
         return Check("weights", FAIL, "no GRPO trainer of the tree has its dependency set installed here",
-                     "./scripts/bootstrap.sh --deps-only (--with diffusers-0.35 for wan and qwenimage)")
+                     "./scripts/bootstrap.sh --deps-only" + _other_depsets())
     problems, ready = [], []
     for name in names:
         found = trainers_mod.trainer_problems(project, name, opts.environ, flux_dir=opts.flux_dir,

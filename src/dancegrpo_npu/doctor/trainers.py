@@ -16,7 +16,8 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run import depsets
-from dancegrpo_npu.run.upstream_args import SCRIPTS, ScriptInfo
+from dancegrpo_npu import trainers
+from dancegrpo_npu.trainers import TrainerSpec
 
 # A resume checkpoint holds a trainable parameter in float32 and AdamW's two float32 moments
 # (dancegrpo_port.resume), and the save wants 5 % over its size (checkpoints.MARGIN).
@@ -25,15 +26,15 @@ SAVE_MARGIN = 1.05
 
 
 def grpo_trainers() -> list[str]:
-    """The trainers (not the preprocessing scripts): their outputs are the run's own."""
-    return [name for name, info in SCRIPTS.items() if info.output_in_run_dir]
+    """The registry's trainers (not the preprocessing scripts)."""
+    return trainers.trainers()
 
 
 def installed(project: Project, environ: dict[str, str]) -> list[str]:
     """The GRPO trainers this host can run: the script is in the tree and its set is installed."""
     found = []
     for name in grpo_trainers():
-        info = SCRIPTS[name]
+        info = trainers.get(name)
         if not (project.workdir / info.relpath).is_file():
             continue
         try:
@@ -44,7 +45,7 @@ def installed(project: Project, environ: dict[str, str]) -> list[str]:
     return found
 
 
-def _user_args(info: ScriptInfo, flux_dir: Path | None, hps_ckpt: Path | None, clip: Path | None) -> tuple[str, ...]:
+def _user_args(info: TrainerSpec, flux_dir: Path | None, hps_ckpt: Path | None, clip: Path | None) -> tuple[str, ...]:
     """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags."""
     args: list[str] = []
     if flux_dir is not None:  # the inputs that are FLUX.1-dev's weights, where the trainer has them
@@ -64,7 +65,7 @@ def trainer_problems(project: Project, name: str, environ: dict[str, str], *, fl
     from dancegrpo_npu.run.launch import build_plan
     from dancegrpo_npu.run.plan import LaunchSpec
 
-    info = SCRIPTS[name]
+    info = trainers.get(name, "trainer")
     spec = LaunchSpec(name, args=_user_args(info, flux_dir, hps_ckpt, hps_open_clip_ckpt), device="cpu")
     try:  # the inputs are the device's own business nowhere: the CPU plan lists the same ones
         plan = build_plan(project, spec, project.runs_dir / "doctor-probe", environ=environ, dry_run=True)
@@ -78,14 +79,15 @@ def resume_checkpoint_bytes(name: str) -> int | None:
     None where plan has no model of that name (the LoRA trainer's checkpoint is small)."""
     from dancegrpo_npu.plan import memory, models
 
-    if name not in models.names():
+    model = trainers.get(name).plan_model
+    if model is None:
         return None
-    return int(memory.transformer_parameters(models.model_of(name)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
+    return int(memory.transformer_parameters(models.model_of(model)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
 
 
-def disk_need(trainers: list[str], floor_gb: float) -> tuple[float, str]:
+def disk_need(names: list[str], floor_gb: float) -> tuple[float, str]:
     """GiB the runs directory should have free, and why."""
-    sizes = {name: size for name in trainers if (size := resume_checkpoint_bytes(name))}
+    sizes = {name: size for name in names if (size := resume_checkpoint_bytes(name))}
     if not sizes:
         return floor_gb, "--min-free-gb"
     largest = max(sizes, key=sizes.get)

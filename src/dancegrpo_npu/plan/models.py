@@ -1,10 +1,11 @@
-"""The shapes the memory plan knows: shipped in models.json, or the bench's built configs.
+"""The shapes the memory plan knows: shipped in trainers/plan_models.json, or the bench's built configs.
 
-A model's transformer (and VAE) config is in models.json, or names a config file the package
-ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes are shipped
-too (checked against upstream's scripts by tests/plan), or, for an entry whose recipe names
-only its script (Wan), read from upstream's launch script in the patched tree by
-:mod:`dancegrpo_npu.run.recipes`, the reader ``launch`` uses.
+The models are the registry's trainers with a ``plan_model`` (dancegrpo_npu.trainers): that
+entry of plan_models.json holds the shapes.  A model's transformer (and VAE) config is there, or names a config file the package
+ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes are read from
+upstream's launch script in the patched tree by :mod:`dancegrpo_npu.run.recipes`, the reader
+``launch`` uses; without a tree, the copy shipped there (checked against upstream's scripts by
+tests/plan) is used and the plan says so, and an entry without a copy (Wan) needs the tree.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan.memory import Model, Recipe
 
-MODELS_FILE = Path(__file__).with_name("models.json")
 PACKAGE = Path(__file__).resolve().parents[1]
+MODELS_FILE = PACKAGE / "trainers" / "plan_models.json"
 
 
 @lru_cache(maxsize=1)
@@ -27,19 +29,21 @@ def _shipped() -> dict:
 
 
 def names() -> list[str]:
-    return list(_shipped())
+    """The trainers plan knows: the registry's rows with model shapes."""
+    return [spec.name for spec in trainers.planned()]
 
 
 def entry(name: str) -> dict:
-    """The shipped entry, with ``same_as`` resolved (the edit model shares Qwen-Image's shapes)."""
-    data = _shipped()[name]
+    """The shipped shapes of trainer ``name``, with ``same_as`` resolved (the edit model shares
+    Qwen-Image's shapes)."""
+    data = data_of(name)
     if "same_as" in data:
-        data = {**data_of(data["same_as"]), **data}
+        data = {**_shipped()[data["same_as"]], **data}
     return data
 
 
 def data_of(name: str) -> dict:
-    return _shipped()[name]
+    return _shipped()[trainers.get(name, "model").plan_model]
 
 
 def _config(data: dict, key: str) -> dict:
@@ -52,27 +56,48 @@ def model_of(name: str) -> Model:
     if "vae_file" in data:  # Wan's VAE: its channels from its config (base_dim x dim_mult)
         cfg = _config(data, "vae")
         vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
-    return Model(name, data["trainer"], _config(data, "transformer"), vae, data["hps"],
+    return Model(name, name, _config(data, "transformer"), vae, data["hps"],
                  reference_image_tokens=data.get("reference_image_tokens", False))
 
 
 def recipe_from_tree(name: str) -> bool:
-    """Whether the model's recipe sizes are read from the patched tree (not shipped)."""
-    return "height" not in entry(name)["recipe"]
+    """Whether the model's recipe sizes can only be read from the patched tree (no copy shipped)."""
+    return shipped_recipe(name) is None
 
 
-def load(name: str, tree: Path | None = None) -> tuple[Model, Recipe, int, str]:
-    """(model, upstream's recipe sizes, its world size, its script); the sizes of an entry that
-    ships none are read from the script in ``tree`` (the patched tree)."""
-    data = entry(name)
-    r = data["recipe"]
-    if recipe_from_tree(name):
-        recipe, world_size = read_recipe(name, tree)
-        return model_of(name), recipe, world_size, r["script"]
+def shipped_recipe(name: str) -> tuple[Recipe, int] | None:
+    """The tool's copy of upstream's recipe sizes for ``name`` and its world size, or None
+    (tests/plan ties the copy to upstream's script)."""
+    r = entry(name)["recipe"]
+    if "height" not in r:
+        return None
     recipe = Recipe(height=r["height"], width=r["width"], generations=r["generations"],
                     sampling_steps=r["sampling_steps"], text_tokens=r["text_tokens"],
                     selective_checkpointing=r["selective_checkpointing"], ema=r.get("ema", False))
-    return model_of(name), recipe, r["world_size"], r["script"]
+    return recipe, r["world_size"]
+
+
+# What the recipe line says when the sizes are the tool's copy, not read from the tree.
+COPY_NOTE = "sizes: the tool's copy of them, no patched tree here"
+
+
+def reads_tree(name: str, tree: Path | None) -> bool:
+    """Whether ``load`` reads the recipe sizes from ``tree``: where its script is there, or where
+    the tool has no copy (then a missing tree is refused)."""
+    script = entry(name)["recipe"]["script"]
+    return shipped_recipe(name) is None or (tree is not None and (tree / script).is_file())
+
+
+def load(name: str, tree: Path | None = None) -> tuple[Model, Recipe, int, str]:
+    """(model, upstream's recipe sizes, its world size, its script): the sizes read from the
+    script in ``tree`` (the patched tree) where it is there, else the tool's copy (``reads_tree``
+    says which; a model without a copy needs the tree)."""
+    script = entry(name)["recipe"]["script"]
+    if reads_tree(name, tree):
+        recipe, world_size = read_recipe(name, tree)
+    else:
+        recipe, world_size = shipped_recipe(name)
+    return model_of(name), recipe, world_size, script
 
 
 def _argparse_default(source: str, flag: str) -> str | None:
@@ -121,13 +146,15 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
     return recipe, script.world_size
 
 
-def from_bench(name: str, configs, counts) -> Model:
+def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
     """A bench preset's models (FLUX-shaped: its transformer config, its VAE and HPS configs
-    and their parameter counts from meta-device builds) as the plan sees them."""
+    and their parameter counts from meta-device builds) as the plan sees them; ``trainer``:
+    the registry row it trains with (None: the default trainer)."""
     transformer_cfg, vae_cfg, hps_cfg = configs
     vision = hps_cfg["vision_cfg"]
     vae = {"parameters": counts.vae, "first_channels": vae_cfg["block_out_channels"][0],
            "widest_channels": max(vae_cfg["block_out_channels"]), "tile": vae_cfg.get("sample_size", 1024)}
     hps = {"parameters": counts.hps, "image_size": vision["image_size"], "patch_size": vision["patch_size"],
            "width": vision["width"], "head_width": vision.get("head_width", 64)}
-    return Model(name, "flux", {"_class_name": "FluxTransformer2DModel", **transformer_cfg}, vae, hps)
+    spec = trainers.get(trainer) if trainer else trainers.default_trainer()
+    return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps)

@@ -11,23 +11,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.plan.memory import GiB
 
 CARDS = ((64, "64 GiB"), (32, "32 GiB (910B4)"))
 
-# What each trainer takes for an option: (launch verb, its trainer arguments), or the reason it has none.
-OFFLOAD = {
-    "flux": ("flux", "--use_cpu_offload"),
-    "qwenimage": ("qwenimage", "--use_cpu_offload"),  # honoured by the port (upstream ignores it)
-    "qwenimage-edit": ("qwenimage-edit", "--use_cpu_offload"),
-    "wan": ("wan", "--use_cpu_offload"),  # the port's FSDP of the Wan trainer (the wan-fsdp patch) takes it
-}
-LORA = {"flux": ("flux-lora", "--lora_rank {rank} --lora_alpha {alpha}")}
+# What each trainer takes for an option is its registry row's (offload_flag; lora, lora_args, no_lora).
 NO_OFFLOAD = "the trainer has no FSDP CPU offload"
-NO_LORA = {"wan": "upstream's Wan trainer has no LoRA option"}
-NO_LORA_QWEN = "upstream's Qwen-Image trainers have no LoRA option"
+NO_LORA = "the trainer has no LoRA option"
 
 
 def _bad(message: str, hint: str) -> DancegrpoError:
@@ -40,19 +33,18 @@ def _gib(n: int) -> str:
 
 def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int) -> str:
     """The launch command for a choice, or why there is none."""
-    trainer, extra = model.trainer, []
+    spec = trainers.get(model.trainer)
+    trainer, extra = spec.name, []
     opts, recipe = choice.options, choice.recipe
     if opts.cpu_offload:
-        offload = OFFLOAD.get(model.trainer)
-        if offload is None:
+        if spec.offload_flag is None:
             return f"(none: {NO_OFFLOAD})"
-        extra.append(offload[1])
+        extra.append(spec.offload_flag)
     if opts.lora_rank:
-        lora = LORA.get(model.trainer)
-        if lora is None:
-            return f"(none: {NO_LORA.get(model.trainer, NO_LORA_QWEN)})"
-        trainer = lora[0]
-        extra.append(lora[1].format(rank=opts.lora_rank, alpha=2 * opts.lora_rank))
+        if spec.lora is None:
+            return f"(none: {spec.no_lora or NO_LORA})"
+        trainer = spec.lora
+        extra.append(spec.lora_args.format(rank=opts.lora_rank, alpha=2 * opts.lora_rank))
     extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
     per_node = min(ranks_per_node, opts.world_size)
     nodes = -(-opts.world_size // per_node)
@@ -68,9 +60,11 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     ``tree``: the patched tree (or a function giving it, asked only once the values are
     checked), where a model without shipped recipe sizes (Wan) reads them."""
     if name not in models.names():
-        raise _bad(f"unknown model {name!r}", f"choose one of: {', '.join(models.names())}")
+        raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
-    model, recipe, recipe_world, script = models.load(name, tree() if callable(tree) else tree)
+    tree = tree() if callable(tree) else tree
+    model, recipe, recipe_world, script = models.load(name, tree)
+    copy = "" if models.reads_tree(name, tree) else f"; {models.COPY_NOTE}"
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
     _check(recipe)
     options = memory.Options(world_size=world_size or recipe_world, cpu_offload=cpu_offload, lora_rank=lora_rank,
@@ -88,7 +82,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         + f"selective checkpointing {recipe.selective_checkpointing}"
         + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
-        f"  recipe: {script} ({recipe_world} ranks); an estimate from shapes, not a measurement",
+        f"  recipe: {script} ({recipe_world} ranks{copy}); an estimate from shapes, not a measurement",
         "",
         f"  {'per rank, as asked':<72} {'GiB':>7}",
     ]

@@ -13,7 +13,8 @@ tool flag              trainer argument (the alignment contract)
                        environment (the overlay's alignment_msprobe.py reads it)
 =====================  ==============================================================
 
-Only the Flux trainers (``flux``, ``flux-lora``) know these arguments; ``preprocess`` refuses them.
+Only the GRPO trainers whose seam has the alignment feature know these arguments (the registry's
+rows with ``aligns``, ``trainers.aligning()``); preprocessing refuses them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from dancegrpo_npu.contract import MSPROBE_ENV, MSPROBE_TASKS, REPLAY_FIT, RNG_C
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.rundirs.records import records_index
 
-ALIGN_SCRIPTS = ("flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit")
 TRAINER_FLAGS = ("--rng", "--record", "--record_steps", "--record_modules", "--replay")
 
 

@@ -21,6 +21,7 @@ import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.rundirs.rundir import read_json
 
 RECORD = "dataset.json"
@@ -35,16 +36,18 @@ class Model:
     preprocess: str  # launch's script that makes its dataset
 
 
-MODELS = {
-    "flux": Model("flux", "FLUX.1-dev", "preprocess"),
-    "wan": Model("wan", "Wan2.1-T2V-1.3B", "preprocess-wan"),
-    "qwenimage": Model("qwenimage", "Qwen-Image", "preprocess-qwenimage"),
-    "qwenimage-edit": Model("qwenimage-edit", "Qwen-Image-Edit", "preprocess-qwenimage-edit"),
-}
+def model(name: str) -> Model | None:
+    """The model whose dataset is ``name``, from the trainer registry: its title, and the
+    preprocessing row that writes the dataset."""
+    rows = [spec for spec in trainers.REGISTRY.values() if spec.dataset == name]
+    if not rows:
+        return None
+    preprocess = next((spec.name for spec in rows if not spec.is_trainer), rows[0].preprocess or "")
+    return Model(name, rows[0].title, preprocess)
 
 
-def dataset_dir(tree: Path, model: str) -> Path:
-    return tree / DATASETS_DIR / MODELS[model].name
+def dataset_dir(tree: Path, name: str) -> Path:
+    return tree / DATASETS_DIR / model(name).name
 
 
 def default_value(info, flag: str, tree: Path) -> str | None:
@@ -65,8 +68,8 @@ def recorded_model(directory: Path) -> dict | None:
 
 
 def _made(record: dict) -> str:
-    model = MODELS.get(record["model"])
-    title = model.title if model else record["model"]
+    made_for = model(record["model"])
+    title = made_for.title if made_for else record["model"]
     how = f"`dancegrpo-npu launch {record.get('preprocessing')}`" if record.get("preprocessing") else "preprocessing"
     run = f", run {Path(record['run']).name}" if record.get("run") else ""
     return f"the {title} dataset (made by {how}{run})"
@@ -77,21 +80,21 @@ def problems(info, values: dict) -> list[str]:
     --data_json_path, or preprocessing's --output_dir (it would be overwritten)."""
     if info.dataset is None:
         return []
-    model = MODELS[info.dataset]
+    model_ = model(info.dataset)
     out = []
     if info.output_in_run_dir and values.get("--data_json_path"):
         path = Path(values["--data_json_path"])
         record = recorded_model(path.parent)
-        if record and record["model"] != model.name:
-            out.append(f"--data_json_path: {path} is {_made(record)}, not {model.title}'s; run `dancegrpo-npu "
-                       f"launch {model.preprocess}` (it writes {DATASETS_DIR}/{model.name}/) or give this "
+        if record and record["model"] != model_.name:
+            out.append(f"--data_json_path: {path} is {_made(record)}, not {model_.title}'s; run `dancegrpo-npu "
+                       f"launch {model_.preprocess}` (it writes {DATASETS_DIR}/{model_.name}/) or give this "
                        "model's dataset")
     if not info.output_in_run_dir and values.get("--output_dir"):
         path = Path(values["--output_dir"])
         record = recorded_model(path)
-        if record and record["model"] != model.name:
-            out.append(f"--output_dir: {path} holds {_made(record)}, which preprocessing {model.title} there would "
-                       f"overwrite; give another --output_dir (the default is {DATASETS_DIR}/{model.name}/)")
+        if record and record["model"] != model_.name:
+            out.append(f"--output_dir: {path} holds {_made(record)}, which preprocessing {model_.title} there would "
+                       f"overwrite; give another --output_dir (the default is {DATASETS_DIR}/{model_.name}/)")
     return out
 
 
@@ -116,8 +119,8 @@ def record(directory: Path, info, values: dict, run_dir: Path) -> None:
 
     keep = ("--model_path", "--prompt_dir", "--image_dir", "--height", "--width")
     write_json(directory / RECORD, {
-        "model": MODELS[info.dataset].name,
-        "model_title": MODELS[info.dataset].title,
+        "model": model(info.dataset).name,
+        "model_title": model(info.dataset).title,
         "preprocessing": info.name,
         "script": info.relpath,
         "arguments": {flag: values[flag] for flag in keep if flag in values},

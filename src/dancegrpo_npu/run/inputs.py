@@ -5,9 +5,9 @@ still lacks, and a real launch refuses with all of it in one line.  A directory 
 not enough: weights need each component's ``config.json`` and weight files (what
 ``from_pretrained`` reads), the embeddings directory its JSON, a file some bytes.
 
-Kinds (``ScriptInfo.required_inputs``):
+Kinds (a registry row's ``required_inputs``, dancegrpo_npu.trainers):
 
-- ``flux``: a FLUX.1-dev directory as the trainers read it: ``transformer/`` and ``vae/``
+- ``weights``: a model directory as the trainers read it: ``transformer/`` and ``vae/``
 - ``vae``: a directory holding ``vae/`` (the trainers' --vae_model_path)
 - ``model``: one model's directory: config.json and weights at its top
 - ``pipeline``: the whole FLUX.1-dev pipeline, as preprocessing loads it
@@ -50,7 +50,7 @@ def _dir_problems(p: Path, kind: str) -> list[str]:
         return [problem.replace(f"{p.name}/ ", "", 1)] if problem else []
     if kind == "directory":
         return [] if any(p.iterdir()) else ["it is empty"]
-    models = {"flux": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS,
+    models = {"weights": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS,
               "edit-pipeline": WAN_PIPELINE_MODELS}[kind]
     problems = [m for m in (_model_problem(p / name) for name in models) if m]
     if kind in ("pipeline", "wan-pipeline", "edit-pipeline"):
@@ -139,3 +139,12 @@ def image_sizes_problem(values: dict) -> str | None:
             return (f"{flag} {size} is not a positive multiple of 16 (the VAE's 8x and the 2x2 latent patches); "
                     f"give e.g. {flag} {max(16, size // 16 * 16)}")
     return None
+
+
+# The checks a registry row names in its ``argument_checks``: name -> (flag values) -> one line or None.
+ARGUMENT_CHECKS = {"image-sizes": image_sizes_problem, "reference-sizes": reference_sizes_problem}
+
+
+def argument_problems(names, values: dict) -> list[str]:
+    """The named checks' findings on the script's flag values, in the row's order."""
+    return [p for p in (ARGUMENT_CHECKS[name](values) for name in names) if p]

@@ -7,7 +7,7 @@ runs (``runner.run_plan``) in its own run directory, which keeps the record.
 
 API (used by ``dancegrpo-npu smoke``)::
 
-    launch(project, LaunchSpec(script="flux", args=(...), upstream_defaults=False)) -> RunRecord
+    launch(project, LaunchSpec(script=NAME, args=(...), upstream_defaults=False)) -> RunRecord
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dancegrpo_npu.host import ascend
 from dancegrpo_npu.run import directory
 from dancegrpo_npu.rundirs.rundir import find_run
 
-from dancegrpo_npu.run.align_flags import ALIGN_SCRIPTS, TRAINER_FLAGS, check_replay
+from dancegrpo_npu import trainers
+from dancegrpo_npu.run.align_flags import TRAINER_FLAGS, check_replay
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
@@ -35,7 +36,7 @@ from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
 from dancegrpo_npu.run.resume import restart_spec, resume_point
 from dancegrpo_npu.run.runner import run_plan
 from dancegrpo_npu.run.upstream_args import (
-    ScriptInfo,
+    TrainerSpec,
     build_script_args,
     flag_values,
     input_problems,
@@ -52,7 +53,7 @@ def run_name(spec: LaunchSpec) -> str:
     return f"{name}-node{spec.node_rank}" if spec.nnodes > 1 else name
 
 
-def check_spec(spec: LaunchSpec, dry_run: bool = False) -> ScriptInfo:
+def check_spec(spec: LaunchSpec, dry_run: bool = False) -> TrainerSpec:
     info = script_info(spec.script)
     if spec.device not in DEVICES:
         raise DancegrpoError(f"unknown device {spec.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
@@ -83,17 +84,17 @@ def check_spec(spec: LaunchSpec, dry_run: bool = False) -> ScriptInfo:
             raise DancegrpoError(f"{DEVICE_ENV} is set by --device", "use --device instead of --env", exit_code=2)
     run_name(spec)
     given = spec.align.given()
-    if given and info.name not in ALIGN_SCRIPTS:
+    if given and not info.aligns:
         raise DancegrpoError(
-            f"{', '.join(given)}: only the GRPO trainers ({', '.join(ALIGN_SCRIPTS)}) draw noise and record stages",
+            f"{', '.join(given)}: only the GRPO trainers ({', '.join(trainers.aligning())}) draw noise and record stages",
             f"launch {info.name} without {' '.join(given)}",
             exit_code=2,
         )
     spec.align.check()
     if spec.profile_steps is not None:
-        if info.name not in ALIGN_SCRIPTS:
+        if not info.aligns:
             raise DancegrpoError(
-                f"--profile: only the GRPO trainers ({', '.join(ALIGN_SCRIPTS)}) time and profile GRPO steps",
+                f"--profile: only the GRPO trainers ({', '.join(trainers.aligning())}) time and profile GRPO steps",
                 f"launch {info.name} without --profile",
                 exit_code=2,
             )
@@ -144,7 +145,7 @@ def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], 
     return list(align.trainer_args(replay_records))
 
 
-def _check_script_args(info: ScriptInfo, tree: Path, script_args: list[str], spec: LaunchSpec,
+def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], spec: LaunchSpec,
                        environ: dict[str, str], problems: list[str], dry_run: bool) -> str:
     """The final arguments parsed by the script's own parser (run.script_parser), in the run's
     dependency set (the tool's interpreter when that set is not installed: a dry run lists it
@@ -323,5 +324,5 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     record = run_plan(project, plan)
     if made is not None and record.returncode == 0:
         datasets.record(made, plan.script, flag_values(plan.script_args), run_dir)
-        print(f"dancegrpo-npu: the {datasets.MODELS[plan.script.dataset].title} dataset is in {made}", flush=True)
+        print(f"dancegrpo-npu: the {datasets.model(plan.script.dataset).title} dataset is in {made}", flush=True)
     return record

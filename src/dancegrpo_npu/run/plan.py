@@ -9,12 +9,12 @@ from pathlib import Path
 
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.run.recipes import Recipe
-from dancegrpo_npu.run.upstream_args import ScriptInfo
+from dancegrpo_npu.trainers import TrainerSpec
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    script: str  # "flux" | "flux-lora" | "preprocess"
+    script: str  # a registry row's name (dancegrpo_npu.trainers)
     args: tuple[str, ...] = ()  # script arguments; override upstream's defaults
     nproc_per_node: int = 1
     nnodes: int = 1
@@ -27,8 +27,8 @@ class LaunchSpec:
     env: tuple[tuple[str, str], ...] = ()  # extra environment; wins over everything
     upstream_defaults: bool = True  # False: pass exactly `args` (smoke does this)
     strict: bool = False  # DANCEGRPO_NPU_STRICT=1
-    align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (flux, flux-lora only)
-    profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (flux, flux-lora only)
+    align: AlignOptions = AlignOptions()  # --rng/--record.../--replay (trainers that align)
+    profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (trainers that align)
     recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
     max_restarts: int = 0  # torchrun's elastic --max-restarts; each restart resumes from latest
     resume_of: Path | None = None  # --resume: the run directory this launch continues (run.resume)
@@ -46,7 +46,7 @@ class RunRecord:
 @dataclass(frozen=True)
 class LaunchPlan:
     spec: LaunchSpec
-    script: ScriptInfo
+    script: TrainerSpec
     run_dir: Path
     script_path: Path
     script_args: tuple[str, ...]

@@ -5,7 +5,7 @@ that changes a recipe changes what ``launch`` runs.
 A recipe is named after its file: ``finetune_flux_grpo_8gpus.sh`` is ``8gpus``,
 ``finetune_flux_grpo_8gpus_lora.sh`` is ``8gpus-lora``; the file without a suffix
 (``finetune_flux_grpo.sh``, a 2-node script) is named after its torchrun layout: ``2nodes``.
-A script belongs to the trainer its torchrun line starts (``fastvideo/train_grpo_flux.py``...).
+A script belongs to the trainer its torchrun line starts (the row's ``relpath``, dancegrpo_npu.trainers).
 
 A launch whose world size no recipe has runs the nearest recipe scaled to it, keeping what a
 GRPO step means (``scale``):
@@ -281,10 +281,10 @@ def recipe_notes(spec, info, recipe, scaling, script_args) -> tuple[str, ...]:
     reasons.update({flag: "the port's reward files; upstream reads ./hps_ckpt" for flag, _ in info.defaults})
     reasons["--output_dir"] = "the run's own outputs/"
     if info.dataset is not None:  # run.datasets: each model's dataset in its own directory
-        from dancegrpo_npu.run.datasets import MODELS
+        from dancegrpo_npu.run.datasets import model
 
         reasons["--data_json_path"] = (f"this model's own dataset, resolved in the patched tree (`launch "
-                                       f"{MODELS[info.dataset].preprocess}` writes it)")
+                                       f"{model(info.dataset).preprocess}` writes it)")
     reasons.update({flag: "launch's alignment or --profile options" for flag in (*TRAINER_FLAGS, "--profile_steps")})
     reasons.update({flag: "given after --" for flag in user})
     final = [(flag, value) for flag, value, _ in split_flags(script_args)]

@@ -59,7 +59,7 @@ BPE_NAME = "bpe_simple_vocab_16e6.txt.gz"
 BPE_SHA256 = "924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a"
 
 # What a fixtures directory holds at its top level (anything else there is not ours).
-LAYOUT_NAMES = ("flux", "hps_ckpt", "rl_embeddings", "prompts.txt", STAMP_NAME)
+LAYOUT_NAMES = ("pipeline", "hps_ckpt", "rl_embeddings", "prompts.txt", STAMP_NAME)
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIFFUSERS_OFFLINE": "1"}
 
@@ -90,7 +90,7 @@ def fixtures_at(dest: Path) -> Fixtures:
     dest = Path(dest)
     hps = dest / "hps_ckpt"
     return Fixtures(
-        model_dir=dest / "flux",
+        model_dir=dest / "pipeline",
         hps_model_config=hps / f"{HPS_MODEL_NAME}.json",
         hps_open_clip_ckpt=hps / "open_clip_pytorch_model.bin",
         hps_ckpt=hps / "HPS_v2.1_compressed.pt",

@@ -34,7 +34,7 @@ def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
         return None
     code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
     name = trainer_of(options)
-    settings = (options.nproc, name == "flux-lora" if name.startswith("flux") else name, options.device, options.steps, options.generations,
+    settings = (options.nproc, name, options.device, options.steps, options.generations,
                 tuple(options.extra_args), str(project.workdir), options.strict)
     h = hashlib.sha256()
     for part in (*parts, params_sha256(), *code, repr(settings)):

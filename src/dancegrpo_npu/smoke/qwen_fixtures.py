@@ -121,17 +121,17 @@ CHECK_SIZE = 64
 
 # The pipelines' prompt templates (diffusers 0.35's prompt_template_encode, the tokenizer's
 # training text) and the prefix length their encode_prompt drops; the build checks both.
-TEMPLATES = {
-    "qwenimage": "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
+TEMPLATES = {  # by pipeline: the text-to-image one, and the edit one
+    "text": "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
                  "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
                  "<|im_end|>\n<|im_start|>assistant\n",
-    "qwenimage_edit": "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+    "edit": "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
                       "objects, background), then explain how the user's text instruction should alter or modify the "
                       "image. Generate a new image that meets the user's requirements while maintaining consistency "
                       "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
                       "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n",
 }
-DROP_IDX = {"qwenimage": 34, "qwenimage_edit": 64}
+DROP_IDX = {"text": 34, "edit": 64}
 
 SEEDS = {"transformer": 21, "vae": 22, "text_encoder": 23, "images": 24}
 PARAMS = {"transformer": TRANSFORMER_CONFIG, "vae": VAE_CONFIG, "text": TEXT_CONFIG, "vision": VISION_CONFIG,
@@ -159,9 +159,9 @@ class QwenFixtures:
 def qwen_fixtures_at(dest: Path, edit: bool = False) -> QwenFixtures:
     dest = Path(dest)
     if edit:
-        return QwenFixtures(dest / "qwenimage_edit", dest / "rl_embeddings" / "videos2caption.json",
+        return QwenFixtures(dest / "edit-pipeline", dest / "rl_embeddings" / "videos2caption.json",
                             dest / "edit_data.jsonl", dest / "images")
-    return QwenFixtures(dest / "qwenimage", dest / "rl_embeddings" / "videos2caption.json", dest / "prompts.txt", None)
+    return QwenFixtures(dest / "pipeline", dest / "rl_embeddings" / "videos2caption.json", dest / "prompts.txt", None)
 
 
 def params_sha256(python: str, edit: bool) -> str:
@@ -216,7 +216,7 @@ def build_parts(edit: bool):
 
     from dancegrpo_npu.smoke.tiny_models import T5_CORPUS
 
-    templates = [TEMPLATES["qwenimage"], TEMPLATES["qwenimage_edit"]]
+    templates = [TEMPLATES["text"], TEMPLATES["edit"]]
     tokenizer = build_tokenizer([t.format("") for t in templates] * 20 + T5_CORPUS.splitlines())
     ids = dict(zip(SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)))
     config = Qwen2_5_VLConfig(
@@ -246,13 +246,13 @@ def build_pipeline(edit: bool):
 
     parts = build_parts(edit)
     pipe = (QwenImageEditPipeline if edit else QwenImagePipeline)(**parts)
-    name = "qwenimage_edit" if edit else "qwenimage"
+    name = "edit" if edit else "text"
     if pipe.prompt_template_encode != TEMPLATES[name] or pipe.prompt_template_encode_start_idx != DROP_IDX[name]:
         raise RuntimeError(f"this diffusers' {type(pipe).__name__} prompt template is not the one the tokenizer is built for")
     system_turn = TEMPLATES[name].split("<|im_start|>user\n")[0] + "<|im_start|>user\n"
     dropped = len(parts["tokenizer"](system_turn)["input_ids"])
     if dropped != DROP_IDX[name]:
-        raise RuntimeError(f"the tiny tokenizer reads {name}'s system turn as {dropped} tokens, not {DROP_IDX[name]}")
+        raise RuntimeError(f"the tiny tokenizer reads the {name} pipeline's system turn as {dropped} tokens, not {DROP_IDX[name]}")
     return pipe
 
 

@@ -2,7 +2,7 @@
 
 It builds (once; reused) the fixtures - a tiny FLUX.1-dev-shaped pipeline, an HPSv2-shaped
 reward and an RL-embeddings dataset (``dancegrpo_npu.smoke.fixtures``) - then launches the *patched
-stock* ``fastvideo/train_grpo_flux.py`` (``--lora``: ``train_grpo_flux_lora.py``) from the tree
+stock* trainer of the registry's default row (``--lora``: its LoRA variant; ``--trainer NAME``: that row) from the tree
 (build/DanceGRPO, or --workdir) through ``dancegrpo-npu launch``, so the smoke run gets a run
 directory like any launch: 2 GRPO steps (--steps) at 64x64, 4 sampling steps, 2 generations
 per prompt (--generations), HPSv2 reward, strict mode on.
@@ -39,9 +39,11 @@ import re
 import sys
 import time
 from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
@@ -72,8 +74,8 @@ OWN_FLAGS = {
 @dataclass(frozen=True)
 class SmokeOptions:
     nproc: int = 1
-    lora: bool = False  # the same as trainer="flux-lora"
-    trainer: str = ""  # TRAINERS' name; "" = flux, or flux-lora with lora
+    lora: bool = False  # the default trainer's LoRA variant (its row's ``lora``)
+    trainer: str = ""  # a registry row smoke runs; "": the default row, or its LoRA variant with lora
     device: str = "auto"
     verbose: bool = False  # stream the run's own output
     env: tuple[tuple[str, str], ...] = ()  # more environment for the job (wins over the smoke's)
@@ -95,36 +97,49 @@ class SmokeResult:
     equal_weights: int | None = None  # tensors every rank holds equal after training (trainers that check it)
 
 
-@dataclass(frozen=True)
-class SmokeTrainer:
-    """One trainer the smoke runs: the launch script, how the first line names it, and its run
-    (fixtures, arguments, launch, checks) -> SmokeResult."""
+def max_train_steps(spec, steps: int) -> int:
+    """The trainer's --max_train_steps for the smoke's ``steps``: the trainers whose loop counts
+    from 0 and saves as it reaches a pass's step S (smoke.trained) get a pass's steps less the
+    row's ``loop_below``; a trainer of several ``passes`` runs steps / passes a pass."""
+    return steps // spec.smoke.passes - spec.smoke.loop_below
 
-    script: str  # launch's script name (run.upstream_args.SCRIPTS)
-    title: str
-    run: object  # (project, options, start time) -> SmokeResult
-    # The Wan2.1 and Qwen-Image trainers count their loop from 0 and save as they reach a pass's
-    # step S (smoke.trained): their --max_train_steps is a pass's steps less ``loop_below``, and
-    # the Qwen-Image-Edit trainer makes ``passes`` passes over its prompts.  The FLUX trainers: 0, 1.
-    label: str = ""  # the trainer in messages
-    loop_below: int = 0
-    passes: int = 1
 
-    def max_train_steps(self, steps: int) -> int:
-        return steps // self.passes - self.loop_below
+def smoke_steps(spec, max_train_steps: int) -> int:
+    """The smoke's --steps that passes the trainer ``max_train_steps``."""
+    return (max_train_steps + spec.smoke.loop_below) * spec.smoke.passes
 
-    def smoke_steps(self, max_train_steps: int) -> int:
-        """The smoke's --steps that passes the trainer ``max_train_steps``."""
-        return (max_train_steps + self.loop_below) * self.passes
 
-    @property
-    def default_steps(self) -> int:
-        """--steps when not given: STEPS, or one step a pass for a trainer of several passes."""
-        return self.passes if self.passes > 1 else STEPS
+def default_steps(spec) -> int:
+    """--steps when not given: STEPS, or one step a pass for a trainer of several passes."""
+    return spec.smoke.passes if spec.smoke.passes > 1 else STEPS
+
+
+class _Smoked(Mapping):
+    """The registry's rows smoke runs, by name: a live view (a row registered later is in it)."""
+
+    def __getitem__(self, name: str):
+        spec = trainers.REGISTRY[name]
+        if spec.smoke is None:
+            raise KeyError(name)
+        return spec
+
+    def __iter__(self):
+        return iter(trainers.smoked())
+
+    def __len__(self) -> int:
+        return len(trainers.smoked())
+
+
+TRAINERS = _Smoked()
+
+
+def lora_trainer() -> str:
+    """The trainer ``--lora`` names: the default trainer's LoRA variant."""
+    return trainers.default_trainer().lora or ""
 
 
 def trainer_of(options: SmokeOptions) -> str:
-    return options.trainer or ("flux-lora" if options.lora else "flux")
+    return options.trainer or (lora_trainer() if options.lora else trainers.default_trainer().name)
 
 
 def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS,
@@ -256,10 +271,10 @@ def _quiet(enabled: bool, progress: StepProgress | None = None):
 def check_options(options: SmokeOptions) -> None:
     if options.nproc < 1:
         raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", "give a positive count", exit_code=2)
-    if options.trainer and options.trainer not in TRAINERS:
-        raise DancegrpoError(f"unknown trainer {options.trainer!r}", f"choose one of: {', '.join(TRAINERS)}", exit_code=2)
-    if options.lora and options.trainer not in ("", "flux-lora"):
-        raise DancegrpoError(f"--lora names the trainer flux-lora, not {options.trainer}",
+    if options.trainer:
+        trainers.smoke_spec(options.trainer)  # refuses one smoke does not run
+    if options.lora and options.trainer not in ("", lora_trainer()):
+        raise DancegrpoError(f"--lora names the trainer {lora_trainer()}, not {options.trainer}",
                              "give --trainer alone", exit_code=2)
     if options.device not in DEVICES:
         raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
@@ -278,7 +293,7 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
-    trainer = TRAINERS[trainer_of(options)]
+    trainer = trainers.smoke_spec(trainer_of(options)).smoke
     if trainer.loop_below:  # the trainers whose loop saves as it reaches a pass's step S
         from dancegrpo_npu.smoke.fixtures import PROMPTS
         from dancegrpo_npu.smoke.trained import steps_problem
@@ -294,15 +309,14 @@ def check_options(options: SmokeOptions) -> None:
 
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.engine import treecheck
-    from dancegrpo_npu.run.upstream_args import script_info
 
     options = resumed_options(project, options)
     check_options(options)
     start = time.monotonic()
-    trainer = TRAINERS[trainer_of(options)]
+    spec = trainers.smoke_spec(trainer_of(options))
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
-    treecheck.require_tree(project, script_info(trainer.script).relpath)
-    return trainer.run(project, options, start)
+    treecheck.require_tree(project, spec.relpath)
+    return trainers.load(spec.smoke.run)(project, options, spec, start)
 
 
 def _ran(record):
@@ -320,7 +334,9 @@ def _ran(record):
     return record
 
 
-def _run_flux(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
+def run_with_tool_fixtures(project: Project, options: SmokeOptions, spec, start: float) -> SmokeResult:
+    """The smoke of a trainer of the tool's own dependency set: the tiny FLUX.1-dev-shaped
+    fixtures built here, the checkpoint loaded back here (full, or LoRA with ``spec.smoke.lora``)."""
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
     # with the tree: the dataset is also read back through the patched LatentDataset
@@ -328,70 +344,39 @@ def _run_flux(project: Project, options: SmokeOptions, start: float) -> SmokeRes
     record = _ran(_launch(project, options, all_trainer_args(options, fixtures)))
     steps = read_metrics(record.run_dir, options.steps)
     budget = decay_budget(all_trainer_args(options, fixtures), options.steps)
-    lora = trainer_of(options) == "flux-lora"
-    check = (check_lora_checkpoint if lora else check_full_checkpoint)(
+    check = (check_lora_checkpoint if spec.smoke.lora else check_full_checkpoint)(
         record.run_dir / "outputs", fixtures.model_dir, options.steps, budget)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start)
 
 
-def _run_wan(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
-    from dancegrpo_npu.smoke import wan_smoke
-    from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
-
-    return _run_in_035_set(project, options, start, lambda hps, python: build_wan_fixtures(
-        project.build_dir / "fixtures-wan", hps.prompts, python), wan_smoke.trainer_args, "WanTransformer3DModel")
-
-
-def _run_qwen(project: Project, options: SmokeOptions, start: float) -> SmokeResult:
-    from dancegrpo_npu.smoke import qwen_smoke
-
-    name = trainer_of(options)
-    return _run_in_035_set(project, options, start, lambda hps, python: qwen_smoke.fixtures(
-        project, hps.prompts, name, python), lambda *a: qwen_smoke.trainer_args(*a, trainer=name),
-        "QwenImageTransformer2DModel")
-
-
-def _run_in_035_set(project: Project, options: SmokeOptions, start: float, fixtures, trainer_args,
-                    model_class: str) -> SmokeResult:
-    """The smoke of a trainer of the diffusers-0.35 set (Wan2.1, Qwen-Image): its fixtures built
-    by that set's interpreter, then the FLUX smoke's checks plus every rank's equal weights
-    (smoke.trained)."""
+def run_with_depset_fixtures(project: Project, options: SmokeOptions, spec, start: float) -> SmokeResult:
+    """The smoke of a trainer of another dependency set (Wan2.1, Qwen-Image: diffusers-0.35): its
+    fixtures (``spec.smoke.fixtures``) built by that set's interpreter, then the FLUX smoke's
+    checks plus every rank's equal weights (smoke.trained)."""
     from dancegrpo_npu.run.depsets import python_for
-    from dancegrpo_npu.run.upstream_args import script_info
     from dancegrpo_npu.smoke import trained
     from dancegrpo_npu.smoke.fixtures import build_fixtures
 
-    name = trainer_of(options)
-    trainer = TRAINERS[name]
-    python = python_for(script_info(name).depset, needed_by=name)
+    smoke = spec.smoke
+    python = python_for(spec.depset, needed_by=spec.name)
     hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
-    built = fixtures(hps, python)
-    args = trainer_args(built, hps, trainer.max_train_steps(options.steps), options.generations)
+    built = trainers.load(smoke.fixtures)(project, hps.prompts, spec, python)
+    args = trainers.load(smoke.arguments)(built, hps, max_train_steps(spec, options.steps), options.generations, spec)
     args += tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
-    checkpoint, updates = trained.last_checkpoint(options.steps, trainer.passes)
-    check = trained.check_checkpoint(record.run_dir / "outputs" / checkpoint, built.model_dir, model_class,
+    checkpoint, updates = trained.last_checkpoint(options.steps, smoke.passes)
+    check = trained.check_checkpoint(record.run_dir / "outputs" / checkpoint, built.model_dir, smoke.model_class,
                                      decay_budget(args, updates + 1), python)
     check_training_moved(check)
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
 
 
-TRAINERS: dict[str, SmokeTrainer] = {
-    "flux": SmokeTrainer("flux", "full FLUX GRPO", _run_flux),
-    "flux-lora": SmokeTrainer("flux-lora", "LoRA FLUX GRPO", _run_flux),
-    "wan": SmokeTrainer("wan", "Wan2.1 GRPO (one frame)", _run_wan, "Wan", loop_below=1),
-    "qwenimage": SmokeTrainer("qwenimage", "Qwen-Image GRPO", _run_qwen, "Qwen-Image", loop_below=2),
-    "qwenimage-edit": SmokeTrainer("qwenimage-edit", "Qwen-Image-Edit GRPO", _run_qwen, "Qwen-Image-Edit",
-                                   loop_below=2, passes=3),
-}
-
-
 def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
     """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
-    lora = trainer_of(options) == "flux-lora"
+    lora = trainers.smoke_spec(trainer_of(options)).smoke.lora
     return trainer_args(fixtures, lora, options.steps, options.generations,
                         options.checkpointing_steps) + tuple(options.extra_args)
 
@@ -409,7 +394,7 @@ def resumed_options(project: Project, options: SmokeOptions, given: dict | None 
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
         recorded = replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                           steps=TRAINERS[launch["script"]].smoke_steps(int(v["--max_train_steps"])),
+                           steps=smoke_steps(trainers.smoke_spec(launch["script"]), int(v["--max_train_steps"])),
                            generations=int(v["--num_generations"]),
                            checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
         device = launch["device"]
@@ -436,13 +421,13 @@ def _launch(project: Project, options: SmokeOptions, args):
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
             return launch(project, spec)
 
-    name = trainer_of(options)
+    trainer = trainers.smoke_spec(trainer_of(options))
     spec = LaunchSpec(
-        script=TRAINERS[name].script,
+        script=trainer.name,
         args=tuple(args),
         nproc_per_node=options.nproc,
         device=options.device,
-        name={"flux": "smoke", "flux-lora": "smoke-lora"}.get(name, f"smoke-{name}"),
+        name=trainers.run_name(trainer),
         env=job_env(options.device, options.nproc) + tuple(options.env),
         upstream_defaults=False,
         strict=options.strict,
@@ -461,7 +446,7 @@ _TEXT_STREAM_OUTPUT = re.compile(r"^transformer_blocks\.(\d+)\.(attn\.(add_q_pro
 
 
 def loss_note(steps) -> str | None:
-    """Why the loss column is 0, where it is (upstream's GRPO loss, fastvideo/train_grpo_*.py)."""
+    """Why the loss column is 0, where it is (upstream's GRPO loss, in every trainer's script)."""
     if not steps or any(abs(s.loss) > ZERO_LOSS for s in steps):
         return None
     return ("loss 0 is upstream's GRPO loss by construction: it is -advantage x ratio over the group's samples, and "

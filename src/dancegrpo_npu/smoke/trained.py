@@ -25,7 +25,7 @@ def last_checkpoint(steps: int, passes: int = 1) -> tuple[str, int]:
     """The checkpoint a smoke of ``steps`` steps checks, and the updates it holds.  The Wan2.1 and
     Qwen-Image trainers save checkpoint-<step>-<pass> as their loop reaches step S of a pass of S
     steps (never checkpoint-1-<pass>, and checkpoint-0-<pass> before the pass's first update);
-    the Qwen-Image-Edit trainer makes 3 passes (smoke.runner.TRAINERS)."""
+    the Qwen-Image-Edit trainer makes 3 passes (its registry row's smoke.passes)."""
     per_pass = steps // passes
     if per_pass >= 2:
         return f"checkpoint-{per_pass}-{passes - 1}", steps

@@ -92,7 +92,7 @@ class WanFixtures:
 
 def wan_fixtures_at(dest: Path) -> WanFixtures:
     dest = Path(dest)
-    return WanFixtures(dest / "wan", dest / "rl_embeddings" / "videos2caption.json")
+    return WanFixtures(dest / "pipeline", dest / "rl_embeddings" / "videos2caption.json")
 
 
 def params_sha256(python: str) -> str:

@@ -19,7 +19,14 @@ from __future__ import annotations
 from dancegrpo_npu.smoke.recipe import shrunk_recipe
 
 
-def trainer_args(wan, hps, max_train_steps: int, generations: int) -> tuple[str, ...]:
+def fixtures(project, hps_prompts, spec, python: str):
+    """The tiny Wan2.1 pipeline and dataset (built once, reused)."""
+    from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
+
+    return build_wan_fixtures(project.build_dir / f"fixtures-{spec.name}", hps_prompts, python)
+
+
+def trainer_args(wan, hps, max_train_steps: int, generations: int, spec) -> tuple[str, ...]:
     """Upstream's recipe (finetune_wan_2_1_grpo.sh) shrunk: S steps (``max_train_steps`` S - 1: the
     Wan trainer counts its steps from 0 and stops past S - 1) at 64x64, one frame, 4 sampling steps,
     CFG 5.0 in the rollout as upstream, on the tiny Wan and the HPS fixture; a checkpoint every step

@@ -98,12 +98,16 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     from dancegrpo_npu.throughput import models as model_lib
     from dancegrpo_npu.throughput import phases, record
 
-    spec = presets.TRAINERS[config.preset.trainer]
+    spec = presets.trainer_of(config.preset)
     state = tree_state(project, spec.relpath)
     if state["state"] == "missing":
         raise DancegrpoError(f"bench: {state['detail']}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
     if state["state"] == "unverified":
         progress(f"warning: measuring a tree that is not lock + series + overlay ({state['detail']})")
+    config, recipe_path, differ = presets.with_recipe(config, project.workdir)
+    if differ:  # the registry's copy is tied to upstream by a test: an upstream that changed it
+        shown = ", ".join(f"{name} {copy} -> {value}" for name, (copy, value) in differ.items())
+        progress(f"upstream's recipe {recipe_path.name} differs from the tool's copy ({shown}): measuring the recipe's")
     progress(f"importing the trainer from {project.workdir}")
     trainer, kind = phases.load_trainer(project.workdir, config.device, spec.relpath)
     import torch
@@ -122,6 +126,7 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     model_lib.check_fits(estimate, available, what, config.preset.name, kind)
     facts = {
         **config.describe(),
+        "recipe": str(recipe_path),
         "device_kind": kind,
         "dtype": str(dtype).replace("torch.", ""),
         "parameters": {"transformer": counts.transformer, "vae": counts.vae, "hps": counts.hps},
@@ -149,7 +154,7 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         precision_autocast(trainer, kind, dtype)
         if dtype == torch.float32:
             float32_inputs(built.transformer)
-        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype, family)
+        prompt = phases.prompt_batch(configs[0], config.sizes, target, dtype, spec)
         with phases.single_rank_group():
             recorded = config.sizes.steps * len(config.sample_batch_sizes) if config.record else 0
             bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded, spec)

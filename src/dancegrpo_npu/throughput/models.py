@@ -6,7 +6,7 @@
 - the HPSv2 reward: hpsv2's open_clip ``CLIP`` from its bundled ``ViT-H-14`` config, built by
   ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast),
 
-or, for the ``tiny`` preset, the smoke's tiny configurations (``smoke.tiny_models``).  The Wan
+or, for the tiny presets, the smoke's tiny configurations (the module the preset's registry row names).  The Wan
 presets build diffusers' ``WanTransformer3DModel`` and ``AutoencoderKLWan`` from Wan2.1-T2V-1.3B's
 ``transformer/config.json`` and ``vae/config.json`` (``wan2.1-t2v-1.3b-*.json``), or the Wan
 smoke's tiny ones (``smoke.wan_fixtures``), with the same HPS; they need diffusers >= 0.33 (the
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 
 TRANSFORMER_CONFIG_FILE = "flux1-dev-transformer.json"
@@ -40,12 +41,9 @@ SHIPPED = {
     "wan2.1-t2v-1.3b": ("wan2.1-t2v-1.3b-transformer.json", "wan2.1-t2v-1.3b-vae.json"),
     # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE,
     # AutoencoderKLQwenImage, is Wan2.1's architecture with Wan2.1's configuration (and latents
-    # mean and std): the Wan file, built as the Qwen-Image class (CLASSES)
+    # mean and std): the Wan file, built as the Qwen-Image class (its row's ``bench.classes``)
     "qwen-image": (None, "wan2.1-t2v-1.3b-vae.json"),
 }
-# diffusers' (transformer, VAE) classes of each trainer's models
-CLASSES = {"flux": ("FluxTransformer2DModel", "AutoencoderKL"), "wan": ("WanTransformer3DModel", "AutoencoderKLWan"),
-           "qwenimage": ("QwenImageTransformer2DModel", "AutoencoderKLQwenImage")}
 HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
 GiB = 1024**3
 
@@ -58,17 +56,20 @@ def shipped_config(filename: str) -> dict:
 
 def model_configs(preset) -> tuple[dict, dict, dict]:
     """(transformer, vae, hps) configs for a preset, overrides applied."""
-    if preset.models in ("tiny", "tiny-wan", "tiny-qwenimage"):
-        from dancegrpo_npu.smoke import qwen_fixtures, tiny_models, wan_fixtures
+    if preset.tiny:  # the smoke's tiny models, named by the preset's registry row
+        import importlib
 
-        smoke = {"tiny": tiny_models, "tiny-wan": wan_fixtures, "tiny-qwenimage": qwen_fixtures}[preset.models]
+        from dancegrpo_npu.smoke import tiny_models
+
+        smoke = importlib.import_module(preset.tiny)
         transformer, vae, hps = smoke.TRANSFORMER_CONFIG, smoke.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
         return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
     transformer_file, vae_file = SHIPPED[preset.models]
     if transformer_file is None:
         from dancegrpo_npu.plan.models import entry
 
-        shipped = {k: v for k, v in entry("qwenimage")["transformer"].items() if not k.startswith("_")}
+        shipped = {k: v for k, v in entry(trainers.get(preset.trainer).plan_model)["transformer"].items()
+                   if not k.startswith("_")}
     else:
         shipped = shipped_config(transformer_file)
     transformer = {**shipped, **preset.transformer_overrides}
@@ -120,17 +121,22 @@ def materialising(device, dtype):
         torch.set_default_dtype(previous)
 
 
-def diffusers_class(trainer: str, which: int):
+def bench_of(trainer: str | None):
+    """The bench facts of the registry row ``trainer`` (None: the default trainer)."""
+    return (trainers.get(trainer) if trainer else trainers.default_trainer()).bench
+
+
+def diffusers_class(trainer: str | None, which: int):
     import diffusers
 
-    return getattr(diffusers, CLASSES[trainer][which])
+    return getattr(diffusers, bench_of(trainer).classes[which])
 
 
-def build_transformer(config: dict, trainer: str = "flux"):
+def build_transformer(config: dict, trainer: str | None = None):
     return diffusers_class(trainer, 0).from_config(config)
 
 
-def build_vae(config: dict, trainer: str = "flux"):
+def build_vae(config: dict, trainer: str | None = None):
     return diffusers_class(trainer, 1).from_config(config)
 
 
@@ -166,7 +172,7 @@ class ParamCounts:
     hps: int
 
 
-def count_parameters(configs, trainer: str = "flux") -> ParamCounts:
+def count_parameters(configs, trainer: str | None = None) -> ParamCounts:
     """Parameter counts from builds on the meta device (no memory, no init)."""
     import torch
 
@@ -187,33 +193,30 @@ class Models:
     hps_tokenizer: object
 
 
-def build_models(trainer, configs, device, dtype, family: str = "flux") -> Models:
+def build_models(trainer, configs, device, dtype, family: str | None = None) -> Models:
     """The three models on ``device``: transformer and VAE in ``dtype``, HPS as the trainer loads it.
 
-    The transformer gets what the trainer does to it: float32 RoPE (the FLUX trainer's
-    ``install_float32_rope``; the Wan trainer's module installs its own at import) and activation
+    The transformer gets what the trainer's main does to it (the row's ``bench``): what it calls
+    before building (``before_build``), its own preparation (``trainer_prepare``: the FLUX
+    trainer's float32 RoPE; the Wan trainer's module installs its own at import) and activation
     checkpointing of every block (``--gradient_checkpointing``: ``apply_fsdp_checkpointing`` with
-    ``--selective_checkpointing 1``).
+    ``--selective_checkpointing 1``) of the row's ``checkpointed_blocks``, else the model's
+    no-split modules.
     """
     import torch
     from fastvideo.utils.load import get_no_split_modules
 
+    bench = bench_of(family)
     transformer_cfg, vae_cfg, hps_cfg = configs
-    if family == "qwenimage":  # as its main: the real-valued RoPE first, diffusers' kernels by device
-        from dancegrpo_port.device import choose_diffusers_kernels
-        from dancegrpo_port.models.qwen_rope import install_real_rope
-
-        install_real_rope()
-        choose_diffusers_kernels()
+    for ref in bench.before_build:
+        trainers.load(ref)()
     with materialising(device, dtype):
         transformer = build_transformer(transformer_cfg, family)
         vae = build_vae(vae_cfg, family)
-    if family == "flux":
-        trainer.install_float32_rope(transformer)
-    if family == "qwenimage":
-        from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
-
-        blocks = (QwenImageTransformerBlock,)
+    if bench.trainer_prepare:
+        getattr(trainer, bench.trainer_prepare)(transformer)
+    if bench.checkpointed_blocks:
+        blocks = (trainers.load(bench.checkpointed_blocks),)
     else:
         blocks = get_no_split_modules(transformer)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "--> applying ... checkpointing"
@@ -253,14 +256,14 @@ class Shape:
     vae_widest: int
 
 
-def model_shape(configs, sizes, family: str = "flux") -> Shape:
+def model_shape(configs, sizes, family: str | None = None) -> Shape:
     transformer_cfg, vae_cfg, _hps = configs
     hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
     image_tokens = (sizes.height // 16) * (sizes.width // 16)  # 8x VAE, 2x2 patches; Wan: one frame
     # FLUX's AutoencoderKL names its widths; Wan's and Qwen-Image's VAE multiply a base
     widths = vae_cfg.get("block_out_channels") or [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
     blocks = transformer_cfg["num_layers"] + transformer_cfg.get("num_single_layers", 0)
-    if family == "wan":  # self-attention over the video's tokens, cross-attention to the text
+    if bench_of(family).attention == "cross":  # self-attention over the video's tokens, cross-attention to the text
         return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,
                      max(image_tokens, sizes.text_tokens), image_tokens, 2, widths[0], max(widths))
     return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,  # joint attention: image and text
@@ -268,7 +271,7 @@ def model_shape(configs, sizes, family: str = "flux") -> Shape:
 
 
 def estimate_memory(counts: ParamCounts, configs, sizes, batch_sizes, decode_chunk, weight_bytes: int,
-                    family: str = "flux") -> MemoryEstimate:
+                    family: str | None = None) -> MemoryEstimate:
     """What the bench needs at its largest, before anything is built.
 
     Weights: the transformer's weights, gradients and AdamW's two moments, all in the weights'
@@ -320,12 +323,21 @@ def available_memory(kind: str) -> tuple[int | None, str]:
 HEADROOM = 1.1
 
 
+def smaller_preset(preset: str) -> str | None:
+    """``--preset NAME`` of the next smaller preset of the same trainer (its row lists them from
+    the largest), or None for its smallest."""
+    for spec in trainers.benched():
+        names = [p.name for p in spec.bench.presets]
+        if preset in names[:-1]:
+            return f"--preset {names[names.index(preset) + 1]}"
+    return None
+
+
 def check_fits(estimate: MemoryEstimate, available: int | None, what: str, preset: str, kind: str) -> None:
     """Refuse (exit 2) a bench that would not fit, saying what to do instead."""
     if available is None or estimate.total * HEADROOM <= available:
         return
-    smaller = {"full": "--preset cpu", "cpu": "--preset tiny", "wan": "--preset wan-cpu",
-               "wan-cpu": "--preset tiny-wan", "qwenimage": "--preset tiny-qwenimage"}.get(preset)
+    smaller = smaller_preset(preset)
     if estimate.weights * HEADROOM > available:  # no size flag helps: the models themselves do not fit
         hint = "use " + (f"{smaller} (fewer blocks) or " if smaller else "") + "a device with more memory (--device)"
     else:

@@ -21,7 +21,7 @@ installed for a bench step are alignment (upstream's noise, the GRPO health figu
 recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
 ``MetricsLog`` into the run directory's metrics.jsonl.
 
-The Wan2.1 trainer (``fastvideo/train_grpo_wan_2_1.py``) is driven the same way: its
+Every trainer with bench facts in its registry row is driven the same way; the Wan2.1 trainer's
 ``train_one_step`` takes the prompt's UMT5 embeddings and the negative ones (zeros here, as the
 recipe's CFG needs a second batch) directly, with ``--cfg_infer`` 5.0 and one frame (``--t 1``),
 and writes each sample's mp4 to ./videos/ of the run directory, as in a launch.
@@ -42,14 +42,13 @@ from types import SimpleNamespace
 from dancegrpo_npu.contract import DEVICE_ENV, PHASES
 from dancegrpo_npu.errors import DancegrpoError
 
-TRAINER = "fastvideo/train_grpo_flux.py"
 # upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX = 1e-5, 1e-4, 1.0, 1e-4, 5.0
 CAPTION = "a photo of a red fox in the snow"  # every step's prompt (its tokens go to HPS)
 LIBRARY_LOGGERS = ("diffusers", "transformers")  # their warnings during a step go to console.log
 
 
-def load_trainer(tree: Path, device: str, relpath: str = TRAINER):
+def load_trainer(tree: Path, device: str, relpath: str):
     """The patched trainer module (``relpath``), imported from ``tree``, and the device kind it resolved.
 
     Importing it runs the overlay's ``activate()`` (DANCEGRPO_DEVICE), which on Ascend
@@ -74,7 +73,7 @@ def load_trainer(tree: Path, device: str, relpath: str = TRAINER):
 def trainer_args(sizes, n: int, decode_chunk: int, extra=()) -> SimpleNamespace:
     """The trainer flags ``train_one_step`` and ``sample_reference_model`` read: upstream's
     recipe (``--use_group --use_hpsv2 --init_same_noise``, its clip ranges) at the bench's sizes,
-    and the trainer's ``extra`` ones (presets.TRAINERS)."""
+    and the trainer's ``extra`` ones (its registry row's ``bench.extra_args``)."""
     return SimpleNamespace(**dict(extra), **dict(
         h=sizes.height, w=sizes.width, t=1, sampling_steps=sizes.sampling_steps, eta=sizes.eta, shift=sizes.shift,
         num_generations=sizes.generations, use_group=True, train_batch_size=1, init_same_noise=True,
@@ -84,24 +83,9 @@ def trainer_args(sizes, n: int, decode_chunk: int, extra=()) -> SimpleNamespace:
     ))  # fmt: skip
 
 
-def prompt_batch(transformer_cfg, sizes, device, dtype, family: str = "flux") -> tuple:
-    """One prompt as the trainer's loader yields it: T5 embeddings (1, text_tokens, D), the
-    pooled CLIP embedding (1, P), text ids (1, 3: FluxPipeline's zeros), the caption; for Wan,
-    the UMT5 embeddings (1, text_tokens, text_dim), the negative prompt's, the caption."""
-    import torch
-
-    if family == "wan":
-        shape = (1, sizes.text_tokens, transformer_cfg["text_dim"])
-        embed = torch.randn(shape, device=device, dtype=dtype)
-        return embed, torch.zeros(shape, device=device, dtype=dtype), [CAPTION]
-    if family == "qwenimage":  # Qwen2.5-VL embeddings, their mask, the caption, the prompt's length
-        embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
-        mask = torch.ones(1, sizes.text_tokens, device=device, dtype=torch.long)
-        return embed, mask, [CAPTION], torch.tensor([sizes.text_tokens])
-
-    embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
-    pooled = torch.randn(1, transformer_cfg["pooled_projection_dim"], device=device, dtype=dtype)
-    return embed, pooled, torch.zeros(1, 3, device=device, dtype=dtype), [CAPTION]
+def prompt_batch(transformer_cfg, sizes, device, dtype, spec) -> tuple:
+    """One prompt as the trainer's loader yields it (its registry row's ``bench.prompt``)."""
+    return spec.bench.prompt(transformer_cfg, sizes, device, dtype, CAPTION)
 
 
 def single_rank_clip_grad_norm(module) -> None:
@@ -159,12 +143,10 @@ class Bench:
         import torch
         from dancegrpo_port import phases as port_phases
 
-        from dancegrpo_npu.throughput.presets import TRAINERS
-
         self.trainer, self.models, self.sizes, self.device, self.run_dir = trainer, models, sizes, device, run_dir
-        self.prompt, self.spec = prompt, spec or TRAINERS["flux"]
-        if self.spec.name == "wan":
-            (run_dir / "videos").mkdir(exist_ok=True)  # the Wan trainer's main makes ./videos
+        self.prompt, self.spec = prompt, spec
+        for name in spec.bench.run_dirs:  # what the trainer's main makes in the run directory
+            (run_dir / name).mkdir(exist_ok=True)
         single_rank_clip_grad_norm(models.transformer)
         params = [p for p in models.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY, eps=1e-8)
@@ -200,7 +182,7 @@ class Bench:
         hooks = self.trainer.hooks
         hooks.install(self.features(n, logged))
         step = self.logged_steps + 1 if logged else 0
-        args = trainer_args(self.sizes, n, decode_chunk, self.spec.extra_args)
+        args = trainer_args(self.sizes, n, decode_chunk, self.spec.bench.extra_args)
         start = time.time()
         with self.in_run_dir():  # records/ (with --record) is written relative to it, as in a launch
             hooks.step_begin(step)
@@ -212,18 +194,9 @@ class Bench:
         return figures
 
     def train_one_step(self, args):
-        """The trainer's train_one_step, called as its main calls it."""
-        m, train = self.models, self.trainer.train_one_step
-        if self.spec.name == "wan":
-            embeds, negative, caption = self.prompt
-            return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
-                         self.lr_scheduler, embeds, negative, caption, None, MAX_GRAD_NORM, m.hps_preprocess)
-        if self.spec.name == "qwenimage":
-            embeds, mask, caption, length = self.prompt
-            return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer,
-                         self.lr_scheduler, embeds, mask, caption, length, None, MAX_GRAD_NORM, m.hps_preprocess, None)
-        return train(args, self.device, m.transformer, m.vae, m.hps, m.hps_tokenizer, self.optimizer, self.lr_scheduler,
-                     iter(lambda: self.prompt, None), None, MAX_GRAD_NORM, m.hps_preprocess, None)
+        """The trainer's train_one_step, called as its main calls it (its registry row's ``bench.train``)."""
+        return self.spec.bench.train(self.trainer.train_one_step, args, self.device, self.models, self.optimizer,
+                                     self.lr_scheduler, self.prompt, MAX_GRAD_NORM)
 
     @contextlib.contextmanager
     def in_run_dir(self):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 
@@ -42,139 +43,86 @@ class Sizes:
 class Preset:
     name: str
     summary: str
-    # "flux1-dev" / "wan2.1-t2v-1.3b" (the shipped configs, with overrides), "tiny" / "tiny-wan"
-    # (the smokes' tiny models).
+    # a shipped config family with overrides ("flux1-dev", "wan2.1-t2v-1.3b"...: models.SHIPPED),
+    # or a smoke's tiny models ("tiny", "tiny-wan"...)
     models: str
     transformer_overrides: dict = field(default_factory=dict)
     hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
     sizes: Sizes = None  # type: ignore[assignment]
-    trainer: str = "flux"  # the trainer whose train_one_step it runs (``TRAINERS``)
+    trainer: str = ""  # the registry row whose train_one_step it runs (dancegrpo_npu.trainers)
+    tiny: str = ""  # the module of the smoke's tiny models it builds (its row's), or ""
+    overrides: tuple[str, ...] = ()  # the Sizes fields the preset sets itself (not the recipe's)
 
 
-# Upstream's recipe: scripts/finetune/finetune_flux_grpo.sh (720x720, 16 sampling steps,
-# 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 4) and
-# FluxPipeline's 512 T5 tokens.
-UPSTREAM = Sizes(
-    height=720, width=720, sampling_steps=16, generations=12, timestep_fraction=0.6, eta=0.3, shift=3.0,
-    text_tokens=512, gradient_accumulation_steps=4, steps=2, warmup_steps=1,
-)  # fmt: skip
-
-PRESETS = {
-    "full": Preset(
-        name="full",
-        summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe",
-        models="flux1-dev",
-        sizes=UPSTREAM,
-    ),
-    # Full width, few blocks: what one block of FLUX.1-dev costs, on a machine without
-    # 100 GB.  Sized for a 2-core, 24 GiB CPU: a full-width block is ~1 GFLOP per token
-    # per forward (fp32 there: ~20 GFLOPS), so the token count decides the time: 128x128
-    # images (64 image tokens) and 64 text tokens; one timed step after the warm-up.
-    "cpu": Preset(
-        name="cpu",
-        summary="FLUX.1-dev width with 1 double + 1 single block, the full VAE, ViT-H-14 width with 1 + 1 layers",
-        models="flux1-dev",
-        transformer_overrides={"num_layers": 1, "num_single_layers": 1},
-        hps_overrides={"vision_layers": 1, "text_layers": 1},
-        sizes=replace(UPSTREAM, height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1),
-    ),
-    # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
-    "tiny": Preset(
-        name="tiny",
-        summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
-        models="tiny",
-        sizes=replace(UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2),
-    ),
-}
-
-# Upstream's Wan2.1 recipe: scripts/finetune/finetune_wan_2_1_grpo.sh (512x512, one frame, 20
-# sampling steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, CFG 5.0 in rollout and
-# training) and WanPipeline.encode_prompt's 226 UMT5 tokens (what preprocessing saves).  The
-# script accumulates 24 samples: its 2 prompts x 12 generations a rank, one optimizer step per
-# GRPO step; a bench step is one prompt, so 12 keeps one optimizer step per step.
-WAN_UPSTREAM = replace(
-    UPSTREAM, height=512, width=512, sampling_steps=20, text_tokens=226, gradient_accumulation_steps=12,
-)  # fmt: skip
-
-PRESETS.update({
-    "wan": Preset(
-        name="wan",
-        summary="Wan2.1-T2V-1.3B at full size (30 blocks), its VAE, a ViT-H-14 HPS; upstream's Wan recipe",
-        models="wan2.1-t2v-1.3b",
-        sizes=WAN_UPSTREAM,
-        trainer="wan",
-    ),
-    # Full width, one block, as the FLUX cpu preset: 128x128 (64 image tokens), 4 steps, G = 4.
-    "wan-cpu": Preset(
-        name="wan-cpu",
-        summary="Wan2.1-T2V-1.3B width with 1 block, the full Wan VAE, ViT-H-14 width with 1 + 1 layers",
-        models="wan2.1-t2v-1.3b",
-        transformer_overrides={"num_layers": 1},
-        hps_overrides={"vision_layers": 1, "text_layers": 1},
-        sizes=replace(WAN_UPSTREAM, height=128, width=128, sampling_steps=4, generations=4,
-                      gradient_accumulation_steps=4, steps=1),
-        trainer="wan",
-    ),
-    # The Wan smoke's tiny models (dancegrpo_npu.smoke.wan_fixtures): seconds, for tests.
-    "tiny-wan": Preset(
-        name="tiny-wan",
-        summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
-        models="tiny-wan",
-        sizes=replace(WAN_UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2),
-        trainer="wan",
-    ),
-})
-
-# Upstream's Qwen-Image recipe: scripts/finetune/finetune_qwenimage_grpo.sh (720x720, 20 sampling
-# steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 12 over its 2
-# prompts a rank), 256 text tokens as the memory plan's recipe (plan/models.json); a bench step
-# is one prompt, so accumulation 12 is one optimizer step a step.
-QWENIMAGE_UPSTREAM = replace(UPSTREAM, sampling_steps=20, text_tokens=256, gradient_accumulation_steps=12)
-
-PRESETS.update({
-    "qwenimage": Preset(
-        name="qwenimage",
-        summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe",
-        models="qwen-image",
-        sizes=QWENIMAGE_UPSTREAM,
-        trainer="qwenimage",
-    ),
-    # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
-    "tiny-qwenimage": Preset(
-        name="tiny-qwenimage",
-        summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at 64x64",
-        models="tiny-qwenimage",
-        sizes=replace(QWENIMAGE_UPSTREAM, height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
-                      gradient_accumulation_steps=2),
-        trainer="qwenimage",
-    ),
-})
+def presets() -> dict[str, Preset]:
+    """Every preset of the registry's trainers (their rows' ``bench``), by name: the trainer's
+    recipe sizes (``Bench.sizes``) with the preset's own over them."""
+    found = {}
+    for spec in trainers.benched():
+        recipe = Sizes(**spec.bench.sizes)
+        for p in spec.bench.presets:
+            found[p.name] = Preset(name=p.name, summary=p.summary, models=p.models,
+                                   transformer_overrides=dict(p.transformer_overrides),
+                                   hps_overrides=dict(p.hps_overrides), sizes=replace(recipe, **p.sizes),
+                                   trainer=spec.name, tiny=p.tiny, overrides=tuple(p.sizes))
+    return found
 
 
-@dataclass(frozen=True)
-class BenchTrainer:
-    """A trainer the bench runs: its script in the patched tree and what its ``train_one_step``
-    needs beyond the shared GRPO flags."""
-
-    name: str  # launch's script name (run.upstream_args.SCRIPTS): its dependency set comes from there
-    relpath: str
-    extra_args: tuple[tuple[str, object], ...] = ()
+PRESETS = presets()
+DEFAULT_PRESET = trainers.default_trainer().bench.presets[0].name  # the default trainer's first: full size
 
 
-TRAINERS = {
-    "flux": BenchTrainer("flux", "fastvideo/train_grpo_flux.py"),
-    # CFG 5.0 as upstream's recipe; the reward from the decoded frame (the port's default)
-    "wan": BenchTrainer("wan", "fastvideo/train_grpo_wan_2_1.py", (("cfg_infer", 5.0), ("reward_from_mp4", False))),
-    # the HPSv2 reward, as the recipe (not HPSv3), no EMA
-    "qwenimage": BenchTrainer("qwenimage", "fastvideo/train_grpo_qwenimage.py", (("use_hpsv3", False),)),
-}
+def trainer_of(preset: Preset):
+    """The registry row of the preset's trainer."""
+    return trainers.get(preset.trainer)
+
+
+# The Sizes fields upstream's recipe scripts hold, and the flag each is read from.
+RECIPE_FLAGS = (("height", "--h", int), ("width", "--w", int), ("sampling_steps", "--sampling_steps", int),
+                ("generations", "--num_generations", int), ("timestep_fraction", "--timestep_fraction", float),
+                ("eta", "--eta", float), ("shift", "--shift", float),
+                ("gradient_accumulation_steps", "--gradient_accumulation_steps", int))
+
+
+def recipe_sizes(spec, tree) -> tuple[dict, object]:
+    """(sizes, script) of the upstream recipe the row's bench names, read from the patched tree
+    as launch reads it (run.recipes).  A bench step is one prompt, so the accumulation is capped
+    at its generations (every sample a micro-batch, as in the trainers' loop)."""
+    from dancegrpo_npu.run.recipes import recipes_for
+
+    found = {r.name: r for r in recipes_for(tree, spec.relpath, spec.recipe_glob)}
+    if spec.bench.recipe not in found:
+        raise DancegrpoError(f"bench: the patched tree has no recipe {spec.bench.recipe!r} of {spec.name} "
+                             f"(it has: {', '.join(found) or 'none'})", "run `dancegrpo-npu apply` to restore it")
+    recipe = found[spec.bench.recipe]
+    values = recipe.values()
+    try:
+        sizes = {name: kind(values[flag]) for name, flag, kind in RECIPE_FLAGS}
+    except (KeyError, TypeError, ValueError) as e:
+        raise DancegrpoError(f"bench: {recipe.path} gives no number for {e}",
+                             "run `dancegrpo-npu apply` to restore upstream's recipe") from None
+    sizes["gradient_accumulation_steps"] = min(sizes["gradient_accumulation_steps"], sizes["generations"])
+    return sizes, recipe.path
+
+
+def with_recipe(config: "BenchConfig", tree) -> tuple["BenchConfig", object, dict]:
+    """The configuration with upstream's recipe sizes as the patched tree holds them, where
+    neither the preset nor a flag sets them; (config, the recipe's script, {field: (the
+    registry's copy, the recipe's)} where the two differ: the bench says so and runs the recipe's)."""
+    recipe, path = recipe_sizes(trainer_of(config.preset), tree)
+    keep = {*config.preset.overrides, *config.given}
+    taken = {name: value for name, value in recipe.items() if name not in keep}
+    differ = {name: (getattr(config.sizes, name), value) for name, value in taken.items()
+              if getattr(config.sizes, name) != value}
+    sizes = replace(config.sizes, **taken)
+    check_sizes(sizes)
+    check_batch_sizes(sizes, config.sample_batch_sizes)
+    return replace(config, sizes=sizes), path, differ
 
 
 def depset_of(preset: Preset) -> str:
     """The dependency set the preset's trainer runs with (run.depsets)."""
-    from dancegrpo_npu.run.upstream_args import script_info
-
-    return script_info(TRAINERS[preset.trainer].name).depset
+    return trainer_of(preset).depset
 
 
 # The flags that override a preset's sizes: (flag, Sizes field).
@@ -202,6 +150,7 @@ class BenchConfig:
     device: str
     dtype: str
     record: bool = False  # the timed steps' stages into <run>/records/, as launch --record writes them
+    given: tuple[str, ...] = ()  # the Sizes fields set by a flag
 
     def decode_chunk(self, n: int) -> int:
         return self.vae_decode_chunk or n
@@ -211,7 +160,7 @@ class BenchConfig:
         return {
             "preset": self.preset.name,
             "models": self.preset.models,
-            "trainer_script": TRAINERS[self.preset.trainer].relpath,
+            "trainer_script": trainer_of(self.preset).relpath,
             "transformer_overrides": dict(self.preset.transformer_overrides),
             "hps_overrides": dict(self.preset.hps_overrides),
             **asdict(self.sizes),
@@ -278,20 +227,17 @@ def resolve(options: dict) -> BenchConfig:
     ``options`` holds ``preset``, ``sample_batch_sizes`` (text), ``vae_decode_chunk``,
     ``device``, ``dtype`` and one key per :data:`SIZE_FLAGS` field.
     """
-    name = options.get("preset") or "full"
-    if name not in PRESETS:
-        raise _bad(f"unknown preset {name!r}", f"choose one of: {', '.join(PRESETS)}")
-    preset = PRESETS[name]
+    name = options.get("preset") or DEFAULT_PRESET
+    known = presets()
+    if name not in known:
+        raise _bad(f"unknown preset {name!r}", f"choose one of: {', '.join(known)}")
+    preset = known[name]
     given = {f: options[f] for _, f in SIZE_FLAGS if options.get(f) is not None}
     sizes = replace(preset.sizes, **given)
     check_sizes(sizes)
     text = options.get("sample_batch_sizes")
     batch_sizes = parse_batch_sizes(text) if text is not None else (1,)
-    for n in batch_sizes:
-        if sizes.generations % n:
-            raise _bad(
-                f"--sample-batch-sizes: {n} does not divide the {sizes.generations} generations of a prompt",
-                f"use divisors of {sizes.generations}: {', '.join(str(d) for d in divisors(sizes.generations))}")
+    check_batch_sizes(sizes, batch_sizes)
     chunk = options.get("vae_decode_chunk")
     if chunk is not None and chunk < 1:
         raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
@@ -301,7 +247,15 @@ def resolve(options: dict) -> BenchConfig:
         raise _bad(f"unknown device {device!r}", f"choose one of: {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         raise _bad(f"unknown dtype {dtype!r}", f"choose one of: {', '.join(DTYPES)}")
-    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")))
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), tuple(given))
+
+
+def check_batch_sizes(sizes: Sizes, batch_sizes) -> None:
+    for n in batch_sizes:
+        if sizes.generations % n:
+            raise _bad(
+                f"--sample-batch-sizes: {n} does not divide the {sizes.generations} generations of a prompt",
+                f"use divisors of {sizes.generations}: {', '.join(str(d) for d in divisors(sizes.generations))}")
 
 
 def divisors(n: int) -> list[int]:

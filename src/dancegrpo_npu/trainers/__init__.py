@@ -1,0 +1,98 @@
+"""The trainer registry: every script ``launch`` runs, one row each (``spec.TrainerSpec``).
+
+It is the one place of the tool that knows a trainer: launch, smoke, bench, plan, doctor and
+runs read its rows, and every ``--help`` lists them from here.  One module a family of models
+(``flux``, ``wan``, ``qwenimage``) holds its rows; adding a trainer is adding a row (and, in the
+patch series, its seam patch and model fixes): docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.trainers import flux, qwenimage, wan
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+
+__all__ = ["REGISTRY", "Bench", "BenchPreset", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
+           "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
+           "trainers", "unknown"]
+
+FAMILIES = (flux, wan, qwenimage)
+REGISTRY: dict[str, TrainerSpec] = {spec.name: spec for family in FAMILIES for spec in family.ROWS}
+
+
+def names() -> list[str]:
+    """Every script launch runs, trainers and preprocessing, in the registry's order."""
+    return list(REGISTRY)
+
+
+def unknown(name: str, what: str, choices: list[str], verb: str = "") -> DancegrpoError:
+    """The one-line refusal of a name that is not among ``choices``, with the nearest one."""
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    meant = f"did you mean {close[0]}? " if close else ""
+    return DancegrpoError(f"{verb + ': ' if verb else ''}unknown {what} {name!r}",
+                          f"{meant}choose one of: {', '.join(choices)}", exit_code=2)
+
+
+def get(name: str, what: str = "script") -> TrainerSpec:
+    """The row named ``name``; an unknown name is refused in one line (exit 2)."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise unknown(name, what, names()) from None
+
+
+def trainers() -> list[str]:
+    """The GRPO trainers (their outputs are the run's own), not the preprocessing scripts."""
+    return [name for name, spec in REGISTRY.items() if spec.is_trainer]
+
+
+def preprocessing() -> list[str]:
+    return [name for name, spec in REGISTRY.items() if not spec.is_trainer]
+
+
+def default_trainer() -> TrainerSpec:
+    """The trainer smoke runs when none is named (the row with ``default=True``)."""
+    return next(spec for spec in REGISTRY.values() if spec.default)
+
+
+def aligning() -> list[str]:
+    """The trainers whose seam has the alignment and --profile features."""
+    return [name for name, spec in REGISTRY.items() if spec.aligns]
+
+
+def smoked() -> list[str]:
+    """The trainers ``smoke`` runs."""
+    return [name for name, spec in REGISTRY.items() if spec.smoke is not None]
+
+
+def smoke_spec(name: str) -> TrainerSpec:
+    spec = REGISTRY.get(name)
+    if spec is None or spec.smoke is None:
+        raise unknown(name, "trainer", smoked())
+    return spec
+
+
+def benched() -> list[TrainerSpec]:
+    """The trainers ``bench`` has presets for."""
+    return [spec for spec in REGISTRY.values() if spec.bench is not None]
+
+
+def planned() -> list[TrainerSpec]:
+    """The trainers ``plan`` has model shapes for."""
+    return [spec for spec in REGISTRY.values() if spec.plan_model is not None]
+
+
+def run_name(spec: TrainerSpec) -> str:
+    """The smoke run's directory suffix."""
+    return spec.smoke.run_name or f"smoke-{spec.name}"
+
+
+def load(ref: str):
+    """The object a row names as ``"module:attr"`` (imported when used, so that this package
+    imports none of the packages that read it)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,52 @@
+"""What every trainer row shares: upstream's path flags and the HPS reward's files."""
+
+from __future__ import annotations
+
+from dancegrpo_npu.trainers.spec import Input
+
+# The HPS reward files the trainers read.  Upstream hard-codes them relative to the working
+# directory (./hps_ckpt/...); the port makes them arguments with these defaults, and since the
+# script runs in the run directory, launch passes them resolved against the tree.
+HPS_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--hps_open_clip_ckpt", "hps_ckpt/open_clip_pytorch_model.bin"),
+    ("--hps_ckpt", "hps_ckpt/HPS_v2.1_compressed.pt"),
+)
+
+TRAIN_PATH_FLAGS = (
+    "--pretrained_model_name_or_path",
+    "--dit_model_name_or_path",
+    "--vae_model_path",
+    "--cache_dir",
+    "--data_json_path",
+    "--output_dir",
+    "--logging_dir",
+    "--resume_from_checkpoint",
+    "--resume_from_lora_checkpoint",
+    "--hps_open_clip_ckpt",
+    "--hps_ckpt",
+    "--hps_model",
+)
+
+PREPROCESS_PATH_FLAGS = ("--model_path", "--output_dir", "--prompt_dir", "--cache_dir")
+
+HPS_INPUTS = (
+    Input(flag="--hps_open_clip_ckpt", kind="file", what="open_clip ViT-H-14 weights for the HPS reward"),
+    Input(flag="--hps_ckpt", kind="file", what="HPS_v2.1_compressed.pt reward weights"),
+)
+
+PROMPTS_INPUT = Input(flag="--prompt_dir", kind="file",
+                      what="prompt file (upstream's is assets/prompts.txt: `dancegrpo-npu fetch --with-assets`)")
+
+
+def dataset_input(preprocess: str) -> Input:
+    return Input(flag="--data_json_path", kind="embeddings",
+                 what=f"RL-embeddings dataset: run `dancegrpo-npu launch {preprocess}` first")
+
+
+def weights_input(what: str, kind: str = "weights") -> Input:
+    return Input(flag="--pretrained_model_name_or_path", kind=kind, what=what)
+
+
+def preprocess_defaults(model_path: str, prompts: str = "./assets/prompts.txt", *more) -> tuple:
+    """A preprocessing script's defaults as upstream's scripts/preprocess/*.sh give them."""
+    return (("--model_path", model_path), ("--output_dir", "data/rl_embeddings"), ("--prompt_dir", prompts), *more)

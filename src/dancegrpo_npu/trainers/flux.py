@@ -1,0 +1,114 @@
+"""FLUX.1-dev: the full and the LoRA GRPO trainer, and their preprocessing."""
+
+from __future__ import annotations
+
+from dancegrpo_npu.trainers.common import (
+    HPS_DEFAULTS,
+    HPS_INPUTS,
+    PREPROCESS_PATH_FLAGS,
+    PROMPTS_INPUT,
+    TRAIN_PATH_FLAGS,
+    dataset_input,
+    preprocess_defaults,
+    weights_input,
+)
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+
+RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
+# Where upstream's README puts the FLUX.1-dev weights, and its recipes point.
+WEIGHTS_DIR = "data/flux"
+
+INPUTS = (
+    weights_input("FLUX.1-dev weights"),
+    Input(flag="--vae_model_path", kind="vae", what="FLUX.1-dev VAE weights"),
+    Input(flag="--dit_model_name_or_path", kind="model", what="transformer weights"),
+    dataset_input("preprocess"),
+    *HPS_INPUTS,
+)
+
+
+def prompt_batch(transformer_cfg, sizes, device, dtype, caption: str) -> tuple:
+    """One prompt as the trainer's loader yields it: T5 embeddings (1, text_tokens, D), the
+    pooled CLIP embedding (1, P), text ids (1, 3: FluxPipeline's zeros), the caption."""
+    import torch
+
+    embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
+    pooled = torch.randn(1, transformer_cfg["pooled_projection_dim"], device=device, dtype=dtype)
+    return embed, pooled, torch.zeros(1, 3, device=device, dtype=dtype), [caption]
+
+
+def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt, max_grad_norm):
+    """The trainer's train_one_step as its main calls it: the loader yields the one prompt."""
+    m = models
+    return train(args, device, m.transformer, m.vae, m.hps, m.hps_tokenizer, optimizer, lr_scheduler,
+                 iter(lambda: prompt, None), None, max_grad_norm, m.hps_preprocess, None)
+
+
+# Upstream's recipe: scripts/finetune/finetune_flux_grpo.sh (720x720, 16 sampling steps,
+# 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 4) and
+# FluxPipeline's 512 T5 tokens.
+BENCH_SIZES = dict(height=720, width=720, sampling_steps=16, generations=12, timestep_fraction=0.6, eta=0.3,
+                   shift=3.0, text_tokens=512, gradient_accumulation_steps=4, steps=2, warmup_steps=1)
+
+BENCH = Bench(
+    classes=("FluxTransformer2DModel", "AutoencoderKL"),
+    sizes=BENCH_SIZES,
+    recipe="2nodes",
+    presets=(
+        BenchPreset(name="full", models="flux1-dev",
+                    summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe"),
+        # Full width, few blocks: what one block of FLUX.1-dev costs, on a machine without
+        # 100 GB.  Sized for a 2-core, 24 GiB CPU: a full-width block is ~1 GFLOP per token
+        # per forward (fp32 there: ~20 GFLOPS), so the token count decides the time: 128x128
+        # images (64 image tokens) and 64 text tokens; one timed step after the warm-up.
+        BenchPreset(name="cpu", models="flux1-dev",
+                    summary="FLUX.1-dev width with 1 double + 1 single block, the full VAE, ViT-H-14 width with "
+                            "1 + 1 layers",
+                    transformer_overrides={"num_layers": 1, "num_single_layers": 1},
+                    hps_overrides={"vision_layers": 1, "text_layers": 1},
+                    sizes=dict(height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1)),
+        # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
+        BenchPreset(name="tiny", models="tiny", tiny="dancegrpo_npu.smoke.tiny_models",
+                    summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
+                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2)),
+    ),
+    prompt=prompt_batch,
+    train=train_one_step,
+    trainer_prepare="install_float32_rope",
+)
+
+
+def _smoke(*, title: str, run_name: str, lora: bool) -> Smoke:
+    return Smoke(title=title, run="dancegrpo_npu.smoke.runner:run_with_tool_fixtures", run_name=run_name,
+                 lora=lora, label="FLUX")
+
+
+def _trainer(*, name: str, relpath: str, help: str, smoke: Smoke, **more) -> TrainerSpec:
+    return TrainerSpec(
+        name=name, relpath=relpath, help=help, title="FLUX.1-dev", defaults=HPS_DEFAULTS,
+        path_flags=TRAIN_PATH_FLAGS, required_inputs=INPUTS, output_in_run_dir=True, recipe_glob=RECIPE_GLOB,
+        argument_checks=("image-sizes",), dataset="flux", preprocess="preprocess", aligns=True, smoke=smoke,
+        **more,
+    )
+
+
+ROWS = (
+    _trainer(
+        name="flux", relpath="fastvideo/train_grpo_flux.py", help="GRPO of FLUX.1-dev (full fine-tuning)",
+        smoke=_smoke(title="full FLUX GRPO", run_name="smoke", lora=False), default=True, bench=BENCH,
+        plan_model="flux", offload_flag="--use_cpu_offload", lora="flux-lora",
+        lora_args="--lora_rank {rank} --lora_alpha {alpha}",
+    ),
+    _trainer(
+        name="flux-lora", relpath="fastvideo/train_grpo_flux_lora.py", help="GRPO of FLUX.1-dev with LoRA",
+        smoke=_smoke(title="LoRA FLUX GRPO", run_name="smoke-lora", lora=True),
+    ),
+    # upstream scripts/preprocess/preprocess_flux_rl_embeddings.sh (commit 15cc71d5)
+    TrainerSpec(
+        name="preprocess", relpath="fastvideo/data_preprocess/preprocess_flux_embedding.py",
+        help="FLUX.1-dev's RL-embeddings dataset from a prompt file", title="FLUX.1-dev",
+        defaults=preprocess_defaults(WEIGHTS_DIR), path_flags=PREPROCESS_PATH_FLAGS,
+        required_inputs=(Input(flag="--model_path", kind="pipeline", what="FLUX.1-dev weights"), PROMPTS_INPUT),
+        output_in_run_dir=False, dataset="flux",
+    ),
+)

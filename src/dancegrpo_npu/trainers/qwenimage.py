@@ -1,0 +1,135 @@
+"""Qwen-Image and Qwen-Image-Edit: the GRPO trainers and their preprocessing (the diffusers-0.35 set)."""
+
+from __future__ import annotations
+
+from dancegrpo_npu.trainers.common import (
+    HPS_DEFAULTS,
+    HPS_INPUTS,
+    PREPROCESS_PATH_FLAGS,
+    PROMPTS_INPUT,
+    TRAIN_PATH_FLAGS,
+    dataset_input,
+    preprocess_defaults,
+    weights_input,
+)
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+
+DEPSET = "diffusers-0.35"
+NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
+
+
+def prompt_batch(transformer_cfg, sizes, device, dtype, caption: str) -> tuple:
+    """Qwen2.5-VL embeddings, their mask, the caption, the prompt's length."""
+    import torch
+
+    embed = torch.randn(1, sizes.text_tokens, transformer_cfg["joint_attention_dim"], device=device, dtype=dtype)
+    mask = torch.ones(1, sizes.text_tokens, device=device, dtype=torch.long)
+    return embed, mask, [caption], torch.tensor([sizes.text_tokens])
+
+
+def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt, max_grad_norm):
+    m = models
+    embeds, mask, caption, length = prompt
+    return train(args, device, m.transformer, m.vae, m.hps, m.hps_tokenizer, optimizer, lr_scheduler,
+                 embeds, mask, caption, length, None, max_grad_norm, m.hps_preprocess, None)
+
+
+# Upstream's Qwen-Image recipe: scripts/finetune/finetune_qwenimage_grpo.sh (720x720, 20 sampling
+# steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 12 over its 2
+# prompts a rank), 256 text tokens as the memory plan's recipe (plan_models.json); a bench step
+# is one prompt, so accumulation 12 is one optimizer step a step.
+BENCH_SIZES = dict(height=720, width=720, sampling_steps=20, generations=12, timestep_fraction=0.6, eta=0.3,
+                   shift=3.0, text_tokens=256, gradient_accumulation_steps=12, steps=2, warmup_steps=1)
+
+BENCH = Bench(
+    classes=("QwenImageTransformer2DModel", "AutoencoderKLQwenImage"),
+    sizes=BENCH_SIZES,
+    recipe="8gpus",
+    presets=(
+        BenchPreset(name="qwenimage", models="qwen-image",
+                    summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "
+                            "upstream's recipe"),
+        # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
+        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage", tiny="dancegrpo_npu.smoke.qwen_fixtures",
+                    summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at "
+                            "64x64",
+                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
+                               gradient_accumulation_steps=2)),
+    ),
+    extra_args=(("use_hpsv3", False),),  # the HPSv2 reward, as the recipe (not HPSv3), no EMA
+    prompt=prompt_batch,
+    train=train_one_step,
+    # as the trainer's main: the real-valued RoPE first, diffusers' kernels by device
+    before_build=("dancegrpo_port.models.qwen_rope:install_real_rope",
+                  "dancegrpo_port.device:choose_diffusers_kernels"),
+    checkpointed_blocks="diffusers.models.transformers.transformer_qwenimage:QwenImageTransformerBlock",
+)
+
+
+def _smoke(*, title: str, label: str, passes: int, edit: bool, selective_checkpointing: str) -> Smoke:
+    return Smoke(title=title, label=label, run="dancegrpo_npu.smoke.runner:run_with_depset_fixtures",
+                 loop_below=2, passes=passes, fixtures="dancegrpo_npu.smoke.qwen_smoke:fixtures",
+                 arguments="dancegrpo_npu.smoke.qwen_smoke:trainer_args", model_class="QwenImageTransformer2DModel",
+                 params=(("edit", edit), ("selective_checkpointing", selective_checkpointing)))
+
+
+def _trainer(*, name: str, title: str, preprocess: str, **more) -> TrainerSpec:
+    return TrainerSpec(
+        name=name, title=title, defaults=HPS_DEFAULTS, path_flags=TRAIN_PATH_FLAGS,
+        required_inputs=(weights_input(f"{title} weights (transformer/, vae/)"), dataset_input(preprocess),
+                         *HPS_INPUTS),
+        output_in_run_dir=True, depset=DEPSET, dataset=name, preprocess=preprocess, aligns=True,
+        plan_model=name, offload_flag="--use_cpu_offload", no_lora=NO_LORA,  # offload: honoured by the port
+        **more,
+    )
+
+
+def _preprocess(*, name: str, relpath: str, title: str, dataset: str, defaults, inputs, path_flags=()) -> TrainerSpec:
+    return TrainerSpec(
+        name=name, relpath=relpath, help=f"{title}'s RL-embeddings dataset", title=title, defaults=defaults,
+        path_flags=PREPROCESS_PATH_FLAGS + path_flags, required_inputs=inputs, output_in_run_dir=False,
+        depset=DEPSET, dataset=dataset,
+    )
+
+
+ROWS = (
+    _trainer(
+        name="qwenimage", relpath="fastvideo/train_grpo_qwenimage.py", help="GRPO of Qwen-Image",
+        title="Qwen-Image", preprocess="preprocess-qwenimage",
+        recipe_glob="scripts/finetune/finetune_qwenimage_grpo*.sh", argument_checks=("image-sizes",),
+        smoke=_smoke(title="Qwen-Image GRPO", label="Qwen-Image", passes=1, edit=False, selective_checkpointing="0.5"),
+        bench=BENCH,
+    ),
+    _trainer(
+        name="qwenimage-edit", relpath="fastvideo/train_grpo_qwenimage_edit.py", help="GRPO of Qwen-Image-Edit",
+        title="Qwen-Image-Edit", preprocess="preprocess-qwenimage-edit",
+        recipe_glob="scripts/finetune/finetune_qwenimage_edit_grpo*.sh",
+        argument_checks=("image-sizes", "reference-sizes"),
+        smoke=_smoke(title="Qwen-Image-Edit GRPO", label="Qwen-Image-Edit", passes=3, edit=True,
+                     selective_checkpointing="1.0"),
+    ),
+    # upstream scripts/preprocess/preprocess_qwen_image_rl_embeddings.sh (commit 15cc71d5)
+    _preprocess(
+        name="preprocess-qwenimage", relpath="fastvideo/data_preprocess/preprocess_qwenimage_embedding.py",
+        title="Qwen-Image", dataset="qwenimage", defaults=preprocess_defaults("data/qwenimage"),
+        inputs=(Input(flag="--model_path", kind="wan-pipeline", what="Qwen-Image weights"), PROMPTS_INPUT),
+    ),
+    # upstream scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh (commit 15cc71d5); its
+    # images are read from --image_dir, the patch's argument for the path the script hard-codes
+    # (relative to the directory it runs in, as upstream's README lays out data/).
+    _preprocess(
+        name="preprocess-qwenimage-edit", relpath="fastvideo/data_preprocess/preprocess_qwenimage_edit_embeddings.py",
+        title="Qwen-Image-Edit", dataset="qwenimage-edit",
+        defaults=preprocess_defaults("data/qwenimage_edit", "./assets/edit_data.jsonl", ("--height", "512"),
+                                     ("--width", "512"),
+                                     ("--image_dir", "data/SEED-Data-Edit-Part2-3/real_editing/images")),
+        inputs=(
+            Input(flag="--model_path", kind="edit-pipeline", what="Qwen-Image-Edit weights"),
+            Input(flag="--prompt_dir", kind="file",
+                  what="edit_data.jsonl (upstream's is assets/edit_data.jsonl: `dancegrpo-npu fetch --with-assets`)"),
+            # edit_data.jsonl's source_image paths are relative to it
+            Input(flag="--image_dir", kind="directory", what="source-image"),
+        ),
+        path_flags=("--image_dir",),
+    ),
+)

@@ -1,0 +1,122 @@
+"""What the tool knows of one trainer (or preprocessing script): a registry row.
+
+Rows are keyword-built, frozen data: launch, smoke, bench, plan, doctor and runs read the
+fields, and a field that names code (``Smoke.run``, ``Smoke.fixtures``...) names it as
+``"module:function"`` (``trainers.load``), so that this package imports none of the packages
+that read it.  Checks and input kinds are named by the strings ``run.inputs`` defines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True, kw_only=True)
+class Input:
+    """A flag naming something that must exist before the run starts."""
+
+    flag: str
+    kind: str  # run.inputs' kinds: what the path must contain
+    what: str  # in messages: what it is, and where upstream expects it
+
+    def __iter__(self):  # (flag, kind, what), as launch's checks unpack it
+        return iter((self.flag, self.kind, self.what))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke:
+    """How ``dancegrpo-npu smoke`` runs the trainer on tiny models."""
+
+    title: str  # the smoke's first line: "full FLUX GRPO"
+    run: str  # "module:function" (project, options, spec, start) -> SmokeResult
+    run_name: str = ""  # the run directory's suffix; "": smoke-<name>
+    label: str = ""  # the trainer in messages
+    # Trainers that count their loop from 0 and save as they reach a pass's step S
+    # (smoke.trained): --max_train_steps is a pass's steps less ``loop_below``; ``passes``
+    # passes over the prompts.
+    loop_below: int = 0
+    passes: int = 1
+    lora: bool = False  # the checkpoint is a LoRA checkpoint
+    fixtures: str = ""  # "module:function" (project, prompts, spec, python) -> fixtures
+    arguments: str = ""  # "module:function" (fixtures, hps, max_train_steps, generations, spec) -> args
+    model_class: str = ""  # the diffusers class the checkpoint loads back with
+    # per-trainer values the family's smoke functions read (``param``)
+    params: tuple[tuple[str, object], ...] = ()
+
+    def param(self, name: str):
+        return dict(self.params)[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchPreset:
+    """A ``bench --preset``: models, and sizes over the trainer's recipe sizes."""
+
+    name: str
+    summary: str
+    models: str  # a shipped config family (throughput.models.SHIPPED), or the tiny models' name
+    # "module" holding the smoke's tiny TRANSFORMER_CONFIG and VAE_CONFIG, for tiny models
+    tiny: str = ""
+    transformer_overrides: dict = field(default_factory=dict)
+    hps_overrides: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)  # Sizes fields over the trainer's ``Bench.sizes``
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    """What ``bench`` builds and runs for the trainer's ``train_one_step``."""
+
+    classes: tuple[str, str]  # diffusers' (transformer, VAE) classes
+    # throughput.presets.Sizes of upstream's recipe ``recipe`` (run.recipes' name of it), for one
+    # prompt a bench step: its accumulation capped at the prompt's generations.  Tied to the
+    # script by tests/trainers/test_registry_recipes.py.
+    sizes: dict
+    recipe: str
+    prompt: Callable  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
+    train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> figures
+    presets: tuple[BenchPreset, ...] = ()
+    extra_args: tuple[tuple[str, object], ...] = ()  # what train_one_step needs beyond the shared flags
+    # How a block attends: "joint" (image and text tokens together) or "cross" (self-attention
+    # over the image, cross-attention to the text, CFG's two calls a sample).
+    attention: str = "joint"
+    before_build: tuple[str, ...] = ()  # "module:function"s the trainer's main calls before building models
+    trainer_prepare: str = ""  # the trainer module's function its main applies to the transformer
+    # "module:attr" of the blocks activation checkpointing wraps; "": the model's no-split modules
+    checkpointed_blocks: str = ""
+    run_dirs: tuple[str, ...] = ()  # directories the trainer's main makes in the run directory
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerSpec:
+    """One script ``launch`` runs: a GRPO trainer or a preprocessing script."""
+
+    name: str  # what the user types: launch NAME, smoke --trainer NAME
+    relpath: str  # the stock script in the patched tree
+    help: str  # one line in --help lists
+    title: str  # the model, in messages ("FLUX.1-dev")
+    defaults: tuple[tuple[str, str | None], ...] = ()  # after the recipe's arguments, if it has recipes
+    path_flags: tuple[str, ...] = ()
+    required_inputs: tuple[Input, ...] = ()
+    # Whether the script's --output_dir is the run's own output (a trainer's checkpoints) or a
+    # product later runs read (preprocessing's embeddings).
+    output_in_run_dir: bool
+    recipe_glob: str | None = None  # upstream's launch scripts holding its recipes (run.recipes)
+    depset: str = "diffusers-0.32"  # the dependency set it runs with (run.depsets)
+    argument_checks: tuple[str, ...] = ()  # run.inputs.ARGUMENT_CHECKS' names
+    dataset: str | None = None  # the model whose RL-embeddings dataset it writes or reads (run.datasets)
+    preprocess: str | None = None  # the preprocessing script that makes that dataset
+    default: bool = False  # the trainer smoke runs when none is named
+    # Whether the seam's alignment (--rng, --record, --replay) and --profile features are in it.
+    aligns: bool = False
+    smoke: Smoke | None = None
+    bench: Bench | None = None
+    plan_model: str | None = None  # its entry in plan_models.json, the memory plan's shapes
+    offload_flag: str | None = None  # the trainer's FSDP CPU offload argument, or None
+    lora: str | None = None  # its LoRA variant's row name, or None
+    lora_args: str = ""  # the LoRA variant's arguments ({rank}, {alpha})
+    no_lora: str = ""  # why it has no LoRA variant
+
+    @property
+    def is_trainer(self) -> bool:
+        """A GRPO trainer (its outputs are the run's own), not a preprocessing script."""
+        return self.output_in_run_dir

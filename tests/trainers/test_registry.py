@@ -1,0 +1,144 @@
+"""The trainer registry is the one place of the tool that knows a trainer.
+
+- No trainer's name and no trainer script's path is a literal in src/ outside trainers/ (the
+  files that name each trainer are listed, so that a failure says where).
+- A row is keyword-built.
+- A copy of a row under a new name is a trainer launch, smoke, plan and doctor know, in their
+  --help and in their refusals, with no other edit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from synthetic_tree import make_project, trust_synthetic_tree
+
+from dancegrpo_npu import trainers
+from dancegrpo_npu.cli import main
+from dancegrpo_npu.project import find_project
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "dancegrpo_npu"
+REGISTRY_DIR = SRC / "trainers"
+# The registry's names, and those of the trainers still to come.
+COMING = ("hunyuan", "skyreels-i2v", "sd")
+
+
+def trainer_literal() -> re.Pattern:
+    names = sorted({*trainers.trainers(), *COMING}, key=len, reverse=True)
+    return re.compile(r"[\"'](" + "|".join(map(re.escape, names)) + r")[\"']|fastvideo/train_grpo_")
+
+
+def files_naming(pattern: re.Pattern, root: Path = SRC) -> dict[str, list[str]]:
+    """{name (or the script path): the files of ``root`` holding it as a literal}."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.suffix not in (".py", ".json"):
+            continue
+        for match in pattern.finditer(path.read_text(encoding="utf-8")):
+            name = match.group(1) or "fastvideo/train_grpo_"
+            where = str(path.relative_to(root))
+            if where not in found.setdefault(name, []):
+                found[name].append(where)
+    return found
+
+
+def outside_registry(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: [f for f in files if not f.startswith("trainers/")] for name, files in found.items()
+            if any(not f.startswith("trainers/") for f in files)}
+
+
+def test_no_trainer_is_named_outside_the_registry():
+    found = files_naming(trainer_literal())
+    assert set(trainers.trainers()) <= set(found)  # the registry itself names each one
+    assert outside_registry(found) == {}
+
+
+def test_the_check_finds_a_name_written_elsewhere(tmp_path):
+    (tmp_path / "trainers").mkdir()
+    (tmp_path / "trainers" / "flux.py").write_text('NAME = "flux"\n')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "launch.py").write_text('if name == "wan":\n    pass\nSCRIPT = "fastvideo/train_grpo_x.py"\n')
+    found = files_naming(trainer_literal(), tmp_path)
+    assert outside_registry(found) == {"wan": ["run/launch.py"], "fastvideo/train_grpo_": ["run/launch.py"]}
+
+
+def test_a_row_is_keyword_built():
+    with pytest.raises(TypeError):
+        trainers.TrainerSpec("x", "fastvideo/x.py", "help", "X", output_in_run_dir=True)  # type: ignore[misc]
+
+
+def test_every_row_names_what_it_needs():
+    for name, spec in trainers.REGISTRY.items():
+        assert spec.name == name
+        if spec.is_trainer:
+            assert spec.preprocess in trainers.preprocessing() and spec.smoke is not None, name
+            assert trainers.get(spec.preprocess).dataset == spec.dataset, name
+        for ref in (spec.smoke.run, spec.smoke.fixtures, spec.smoke.arguments) if spec.smoke else ():
+            assert not ref or callable(trainers.load(ref)), (name, ref)
+    assert [s.name for s in trainers.REGISTRY.values() if s.default] == [trainers.default_trainer().name]
+
+
+def test_an_unknown_name_is_refused_in_one_line_with_the_nearest():
+    with pytest.raises(Exception) as e:
+        trainers.get("wam")
+    assert e.value.exit_code == 2 and "did you mean wan?" in e.value.one_line()
+
+
+# ------------------------------------------------------------------ a trainer added as a row
+
+NEW = "flux-copy"
+
+
+@pytest.fixture
+def plugged(monkeypatch):
+    """The default trainer's row again under a new name, and nothing else changed."""
+    row = replace(trainers.default_trainer(), name=NEW, default=False, lora=None, help="a copy of the default trainer")
+    monkeypatch.setitem(trainers.REGISTRY, NEW, row)
+    return row
+
+
+@pytest.mark.parametrize("verb", [["launch"], ["smoke"], ["plan"], ["doctor"]])
+def test_a_new_row_is_in_every_verbs_help(plugged, verb, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # argparse would wrap a hyphenated name
+    with pytest.raises(SystemExit) as e:
+        main([*verb, "--help"])
+    assert e.value.code == 0
+    assert NEW in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["launch", "nonesuch", "--dry-run"],
+    ["smoke", "--trainer", "nonesuch"],
+    ["plan", "nonesuch"],
+    ["doctor", "--trainer", "nonesuch"],
+], ids=["launch", "smoke", "plan", "doctor"])
+def test_a_new_row_is_in_every_verbs_refusal(plugged, argv, capsys, tmp_path, monkeypatch):
+    trust_synthetic_tree(monkeypatch)
+    monkeypatch.chdir(make_project(tmp_path / "proj"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'nonesuch'" in err and NEW in err, err
+
+
+def test_a_new_row_launches_and_plans(plugged, tmp_path, monkeypatch, capsys):
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / "proj"))
+    assert main(["launch", "-C", str(project.root), NEW, "--dry-run", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert plugged.relpath in out and "--hps_ckpt" in out  # its script, with its row's defaults
+    assert main(["plan", NEW]) == 0
+    assert f"dancegrpo-npu launch {NEW} " in capsys.readouterr().out
+
+
+def test_doctor_checks_a_new_row_by_default(plugged, tmp_path, monkeypatch):
+    from dancegrpo_npu.doctor import trainers as doctor_trainers
+
+    trust_synthetic_tree(monkeypatch)
+    project = find_project(make_project(tmp_path / "proj"))
+    installed = doctor_trainers.installed(project, dict(__import__("os").environ))
+    assert NEW in installed and trainers.default_trainer().name in installed
+    assert doctor_trainers.trainer_problems(project, NEW, dict(__import__("os").environ)) == \
+        doctor_trainers.trainer_problems(project, trainers.default_trainer().name, dict(__import__("os").environ))

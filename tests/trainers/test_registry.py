@@ -65,6 +65,47 @@ def test_the_check_finds_a_name_written_elsewhere(tmp_path):
     assert outside_registry(found) == {"wan": ["run/launch.py"], "fastvideo/train_grpo_": ["run/launch.py"]}
 
 
+def registry_aliases(root: Path = SRC) -> list[str]:
+    """Module-level names outside trainers/ that hold the registry or a view of it: an import of
+    REGISTRY under a module's own name, an assignment from it, or an instance of a class of the
+    module that reads it.  Every reader looks rows up through dancegrpo_npu.trainers instead."""
+    import ast
+
+    def reads_registry(node) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == "REGISTRY" or isinstance(n, ast.Attribute) and n.attr == "REGISTRY"
+                   for n in ast.walk(node))
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = str(path.relative_to(root))
+        if where.startswith("trainers/"):
+            continue
+        module = ast.parse(path.read_text(encoding="utf-8"))
+        views = {n.name for n in module.body if isinstance(n, ast.ClassDef) and reads_registry(n)}
+        for node in module.body:
+            if isinstance(node, ast.ImportFrom) and any(a.name == "REGISTRY" for a in node.names):
+                found.append(f"{where}: imports REGISTRY")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                value = node.value
+                called = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in views
+                if called or reads_registry(value):
+                    found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_the_registry_is_looked_up_only_through_its_package():
+    assert registry_aliases() == []
+
+
+def test_the_alias_check_finds_an_alias_and_a_view(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "args.py").write_text("from x import trainers\nSCRIPTS = trainers.REGISTRY\n")
+    (tmp_path / "run" / "view.py").write_text(
+        "class Smoked:\n    def get(self, k):\n        return trainers.REGISTRY[k]\n\n\nTRAINERS = Smoked()\n")
+    (tmp_path / "run" / "imported.py").write_text("from dancegrpo_npu.trainers import REGISTRY as ROWS\n")
+    assert registry_aliases(tmp_path) == ["run/args.py:2", "run/imported.py: imports REGISTRY", "run/view.py:6"]
+
+
 def test_a_row_is_keyword_built():
     with pytest.raises(TypeError):
         trainers.TrainerSpec("x", "fastvideo/x.py", "help", "X", output_in_run_dir=True)  # type: ignore[misc]

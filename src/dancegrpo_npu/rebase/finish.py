@@ -212,19 +212,17 @@ SMOKE_COMMAND = "dancegrpo-npu smoke --trainer {}"
 
 
 def touched_trainers(root: Path, files: set[str]) -> list[str]:
-    """The trainers (launch's script table, those smoke runs) that ``files`` can break: their
-    script, their upstream recipes, or a module the script imports (followed through the tree)."""
+    """The trainers smoke runs (the registry's, dancegrpo_npu.trainers) that ``files`` can break:
+    their script, their upstream recipes, or a module the script imports (followed through the tree)."""
     from fnmatch import fnmatch
 
-    from dancegrpo_npu.run.upstream_args import SCRIPTS
-    from dancegrpo_npu.smoke.runner import TRAINERS
+    from dancegrpo_npu import trainers
 
     found = []
-    for name, info in SCRIPTS.items():
-        if name not in TRAINERS:
-            continue
-        recipes = [f for f in files if info.recipe_glob and fnmatch(f, info.recipe_glob)]
-        if recipes or files & imported_files(root, info.relpath):
+    for name in trainers.smoked():
+        spec = trainers.get(name)
+        recipes = [f for f in files if spec.recipe_glob and fnmatch(f, spec.recipe_glob)]
+        if recipes or files & imported_files(root, spec.relpath):
             found.append(name)
     return found
 

@@ -26,7 +26,6 @@ from dancegrpo_npu.run import datasets
 # What launch runs is the trainer registry's (dancegrpo_npu.trainers): a row's script, defaults,
 # path flags, inputs and checks; ``script_info`` is its look-up as launch's scripts.
 TrainerSpec = trainers.TrainerSpec
-SCRIPTS = trainers.REGISTRY  # the registry itself (not a copy): launch's scripts by name
 
 
 # A Hugging Face hub id ("black-forest-labs/FLUX.1-dev"): left as typed, the script resolves it.

@@ -39,7 +39,6 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -112,25 +111,6 @@ def smoke_steps(spec, max_train_steps: int) -> int:
 def default_steps(spec) -> int:
     """--steps when not given: STEPS, or one step a pass for a trainer of several passes."""
     return spec.smoke.passes if spec.smoke.passes > 1 else STEPS
-
-
-class _Smoked(Mapping):
-    """The registry's rows smoke runs, by name: a live view (a row registered later is in it)."""
-
-    def __getitem__(self, name: str):
-        spec = trainers.REGISTRY[name]
-        if spec.smoke is None:
-            raise KeyError(name)
-        return spec
-
-    def __iter__(self):
-        return iter(trainers.smoked())
-
-    def __len__(self) -> int:
-        return len(trainers.smoked())
-
-
-TRAINERS = _Smoked()
 
 
 def lora_trainer() -> str:

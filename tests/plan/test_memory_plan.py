@@ -21,8 +21,11 @@ from dancegrpo_npu.plan.memory import GiB
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _plan(capsys, *argv):
-    status = main(["plan", *argv])
+def _plan(capsys, patched_tree, *argv):
+    """``dancegrpo-npu plan ARGV`` in the project of ``patched_tree`` (the upstream fixture: the
+    recipe sizes are read from its scripts), or, with None, in this checkout (no patched tree)."""
+    where = ["-C", str(patched_tree.project.root)] if patched_tree is not None else []
+    status = main([*where, "plan", *argv])
     out = capsys.readouterr()
     return status, out.out, out.err
 
@@ -38,7 +41,7 @@ def _meta_count(cls, config: dict) -> int:
 def test_flux_counts_are_the_real_classes():
     from diffusers import FluxTransformer2DModel
 
-    model, *_ = models.load("flux")
+    model = models.model_of("flux")
     assert memory.transformer_parameters(model) == _meta_count(FluxTransformer2DModel, model.transformer) == 11_901_408_320
 
 
@@ -49,7 +52,7 @@ def test_qwen_image_counts_are_the_real_classes():
     from depset_035 import diffusers_035_python
 
     python = diffusers_035_python()
-    model, *_ = models.load("qwenimage")
+    model = models.model_of("qwenimage")
     snippet = (
         "import json, sys, torch\n"
         "from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel\n"
@@ -110,8 +113,9 @@ def test_estimate_against_the_peaks_bench_measured(preset, sizes, measured_gib):
     assert abs(estimate.total / GiB - measured_gib) <= 0.25 * measured_gib, (estimate.total / GiB, measured_gib)
 
 
-def test_sharding_divides_the_weights_and_checkpointing_shrinks_the_activations():
-    model, recipe, _, _ = models.load("qwenimage")
+@pytest.mark.upstream
+def test_sharding_divides_the_weights_and_checkpointing_shrinks_the_activations(patched_tree):
+    model, recipe, _, _ = models.load("qwenimage", patched_tree.tree)
     at8 = dict(memory.estimate(model, recipe, memory.Options(world_size=8)).parts)
     at16 = dict(memory.estimate(model, recipe, memory.Options(world_size=16)).parts)
     assert at8["fp32 master weights"] == 4 * 20_430_401_088 // 8 and at16["AdamW moments (2 x fp32)"] * 2 == at8["AdamW moments (2 x fp32)"]
@@ -123,8 +127,9 @@ def test_sharding_divides_the_weights_and_checkpointing_shrinks_the_activations(
     assert offload.host_bytes_per_rank == 16 * 20_430_401_088 // 8 and offload.total < half.total - 35 * GiB
 
 
-def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(capsys):
-    status, out, err = _plan(capsys, "qwenimage")
+@pytest.mark.upstream
+def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(patched_tree, capsys):
+    status, out, err = _plan(capsys, patched_tree, "qwenimage")
     assert status == 0 and err == ""
     assert "20.43e9 parameters, 60 blocks), 8 ranks, 720x720, 12 generations" in out
     assert "30 of 60 blocks checkpointed" in out and "runtime reserve (an assumption" in out
@@ -134,8 +139,9 @@ def test_upstreams_qwen_image_recipe_fits_64_gib_but_not_a_910b4(capsys):
             "-- --selective_checkpointing 1.0") in out
 
 
-def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
-    status, out, err = _plan(capsys, "qwenimage", "--device-memory", "32")
+@pytest.mark.upstream
+def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(patched_tree, capsys):
+    status, out, err = _plan(capsys, patched_tree, "qwenimage", "--device-memory", "32")
     assert status == 1 and out  # the plan itself is printed, then the refusal
     [line] = err.strip().splitlines()
     assert line.startswith("dancegrpo-npu: error: plan: qwenimage at 8 ranks needs about 57.") and "the device has 32 GiB" in line
@@ -144,9 +150,9 @@ def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
     # the port honours the Qwen-Image trainers' --use_cpu_offload; they have no LoRA, which is not offered
     assert "FSDP CPU offload (" in line and "launch qwenimage --nproc-per-node 8 -- --use_cpu_offload" in line
     assert "LoRA" not in line
-    status, _, err = _plan(capsys, "flux", "--device-memory", "32")
+    status, _, err = _plan(capsys, patched_tree, "flux", "--device-memory", "32")
     assert status == 1 and "FSDP CPU offload (" in err and "launch flux --nproc-per-node 8 -- --use_cpu_offload" in err
-    status, _, err = _plan(capsys, "qwenimage", "--device-memory", "4")
+    status, _, err = _plan(capsys, patched_tree, "qwenimage", "--device-memory", "4")
     [line] = err.strip().splitlines()
     assert status == 1 and "none of the options fits alone" in line
 
@@ -156,12 +162,18 @@ def test_what_does_not_fit_is_refused_in_one_line_naming_what_would(capsys):
     (["qwenimage", "--world-size", "0"], "--world-size 0 is below 1"),
     (["qwenimage", "--height", "100"], "--height 100 is not a positive multiple of 16"),
     (["qwenimage", "--selective-checkpointing", "2"], "--selective-checkpointing 2 is not in [0, 1]"),
-    (["qwenimage", "--sample-batch-size", "5"], "--sample-batch-size 5 does not divide 12 generations"),
     (["qwenimage", "--device-memory", "0"], "--device-memory 0 is not positive"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, expected):
-    status, out, err = _plan(capsys, *argv)
+    status, out, err = _plan(capsys, None, *argv)
     assert status == 2 and out == "" and expected in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.upstream
+def test_a_sample_batch_size_must_divide_the_recipes_generations(patched_tree, capsys):
+    status, out, err = _plan(capsys, patched_tree, "qwenimage", "--sample-batch-size", "5")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--sample-batch-size 5 does not divide 12 generations" in err
 
 
 # Every option of plan that takes a number, and a valid value of it (the refusals must come from the value).
@@ -181,33 +193,36 @@ def test_the_numeric_options_are_all_covered():
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "-0.5"])
 @pytest.mark.parametrize("option", NUMERIC_OPTIONS)
 def test_nan_inf_and_negative_values_are_one_line_exit_2(capsys, option, value):
-    status, out, err = _plan(capsys, "qwenimage", f"{option}={value}")
+    status, out, err = _plan(capsys, None, "qwenimage", f"{option}={value}")
     assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and option in err, err
 
 
-def test_the_reserve_is_in_the_total_and_says_so(capsys):
-    status, out, _ = _plan(capsys, "qwenimage", "--reserve", "5")
+@pytest.mark.upstream
+def test_the_reserve_is_in_the_total_and_says_so(patched_tree, capsys):
+    status, out, _ = _plan(capsys, patched_tree, "qwenimage", "--reserve", "5")
     table = out.split("per rank, as asked")[1].split("\n\n")[0].splitlines()[1:]
     rows = {line[:74].strip(): float(line[74:]) for line in table}
     total = rows.pop("total")
     reserve = next(k for k in rows if k.startswith("runtime reserve"))
     assert rows[reserve] == 5.0 and "not counted" not in reserve and "in the total" in reserve
     assert abs(sum(rows.values()) - total) <= 0.05 * len(rows)  # the rows are rounded to 0.1
-    without = dict(memory.estimate(*models.load("qwenimage")[:2], memory.Options(world_size=8, reserve_bytes=0)).parts)
+    without = dict(memory.estimate(*models.load("qwenimage", patched_tree.tree)[:2], memory.Options(world_size=8, reserve_bytes=0)).parts)
     assert abs(total - sum(without.values()) / GiB - 5.0) <= 0.05  # the total is rounded to 0.1
 
 
-def test_options_a_trainer_lacks_are_not_marked_as_fitting(capsys):
-    status, out, _ = _plan(capsys, "qwenimage")
+@pytest.mark.upstream
+def test_options_a_trainer_lacks_are_not_marked_as_fitting(patched_tree, capsys):
+    status, out, _ = _plan(capsys, patched_tree, "qwenimage")
     lora_rows = [line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "GiB" not in line
                  and "launch" not in line and "none:" not in line]
     assert len(lora_rows) == 2 and all("fits" not in row for row in lora_rows), lora_rows
-    _, out, _ = _plan(capsys, "flux")
+    _, out, _ = _plan(capsys, patched_tree, "flux")
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("LoRA rank 64") and "fits" in line)
     assert row[-2:] == ["fits", "fits"]
 
 
-def test_a_several_node_launch_line_is_one_launch_accepts(capsys):
+@pytest.mark.upstream
+def test_a_several_node_launch_line_is_one_launch_accepts(patched_tree, capsys):
     """Run on each node with its NODE_RANK and node 0's MASTER_ADDR, the printed line passes
     launch's own checks of the node options (it needs --node-rank and --master-addr)."""
     import shlex
@@ -217,7 +232,7 @@ def test_a_several_node_launch_line_is_one_launch_accepts(capsys):
     from dancegrpo_npu.run.launch import check_spec
     from dancegrpo_npu.run.plan import LaunchSpec
 
-    _, out, _ = _plan(capsys, "qwenimage")
+    _, out, _ = _plan(capsys, patched_tree, "qwenimage")
     line = next(line for line in out.splitlines() if line.strip().startswith("16 ranks:"))
     command = line.split("dancegrpo-npu ", 1)[1]
     for node_rank in ("0", "1"):
@@ -230,9 +245,10 @@ def test_a_several_node_launch_line_is_one_launch_accepts(capsys):
         assert (spec.nnodes, spec.node_rank, spec.nproc_per_node) == (2, int(node_rank), 8)
 
 
-def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens():
-    edit, edit_recipe, _, script = models.load("qwenimage-edit")
-    base, *_ = models.load("qwenimage")
+@pytest.mark.upstream
+def test_the_edit_model_shares_the_transformer_and_doubles_the_image_tokens(patched_tree):
+    edit, edit_recipe, _, script = models.load("qwenimage-edit", patched_tree.tree)
+    base, *_ = models.load("qwenimage", patched_tree.tree)
     assert edit.transformer == base.transformer and edit.reference_image_tokens and script.endswith("edit_grpo.sh")
     assert (edit_recipe.height, edit_recipe.generations, edit_recipe.selective_checkpointing) == (512, 8, 1.0)
     doubled = memory.estimate(edit, edit_recipe, memory.Options(world_size=8))
@@ -264,20 +280,21 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
 # ------------------------------------------------------------------ FLUX's EMA, Wan
 
 
-def test_fluxs_ema_copy_on_rank_0_is_counted(capsys):
+@pytest.mark.upstream
+def test_fluxs_ema_copy_on_rank_0_is_counted(patched_tree, capsys):
     """Upstream's FSDP_EMA (the 8-rank recipe's --use_ema) holds a full fp32 copy of the
     transformer on rank 0, in host memory, and gathers the full state dict there at each update."""
-    status, out, _ = _plan(capsys, "flux")
+    status, out, _ = _plan(capsys, patched_tree, "flux")
     assert status == 0
     rows = [line for line in out.splitlines() if line.strip().startswith("rank 0 host memory")]
     copy = 4 * 11_901_408_320 / GiB
     assert len(rows) == 3 and "EMA copy" in rows[0] and "--use_ema" in rows[0]
     assert float(rows[0].split()[-1]) == round(copy, 1) and float(rows[-1].split()[-1]) == round(2 * copy, 1)
-    model, recipe, _, _ = models.load("flux")
+    model, recipe, _, _ = models.load("flux", patched_tree.tree)
     assert recipe.ema and sum(b for _, b in memory.estimate(model, recipe, memory.Options(world_size=8)).rank0_host) == 8 * 11_901_408_320
     lora = memory.estimate(model, recipe, memory.Options(world_size=8, lora_rank=64))
     assert lora.rank0_host == ()  # the LoRA trainer's recipe keeps no EMA
-    _, out, _ = _plan(capsys, "qwenimage")
+    _, out, _ = _plan(capsys, patched_tree, "qwenimage")
     assert "rank 0 host memory" not in out  # its recipe has no --use_ema
 
 
@@ -363,22 +380,41 @@ def test_wan_counts_are_the_real_classes():
     assert (model.vae["first_channels"], model.vae["widest_channels"]) == (96, 384)
 
 
+# Upstream's recipe sizes at the locked commit, as each model's script in the patched tree holds
+# them: (world size, height, width, frames, generations, sampling steps, selective checkpointing, EMA).
+UPSTREAM_RECIPES = {
+    "qwenimage": (8, 720, 720, 1, 12, 20, 0.5, False),
+    "qwenimage-edit": (8, 512, 512, 1, 8, 20, 1.0, False),
+    "flux": (8, 720, 720, 1, 12, 16, 1.0, True),
+    "wan": (8, 512, 512, 1, 12, 20, 1.0, False),
+}
+
+
 @pytest.mark.upstream
-def test_shipped_recipe_sizes_are_upstreams_and_wan_reads_them(patched_tree, capsys):
-    """The sizes models.json ships are what run.recipes reads from upstream's scripts; Wan's are
-    read there by the plan itself."""
+def test_every_models_sizes_are_read_from_upstreams_script(patched_tree, capsys):
+    """plan_models.json holds no recipe size: each one is read from upstream's script in the tree."""
+    assert set(UPSTREAM_RECIPES) == set(models.names())
     for name in models.names():
-        read, world = models.read_recipe(name, patched_tree.tree)
-        if models.shipped_recipe(name) is not None:
-            assert (read, world) == models.shipped_recipe(name), name
-        _, loaded, loaded_world, _ = models.load(name, patched_tree.tree)  # with a tree, the tree's
-        assert (loaded, loaded_world) == (read, world) and models.reads_tree(name, patched_tree.tree), name
-    status = main(["-C", str(patched_tree.project.root), "plan", "flux"])
-    assert status == 0 and models.COPY_NOTE not in capsys.readouterr().out
-    status, out, _ = _plan(capsys, "flux")  # without a tree: the copy, and the plan says so
-    assert status == 0 and f"8 ranks; {models.COPY_NOTE})" in out
-    wan, world = models.read_recipe("wan", patched_tree.tree)
-    assert (wan.height, wan.width, wan.frames, wan.generations, wan.sampling_steps, world) == (512, 512, 1, 12, 20, 8)
-    assert wan.guidance_batch == 2 and wan.selective_checkpointing == 1.0 and not wan.ema
-    status = main(["-C", str(patched_tree.project.root), "plan", "wan"])
-    assert status == 0 and "plan: wan (WanTransformer3DModel" in capsys.readouterr().out
+        assert set(models.entry(name)["recipe"]) == {"script", "text_tokens"}, name
+        recipe, world = models.read_recipe(name, patched_tree.tree)
+        assert (world, recipe.height, recipe.width, recipe.frames, recipe.generations, recipe.sampling_steps,
+                recipe.selective_checkpointing, recipe.ema) == UPSTREAM_RECIPES[name], name
+        _, loaded, loaded_world, _ = models.load(name, patched_tree.tree)
+        assert (loaded, loaded_world) == (recipe, world), name
+    wan, _ = models.read_recipe("wan", patched_tree.tree)
+    assert wan.guidance_batch == 2
+    status, out, _ = _plan(capsys, patched_tree, "wan")
+    assert status == 0 and "plan: wan (WanTransformer3DModel" in out
+    assert "recipe: scripts/finetune/finetune_wan_2_1_grpo.sh (8 ranks, read from the patched tree)" in out
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_without_a_patched_tree_plan_is_refused_in_one_line(tmp_path, capsys, name):
+    """No copy of upstream's sizes to fall back on: the one line says what to run."""
+    (tmp_path / "upstream.lock").write_text((REPO / "upstream.lock").read_text())
+    status = main(["-C", str(tmp_path), "plan", name])
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert status == 1 and out == "" and "Traceback" not in err
+    assert f"plan: {name}'s recipe sizes are upstream's, read from {models.entry(name)['recipe']['script']}" in line
+    assert "`dancegrpo-npu fetch && dancegrpo-npu apply`" in line and "--workdir" in line

@@ -164,13 +164,18 @@ def test_a_new_row_is_in_every_verbs_refusal(plugged, argv, capsys, tmp_path, mo
     assert len(err.strip().splitlines()) == 1 and "'nonesuch'" in err and NEW in err, err
 
 
-def test_a_new_row_launches_and_plans(plugged, tmp_path, monkeypatch, capsys):
+def test_a_new_row_launches(plugged, tmp_path, monkeypatch, capsys):
     trust_synthetic_tree(monkeypatch)
     project = find_project(make_project(tmp_path / "proj"))
     assert main(["launch", "-C", str(project.root), NEW, "--dry-run", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert plugged.relpath in out and "--hps_ckpt" in out  # its script, with its row's defaults
-    assert main(["plan", NEW]) == 0
+
+
+@pytest.mark.upstream
+def test_a_new_row_plans(plugged, patched_tree, capsys):
+    """plan reads the copied row's recipe sizes from upstream's script in the patched tree."""
+    assert main(["-C", str(patched_tree.project.root), "plan", NEW]) == 0
     assert f"dancegrpo-npu launch {NEW} " in capsys.readouterr().out
 
 

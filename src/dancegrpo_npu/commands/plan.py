@@ -2,9 +2,8 @@
 
 For a trainer of the registry with model shapes (its row's ``plan_model``: shapes shipped with
 the tool), a world size, the device's memory and upstream's recipe sizes (read from upstream's
-script in the patched tree; outside a project, the tool's copy, which the recipe line names; plan
-wan, which has no copy, runs in a project after fetch and apply),
-it estimates per rank: the fp32
+launch script in the patched tree: plan runs in a project after `dancegrpo-npu fetch && dancegrpo-npu
+apply`, or with --workdir naming a patched tree), it estimates per rank: the fp32
 master weights, gradients and AdamW moments sharded over the ranks (FSDP FULL_SHARD), FSDP's
 gathered blocks, the HPSv2 reward and the VAE, the activations of the largest phase (from the
 model's config, the recipe's sizes and how many blocks --selective-checkpointing
@@ -23,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan import models
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.plan.report import plan
@@ -35,7 +33,7 @@ examples:
   dancegrpo-npu plan qwenimage --world-size 16 --selective-checkpointing 1.0
   dancegrpo-npu plan qwenimage-edit --cpu-offload
   dancegrpo-npu plan flux --lora-rank 128
-  dancegrpo-npu plan wan                             # in the project: the recipe read from the patched tree
+  dancegrpo-npu plan wan --workdir ../DanceGRPO      # the recipe read from another patched tree
 """
 
 
@@ -53,16 +51,8 @@ def run(args) -> int:
 
 
 def _tree(args):
-    """The patched tree, where the recipe sizes are read; None outside a project for a model
-    whose sizes the tool has a copy of (the plan then says it used the copy)."""
-    if args.model not in models.names():
-        return None
-    try:
-        return project_from_args(args).workdir
-    except DancegrpoError:
-        if models.recipe_from_tree(args.model):
-            raise
-        return None
+    """The patched tree, where the recipe sizes are read (a missing one is refused there)."""
+    return project_from_args(args).workdir
 
 
 def register(sub, common) -> None:

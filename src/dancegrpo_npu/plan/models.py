@@ -2,10 +2,11 @@
 
 The models are the registry's trainers with a ``plan_model`` (dancegrpo_npu.trainers): that
 entry of plan_models.json holds the shapes.  A model's transformer (and VAE) config is there, or names a config file the package
-ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes are read from
-upstream's launch script in the patched tree by :mod:`dancegrpo_npu.run.recipes`, the reader
-``launch`` uses; without a tree, the copy shipped there (checked against upstream's scripts by
-tests/plan) is used and the plan says so, and an entry without a copy (Wan) needs the tree.
+ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes (resolution,
+frames, generations, sampling steps, ranks, checkpointing) are upstream's: read from its launch
+script in the patched tree by :mod:`dancegrpo_npu.run.recipes`, the reader ``launch`` uses, and
+never copied into the tool; without the tree the plan is refused in one line naming what to run.
+The entry keeps what the scripts lack: the prompt embedding's length.
 """
 
 from __future__ import annotations
@@ -60,44 +61,11 @@ def model_of(name: str) -> Model:
                  reference_image_tokens=data.get("reference_image_tokens", False))
 
 
-def recipe_from_tree(name: str) -> bool:
-    """Whether the model's recipe sizes can only be read from the patched tree (no copy shipped)."""
-    return shipped_recipe(name) is None
-
-
-def shipped_recipe(name: str) -> tuple[Recipe, int] | None:
-    """The tool's copy of upstream's recipe sizes for ``name`` and its world size, or None
-    (tests/plan ties the copy to upstream's script)."""
-    r = entry(name)["recipe"]
-    if "height" not in r:
-        return None
-    recipe = Recipe(height=r["height"], width=r["width"], generations=r["generations"],
-                    sampling_steps=r["sampling_steps"], text_tokens=r["text_tokens"],
-                    selective_checkpointing=r["selective_checkpointing"], ema=r.get("ema", False))
-    return recipe, r["world_size"]
-
-
-# What the recipe line says when the sizes are the tool's copy, not read from the tree.
-COPY_NOTE = "sizes: the tool's copy of them, no patched tree here"
-
-
-def reads_tree(name: str, tree: Path | None) -> bool:
-    """Whether ``load`` reads the recipe sizes from ``tree``: where its script is there, or where
-    the tool has no copy (then a missing tree is refused)."""
-    script = entry(name)["recipe"]["script"]
-    return shipped_recipe(name) is None or (tree is not None and (tree / script).is_file())
-
-
-def load(name: str, tree: Path | None = None) -> tuple[Model, Recipe, int, str]:
+def load(name: str, tree: Path | None) -> tuple[Model, Recipe, int, str]:
     """(model, upstream's recipe sizes, its world size, its script): the sizes read from the
-    script in ``tree`` (the patched tree) where it is there, else the tool's copy (``reads_tree``
-    says which; a model without a copy needs the tree)."""
-    script = entry(name)["recipe"]["script"]
-    if reads_tree(name, tree):
-        recipe, world_size = read_recipe(name, tree)
-    else:
-        recipe, world_size = shipped_recipe(name)
-    return model_of(name), recipe, world_size, script
+    script in ``tree``, the patched tree (``read_recipe``; no tree is refused in one line)."""
+    recipe, world_size = read_recipe(name, tree)
+    return model_of(name), recipe, world_size, entry(name)["recipe"]["script"]
 
 
 def _argparse_default(source: str, flag: str) -> str | None:
@@ -115,9 +83,9 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
     path = (tree / r["script"]) if tree is not None else None
     if path is None or not path.is_file():
         raise DancegrpoError(
-            f"plan: {name}'s recipe sizes are read from upstream's {r['script']} in the patched tree, "
-            f"and {path or 'the project'} is missing",
-            "run `dancegrpo-npu fetch` and `dancegrpo-npu apply` in the project first (or pass -C DIR / --workdir DIR)",
+            f"plan: {name}'s recipe sizes are upstream's, read from {r['script']} in the patched tree, "
+            f"and {path or 'there is no patched tree'} is missing",
+            "run `dancegrpo-npu fetch && dancegrpo-npu apply` in the project first (or pass --workdir DIR of a patched tree)",
         )
     script = recipes.parse_recipe(path, "")
     values = script.values()

@@ -58,13 +58,12 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
          cpu_offload: bool, lora_rank: int, reserve_gib: float, tree=None) -> tuple[str, DancegrpoError | None]:
     """(the printed plan, the refusal when the asked configuration does not fit, else None).
     ``tree``: the patched tree (or a function giving it, asked only once the values are
-    checked), where a model without shipped recipe sizes (Wan) reads them."""
+    checked), where the recipe sizes are read from upstream's script."""
     if name not in models.names():
         raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
     tree = tree() if callable(tree) else tree
     model, recipe, recipe_world, script = models.load(name, tree)
-    copy = "" if models.reads_tree(name, tree) else f"; {models.COPY_NOTE}"
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
     _check(recipe)
     options = memory.Options(world_size=world_size or recipe_world, cpu_offload=cpu_offload, lora_rank=lora_rank,
@@ -82,7 +81,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         + f"selective checkpointing {recipe.selective_checkpointing}"
         + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
-        f"  recipe: {script} ({recipe_world} ranks{copy}); an estimate from shapes, not a measurement",
+        f"  recipe: {script} ({recipe_world} ranks, read from the patched tree); an estimate from shapes, not a measurement",
         "",
         f"  {'per rank, as asked':<72} {'GiB':>7}",
     ]

@@ -13,24 +13,27 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import models, presets
 
 
-def test_the_qwenimage_preset_is_qwen_image():
+@pytest.mark.upstream
+def test_the_qwenimage_preset_is_qwen_image(patched_tree):
     """Qwen-Image's transformer/config.json (the memory plan's, plan/models.json), and its VAE's
-    (AutoencoderKLQwenImage: Wan2.1's configuration, the Wan file shipped as package data); its recipe."""
+    (AutoencoderKLQwenImage: Wan2.1's configuration, the Wan file shipped as package data); its
+    recipe, read from upstream's script in the patched tree."""
     transformer, vae, _hps = models.model_configs(presets.PRESETS["qwenimage"])
     assert (transformer["num_layers"], transformer["attention_head_dim"], transformer["num_attention_heads"],
             transformer["joint_attention_dim"], transformer["in_channels"], transformer["out_channels"],
             transformer["patch_size"], transformer["axes_dims_rope"]) == (60, 128, 24, 3584, 64, 16, 2, [16, 56, 56])
     assert (vae["base_dim"], vae["z_dim"], vae["dim_mult"], vae["num_res_blocks"]) == (96, 16, [1, 2, 4, 4], 2)
-    s = presets.PRESETS["qwenimage"].sizes
+    s = presets.resolve({"preset": "qwenimage"}, patched_tree.tree).sizes
     assert (s.height, s.width, s.sampling_steps, s.generations, s.gradient_accumulation_steps) == (720, 720, 20, 12, 12)
     assert (s.timestep_fraction, s.eta, s.shift, s.text_tokens) == (0.6, 0.3, 3.0, 256)
     assert presets.depset_of(presets.PRESETS["tiny-qwenimage"]) == "diffusers-0.35"
 
 
-def test_the_full_preset_is_refused_where_it_does_not_fit():
+@pytest.mark.upstream
+def test_the_full_preset_is_refused_where_it_does_not_fit(patched_tree):
     """20.4e9 parameters four times over in bf16 (weights, gradients, AdamW's moments) do not fit
     one 64 GB card: refused before anything is built, naming the tiny preset."""
-    config = presets.resolve({"preset": "qwenimage"})
+    config = presets.resolve({"preset": "qwenimage"}, patched_tree.tree)
     configs = models.model_configs(config.preset)
     counts = models.ParamCounts(transformer=20_430_401_088, vae=126_892_531, hps=986_109_441)
     estimate = models.estimate_memory(counts, configs, config.sizes, (1,), config.decode_chunk, 2, "qwenimage")

@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SET_ENV = "DANCEGRPO_VENV_DIFFUSERS_0_35"
 
 
-def test_the_wan_preset_is_wan2_1_t2v_1_3b():
+@pytest.mark.upstream
+def test_the_wan_preset_is_wan2_1_t2v_1_3b(patched_tree):
     """diffusers' WanTransformer3DModel / AutoencoderKLWan configs of Wan2.1-T2V-1.3B (its
-    transformer/config.json and vae/config.json), shipped as package data; upstream's Wan recipe."""
+    transformer/config.json and vae/config.json), shipped as package data; upstream's Wan recipe, read from
+    its script in the patched tree."""
     from dancegrpo_npu.throughput.models import model_configs
 
     transformer, vae, hps = model_configs(presets.PRESETS["wan"])
@@ -36,7 +38,7 @@ def test_the_wan_preset_is_wan2_1_t2v_1_3b():
         96, 16, [1, 2, 4, 4], 2, [False, True, True])
     assert len(vae["latents_mean"]) == len(vae["latents_std"]) == 16
     assert hps["vision_cfg"]["width"] == 1280  # ViT-H-14, as for FLUX
-    s = presets.PRESETS["wan"].sizes
+    s = presets.resolve({"preset": "wan"}, patched_tree.tree).sizes
     assert (s.height, s.width, s.sampling_steps, s.generations, s.text_tokens) == (512, 512, 20, 12, 226)
     assert (s.timestep_fraction, s.eta, s.shift, s.train_timesteps) == (0.6, 0.3, 3.0, 11)
     assert dict(presets.trainer_of(presets.PRESETS["wan"]).bench.extra_args)["cfg_infer"] == 5.0

@@ -90,18 +90,20 @@ def counted(preset: str):
     return configs, models.count_parameters(configs)
 
 
-def estimate(preset: str, batch_sizes=(1,), weight_bytes=2):
-    config = presets.resolve({"preset": preset})
+def estimate(preset: str, tree, batch_sizes=(1,), weight_bytes=2):
+    """The memory estimate of ``preset`` at upstream's recipe sizes, read from the patched ``tree``."""
+    config = presets.resolve({"preset": preset}, tree)
     configs, counts = counted(preset)
     return models.estimate_memory(counts, configs, config.sizes, batch_sizes, config.decode_chunk, weight_bytes)
 
 
-def test_full_preset_needs_the_weights_four_times_over():
-    e = estimate("full", (1, 4, 12))
+@pytest.mark.upstream
+def test_full_preset_needs_the_weights_four_times_over(patched_tree):
+    e = estimate("full", patched_tree.tree, (1, 4, 12))
     transformer = 11901408320
     assert e.weights > transformer * 2 * 4  # bf16 weights, gradients, AdamW's two moments
     assert 95 * GiB < e.total < 125 * GiB  # fits an 80 GiB card? no; a 141 GiB H200: yes
-    assert estimate("full", (12,)).activations > estimate("full", (1,)).activations
+    assert estimate("full", patched_tree.tree, (12,)).activations > estimate("full", patched_tree.tree, (1,)).activations
 
 
 def test_check_fits_refuses_with_what_to_do():
@@ -128,7 +130,7 @@ def mem_available() -> int:
 
 @pytest.mark.upstream
 def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree, tmp_path):
-    needs = estimate("full", weight_bytes=4).total  # fp32 on the CPU
+    needs = estimate("full", patched_tree.tree, weight_bytes=4).total  # fp32 on the CPU
     if mem_available() > needs * models.HEADROOM:
         pytest.skip(f"this machine has more than the {needs / GiB:.0f} GiB the full preset needs on its CPU")
     r = subprocess.run(

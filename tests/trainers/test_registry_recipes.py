@@ -1,5 +1,6 @@
 """The bench's recipe sizes are upstream's: each trainer's full-size preset runs the sizes of the
-recipe its registry row names, as run.recipes reads it from the patched tree."""
+recipe its registry row names, as run.recipes reads it from the patched tree, and the registry
+holds no copy of them (only what the scripts lack: the prompt embedding's length)."""
 
 from __future__ import annotations
 
@@ -20,29 +21,47 @@ def recipe_sizes(values: dict) -> dict:
                 gradient_accumulation_steps=min(int(values["--gradient_accumulation_steps"]), generations))
 
 
+@pytest.mark.parametrize("name", [spec.name for spec in trainers.benched()])
+def test_the_registry_holds_no_copy_of_upstreams_sizes(name):
+    """A full-size preset sets none of the recipe's sizes; the row keeps the text tokens alone."""
+    bench = trainers.get(name).bench
+    assert not hasattr(bench, "sizes")
+    full = presets.presets()[bench.presets[0].name]
+    assert full.needs_recipe and not set(full.sizes) & set(presets.RECIPE_FIELDS)
+    assert full.sizes == {"text_tokens": bench.text_tokens, **presets.TIMING}
+
+
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", [spec.name for spec in trainers.benched()])
 def test_each_full_size_preset_runs_its_upstream_recipe(patched_tree, name):
     spec = trainers.get(name)
     recipes = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}
     want = recipe_sizes(recipes[spec.bench.recipe].values())
-    assert {k: spec.bench.sizes[k] for k in want} == want
-    full = presets.presets()[spec.bench.presets[0].name]
-    assert {k: getattr(full.sizes, k) for k in want} == want
+    config = presets.resolve({"preset": spec.bench.presets[0].name}, patched_tree.tree)
+    assert {k: getattr(config.sizes, k) for k in want} == want
+    assert config.recipe == recipes[spec.bench.recipe].path
 
 
 @pytest.mark.upstream
-def test_bench_runs_the_recipe_the_tree_holds_and_says_where_the_copy_differs(patched_tree, monkeypatch):
-    from dataclasses import replace
+def test_bench_runs_the_recipe_the_tree_holds_under_the_presets_and_the_flags(patched_tree, tmp_path):
+    """An upstream whose script changes a size changes what bench runs; a preset's own size and a
+    flag win over the recipe's."""
+    import shutil
 
     spec = trainers.default_trainer()
-    stale = replace(spec, bench=replace(spec.bench, sizes={**spec.bench.sizes, "sampling_steps": 99, "eta": 0.5}))
-    monkeypatch.setitem(trainers.REGISTRY, spec.name, stale)
-    full = spec.bench.presets[0].name
-    config, path, differ = presets.with_recipe(presets.resolve({"preset": full}), patched_tree.tree)
-    assert path.is_file() and differ == {"sampling_steps": (99, 16), "eta": (0.5, 0.3)}
-    assert (config.sizes.sampling_steps, config.sizes.eta) == (16, 0.3)
-    typed = presets.resolve({"preset": full, "sampling_steps": 8})  # a flag wins over the recipe
-    assert presets.with_recipe(typed, patched_tree.tree)[0].sizes.sampling_steps == 8
-    smaller = presets.resolve({"preset": spec.bench.presets[1].name})  # and so does a preset's own size
-    assert presets.with_recipe(smaller, patched_tree.tree)[0].sizes.sampling_steps == 4
+    full, smaller = spec.bench.presets[0].name, spec.bench.presets[1].name
+    recipe = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}[spec.bench.recipe]
+    tree = tmp_path / "tree"
+    script = tree / recipe.path.relative_to(patched_tree.tree)
+    script.parent.mkdir(parents=True)
+    shutil.copy(recipe.path, script)
+    (tree / recipe.trainer).parent.mkdir(parents=True)
+    (tree / recipe.trainer).write_text("")
+    text = script.read_text()
+    assert "--sampling_steps 16" in text and "--eta 0.3" in text
+    script.write_text(text.replace("--sampling_steps 16", "--sampling_steps 24").replace("--eta 0.3", "--eta 0.5"))
+    config = presets.resolve({"preset": full}, tree)
+    assert (config.sizes.sampling_steps, config.sizes.eta) == (24, 0.5)
+    assert presets.resolve({"preset": full, "sampling_steps": 8}, tree).sizes.sampling_steps == 8  # a flag wins
+    own = presets.resolve({"preset": smaller}, tree)  # and so does a preset's own size
+    assert (own.sizes.sampling_steps, own.sizes.eta) == (4, 0.5)

@@ -11,18 +11,23 @@ from dancegrpo_npu.throughput import bench
 
 
 EXAMPLES = """\
-presets (explicit size flags win over the preset's):
-  full   FLUX.1-dev (11.9e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 16 sampling steps,
-         12 generations, timestep fraction 0.6, eta 0.3, shift 3, 512 text tokens (upstream's recipe)
+presets (explicit size flags win over the preset's). The sizes a preset does not set are
+upstream's recipe (resolution, sampling steps, generations, timestep fraction, eta, shift,
+accumulation), read from its script in the patched tree: those presets need
+`dancegrpo-npu fetch && dancegrpo-npu apply` first (or --workdir); the tiny ones set them all.
+  full   FLUX.1-dev (11.9e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe
+         (finetune_flux_grpo.sh), 512 text tokens
   cpu    full width, 1 double + 1 single block, HPS with 1 + 1 layers; 128x128, 4 steps,
-         4 generations, 64 text tokens, 1 timed step (minutes on a 2-core CPU)
+         4 generations, 64 text tokens, 1 timed step, the rest upstream's recipe (minutes on a
+         2-core CPU)
   tiny   the smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
-  wan    Wan2.1-T2V-1.3B (1.42e9 parameters), its VAE, a ViT-H-14 HPS; 512x512, one frame,
-         20 sampling steps, 12 generations, CFG 5.0, 226 UMT5 tokens (upstream's Wan recipe)
-  wan-cpu  Wan2.1-1.3B width, 1 block, HPS with 1 + 1 layers; 128x128, 4 steps, 4 generations
+  wan    Wan2.1-T2V-1.3B (1.42e9 parameters), its VAE, a ViT-H-14 HPS; upstream's Wan recipe
+         (finetune_wan_2_1_grpo.sh, one frame), CFG 5.0, 226 UMT5 tokens
+  wan-cpu  Wan2.1-1.3B width, 1 block, HPS with 1 + 1 layers; 128x128, 4 steps, 4 generations,
+         the rest upstream's Wan recipe
   tiny-wan the Wan smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
-  qwenimage  Qwen-Image (20.4e9 parameters), its VAE, a ViT-H-14 HPS; 720x720, 20 sampling
-         steps, 12 generations, 256 text tokens (upstream's recipe; about 160 GiB in bf16)
+  qwenimage  Qwen-Image (20.4e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe
+         (finetune_qwenimage_grpo.sh), 256 text tokens (about 160 GiB in bf16)
   tiny-qwenimage the Qwen-Image smoke's tiny models at 64x64, 4 steps, 4 generations (seconds)
   The wan and qwenimage presets run with the diffusers-0.35 dependency set, in its interpreter
   (./scripts/bootstrap.sh --deps-only --with diffusers-0.35 installs it).
@@ -55,7 +60,7 @@ def options_from_args(args) -> dict:
 
 def run(args) -> int:
     options = options_from_args(args)
-    config = presets.resolve(options)
+    config = presets.resolve(options, tree=lambda: project_from_args(args).workdir)
     project = project_from_args(args)
     depset = bench.child_depset(config)
     if depset is not None:  # the preset's trainer needs another dependency set: bench runs there

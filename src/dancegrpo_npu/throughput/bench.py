@@ -104,10 +104,6 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         raise DancegrpoError(f"bench: {state['detail']}", "run `dancegrpo-npu fetch && dancegrpo-npu apply` first")
     if state["state"] == "unverified":
         progress(f"warning: measuring a tree that is not lock + series + overlay ({state['detail']})")
-    config, recipe_path, differ = presets.with_recipe(config, project.workdir)
-    if differ:  # the registry's copy is tied to upstream by a test: an upstream that changed it
-        shown = ", ".join(f"{name} {copy} -> {value}" for name, (copy, value) in differ.items())
-        progress(f"upstream's recipe {recipe_path.name} differs from the tool's copy ({shown}): measuring the recipe's")
     progress(f"importing the trainer from {project.workdir}")
     trainer, kind = phases.load_trainer(project.workdir, config.device, spec.relpath)
     import torch
@@ -126,7 +122,7 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     model_lib.check_fits(estimate, available, what, config.preset.name, kind)
     facts = {
         **config.describe(),
-        "recipe": str(recipe_path),
+        "recipe": None if config.recipe is None else str(config.recipe),  # None: a tiny preset's own sizes
         "device_kind": kind,
         "dtype": str(dtype).replace("torch.", ""),
         "parameters": {"transformer": counts.transformer, "vae": counts.vae, "hps": counts.hps},

@@ -2,12 +2,16 @@
 
 Plain data and plain Python (no torch), so bad input is refused before anything is
 imported or built.  A preset names the models (a shipped config plus overrides) and the
-GRPO recipe's sizes; every explicit size flag wins over the preset's value.
+sizes it sets itself; the recipe sizes it leaves out (a full-size preset: all of them) are
+upstream's, read from the recipe script its trainer's registry row names in the patched tree
+(``run.recipes``, as launch reads it), and without that tree it is refused in one line.  The
+tiny presets, the tool's own smoke-size shapes, set every size.  Every explicit size flag
+wins over the preset's value.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from dancegrpo_npu import trainers
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
@@ -48,23 +52,33 @@ class Preset:
     models: str
     transformer_overrides: dict = field(default_factory=dict)
     hps_overrides: dict = field(default_factory=dict)  # {"vision_layers": n, "text_layers": n}
-    sizes: Sizes = None  # type: ignore[assignment]
+    # the Sizes fields it sets itself (the row's text tokens and TIMING under the preset's own);
+    # the recipe's fields it leaves out are read from the patched tree (``needs_recipe``)
+    sizes: dict = field(default_factory=dict)
     trainer: str = ""  # the registry row whose train_one_step it runs (dancegrpo_npu.trainers)
     tiny: str = ""  # the module of the smoke's tiny models it builds (its row's), or ""
-    overrides: tuple[str, ...] = ()  # the Sizes fields the preset sets itself (not the recipe's)
+
+    @property
+    def needs_recipe(self) -> bool:
+        """Whether some of its sizes are upstream's recipe's, read from the patched tree."""
+        return any(name not in self.sizes for name in RECIPE_FIELDS)
+
+
+# How bench times a preset unless it or a flag says otherwise: the bench's own, not upstream's.
+TIMING = dict(steps=2, warmup_steps=1)
 
 
 def presets() -> dict[str, Preset]:
-    """Every preset of the registry's trainers (their rows' ``bench``), by name: the trainer's
-    recipe sizes (``Bench.sizes``) with the preset's own over them."""
+    """Every preset of the registry's trainers (their rows' ``bench``), by name, with the sizes
+    it sets itself."""
     found = {}
     for spec in trainers.benched():
-        recipe = Sizes(**spec.bench.sizes)
         for p in spec.bench.presets:
             found[p.name] = Preset(name=p.name, summary=p.summary, models=p.models,
                                    transformer_overrides=dict(p.transformer_overrides),
-                                   hps_overrides=dict(p.hps_overrides), sizes=replace(recipe, **p.sizes),
-                                   trainer=spec.name, tiny=p.tiny, overrides=tuple(p.sizes))
+                                   hps_overrides=dict(p.hps_overrides),
+                                   sizes={"text_tokens": spec.bench.text_tokens, **TIMING, **p.sizes},
+                                   trainer=spec.name, tiny=p.tiny)
     return found
 
 
@@ -82,18 +96,31 @@ RECIPE_FLAGS = (("height", "--h", int), ("width", "--w", int), ("sampling_steps"
                 ("generations", "--num_generations", int), ("timestep_fraction", "--timestep_fraction", float),
                 ("eta", "--eta", float), ("shift", "--shift", float),
                 ("gradient_accumulation_steps", "--gradient_accumulation_steps", int))
+RECIPE_FIELDS = tuple(name for name, _, _ in RECIPE_FLAGS)
 
 
-def recipe_sizes(spec, tree) -> tuple[dict, object]:
-    """(sizes, script) of the upstream recipe the row's bench names, read from the patched tree
-    as launch reads it (run.recipes).  A bench step is one prompt, so the accumulation is capped
-    at its generations (every sample a micro-batch, as in the trainers' loop)."""
+def recipe_sizes(preset: Preset, tree) -> tuple[dict, object]:
+    """(sizes, script) of the upstream recipe the preset's registry row names, read from the
+    patched tree ``tree`` as launch reads it (run.recipes); no tree, or none holding that recipe,
+    is refused in one line.  A bench step is one prompt, so the accumulation is capped at its
+    generations (every sample a micro-batch, as in the trainers' loop)."""
+    from pathlib import Path
+
     from dancegrpo_npu.run.recipes import recipes_for
 
-    found = {r.name: r for r in recipes_for(tree, spec.relpath, spec.recipe_glob)}
+    spec = trainer_of(preset)
+    found = {r.name: r for r in recipes_for(Path(tree), spec.relpath, spec.recipe_glob)} if tree is not None else {}
     if spec.bench.recipe not in found:
-        raise DancegrpoError(f"bench: the patched tree has no recipe {spec.bench.recipe!r} of {spec.name} "
-                             f"(it has: {', '.join(found) or 'none'})", "run `dancegrpo-npu apply` to restore it")
+        if tree is None or not Path(tree).is_dir():
+            where = f"{tree or 'the patched tree'} is missing"
+        else:
+            where = f"{tree} has {'only ' + ', '.join(found) if found else 'none of them'}"
+        own = ", ".join(n for n, p in presets().items() if not p.needs_recipe)
+        raise DancegrpoError(
+            f"bench: preset {preset.name} runs upstream's recipe {spec.bench.recipe} of {spec.name} "
+            f"({spec.recipe_glob}), read from the patched tree, and {where}",
+            "run `dancegrpo-npu fetch && dancegrpo-npu apply` in the project first (or pass --workdir DIR of a "
+            f"patched tree); the presets {own} set their own sizes")
     recipe = found[spec.bench.recipe]
     values = recipe.values()
     try:
@@ -103,21 +130,6 @@ def recipe_sizes(spec, tree) -> tuple[dict, object]:
                              "run `dancegrpo-npu apply` to restore upstream's recipe") from None
     sizes["gradient_accumulation_steps"] = min(sizes["gradient_accumulation_steps"], sizes["generations"])
     return sizes, recipe.path
-
-
-def with_recipe(config: "BenchConfig", tree) -> tuple["BenchConfig", object, dict]:
-    """The configuration with upstream's recipe sizes as the patched tree holds them, where
-    neither the preset nor a flag sets them; (config, the recipe's script, {field: (the
-    registry's copy, the recipe's)} where the two differ: the bench says so and runs the recipe's)."""
-    recipe, path = recipe_sizes(trainer_of(config.preset), tree)
-    keep = {*config.preset.overrides, *config.given}
-    taken = {name: value for name, value in recipe.items() if name not in keep}
-    differ = {name: (getattr(config.sizes, name), value) for name, value in taken.items()
-              if getattr(config.sizes, name) != value}
-    sizes = replace(config.sizes, **taken)
-    check_sizes(sizes)
-    check_batch_sizes(sizes, config.sample_batch_sizes)
-    return replace(config, sizes=sizes), path, differ
 
 
 def depset_of(preset: Preset) -> str:
@@ -150,7 +162,7 @@ class BenchConfig:
     device: str
     dtype: str
     record: bool = False  # the timed steps' stages into <run>/records/, as launch --record writes them
-    given: tuple[str, ...] = ()  # the Sizes fields set by a flag
+    recipe: object = None  # the upstream script (a Path) the sizes the preset leaves out were read from, or None
 
     def decode_chunk(self, n: int) -> int:
         return self.vae_decode_chunk or n
@@ -221,33 +233,38 @@ def check_sizes(sizes: Sizes) -> None:
             "change one of them")
 
 
-def resolve(options: dict) -> BenchConfig:
+def resolve(options: dict, tree=None) -> BenchConfig:
     """The checked configuration from parsed options (``None``: the preset's value).
 
     ``options`` holds ``preset``, ``sample_batch_sizes`` (text), ``vae_decode_chunk``,
-    ``device``, ``dtype`` and one key per :data:`SIZE_FLAGS` field.
+    ``device``, ``dtype`` and one key per :data:`SIZE_FLAGS` field.  ``tree``: the patched tree
+    (or a function giving it, asked only for a preset that reads upstream's recipe, once the
+    other values are checked).
     """
     name = options.get("preset") or DEFAULT_PRESET
     known = presets()
     if name not in known:
         raise _bad(f"unknown preset {name!r}", f"choose one of: {', '.join(known)}")
     preset = known[name]
-    given = {f: options[f] for _, f in SIZE_FLAGS if options.get(f) is not None}
-    sizes = replace(preset.sizes, **given)
-    check_sizes(sizes)
-    text = options.get("sample_batch_sizes")
-    batch_sizes = parse_batch_sizes(text) if text is not None else (1,)
-    check_batch_sizes(sizes, batch_sizes)
-    chunk = options.get("vae_decode_chunk")
-    if chunk is not None and chunk < 1:
-        raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
     device = options.get("device") or "auto"
     dtype = options.get("dtype") or "auto"
     if device not in DEVICES:
         raise _bad(f"unknown device {device!r}", f"choose one of: {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         raise _bad(f"unknown dtype {dtype!r}", f"choose one of: {', '.join(DTYPES)}")
-    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), tuple(given))
+    text = options.get("sample_batch_sizes")
+    batch_sizes = parse_batch_sizes(text) if text is not None else (1,)
+    chunk = options.get("vae_decode_chunk")
+    if chunk is not None and chunk < 1:
+        raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
+    given = {f: options[f] for _, f in SIZE_FLAGS if options.get(f) is not None}
+    recipe, path = {}, None
+    if preset.needs_recipe:
+        recipe, path = recipe_sizes(preset, tree() if callable(tree) else tree)
+    sizes = Sizes(**{**recipe, **preset.sizes, **given})
+    check_sizes(sizes)
+    check_batch_sizes(sizes, batch_sizes)
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), path)
 
 
 def check_batch_sizes(sizes: Sizes, batch_sizes) -> None:

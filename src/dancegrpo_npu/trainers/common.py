@@ -50,3 +50,8 @@ def weights_input(what: str, kind: str = "weights") -> Input:
 def preprocess_defaults(model_path: str, prompts: str = "./assets/prompts.txt", *more) -> tuple:
     """A preprocessing script's defaults as upstream's scripts/preprocess/*.sh give them."""
     return (("--model_path", model_path), ("--output_dir", "data/rl_embeddings"), ("--prompt_dir", prompts), *more)
+
+
+# The sampler of the tiny bench presets: those are the tool's own smoke-size shapes, not
+# upstream's recipe, so they set every size themselves and resolve without a patched tree.
+TINY_SAMPLER = dict(timestep_fraction=0.6, eta=0.3, shift=3.0)

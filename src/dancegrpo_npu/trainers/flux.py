@@ -7,6 +7,7 @@ from dancegrpo_npu.trainers.common import (
     HPS_INPUTS,
     PREPROCESS_PATH_FLAGS,
     PROMPTS_INPUT,
+    TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
     dataset_input,
     preprocess_defaults,
@@ -44,16 +45,10 @@ def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt,
                  iter(lambda: prompt, None), None, max_grad_norm, m.hps_preprocess, None)
 
 
-# Upstream's recipe: scripts/finetune/finetune_flux_grpo.sh (720x720, 16 sampling steps,
-# 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 4) and
-# FluxPipeline's 512 T5 tokens.
-BENCH_SIZES = dict(height=720, width=720, sampling_steps=16, generations=12, timestep_fraction=0.6, eta=0.3,
-                   shift=3.0, text_tokens=512, gradient_accumulation_steps=4, steps=2, warmup_steps=1)
-
 BENCH = Bench(
     classes=("FluxTransformer2DModel", "AutoencoderKL"),
-    sizes=BENCH_SIZES,
-    recipe="2nodes",
+    recipe="2nodes",  # scripts/finetune/finetune_flux_grpo.sh
+    text_tokens=512,  # FluxPipeline's T5 tokens
     presets=(
         BenchPreset(name="full", models="flux1-dev",
                     summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe"),
@@ -70,7 +65,8 @@ BENCH = Bench(
         # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
         BenchPreset(name="tiny", models="tiny", tiny="dancegrpo_npu.smoke.tiny_models",
                     summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
-                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2)),
+                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
+                               **TINY_SAMPLER)),
     ),
     prompt=prompt_batch,
     train=train_one_step,

@@ -7,6 +7,7 @@ from dancegrpo_npu.trainers.common import (
     HPS_INPUTS,
     PREPROCESS_PATH_FLAGS,
     PROMPTS_INPUT,
+    TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
     dataset_input,
     preprocess_defaults,
@@ -34,17 +35,10 @@ def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt,
                  embeds, mask, caption, length, None, max_grad_norm, m.hps_preprocess, None)
 
 
-# Upstream's Qwen-Image recipe: scripts/finetune/finetune_qwenimage_grpo.sh (720x720, 20 sampling
-# steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, accumulation 12 over its 2
-# prompts a rank), 256 text tokens as the memory plan's recipe (plan_models.json); a bench step
-# is one prompt, so accumulation 12 is one optimizer step a step.
-BENCH_SIZES = dict(height=720, width=720, sampling_steps=20, generations=12, timestep_fraction=0.6, eta=0.3,
-                   shift=3.0, text_tokens=256, gradient_accumulation_steps=12, steps=2, warmup_steps=1)
-
 BENCH = Bench(
     classes=("QwenImageTransformer2DModel", "AutoencoderKLQwenImage"),
-    sizes=BENCH_SIZES,
-    recipe="8gpus",
+    recipe="8gpus",  # scripts/finetune/finetune_qwenimage_grpo.sh
+    text_tokens=256,  # as the memory plan's (plan_models.json)
     presets=(
         BenchPreset(name="qwenimage", models="qwen-image",
                     summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "
@@ -54,7 +48,7 @@ BENCH = Bench(
                     summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at "
                             "64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
-                               gradient_accumulation_steps=2)),
+                               gradient_accumulation_steps=2, **TINY_SAMPLER)),
     ),
     extra_args=(("use_hpsv3", False),),  # the HPSv2 reward, as the recipe (not HPSv3), no EMA
     prompt=prompt_batch,

@@ -50,7 +50,9 @@ class Smoke:
 
 @dataclass(frozen=True, kw_only=True)
 class BenchPreset:
-    """A ``bench --preset``: models, and sizes over the trainer's recipe sizes."""
+    """A ``bench --preset``: models, and the sizes it sets itself.  The recipe sizes it leaves
+    out are upstream's, read from the row's recipe in the patched tree (a full-size preset sets
+    none of them); a preset of the tool's own tiny models sets them all (no tree needed)."""
 
     name: str
     summary: str
@@ -59,7 +61,7 @@ class BenchPreset:
     tiny: str = ""
     transformer_overrides: dict = field(default_factory=dict)
     hps_overrides: dict = field(default_factory=dict)
-    sizes: dict = field(default_factory=dict)  # Sizes fields over the trainer's ``Bench.sizes``
+    sizes: dict = field(default_factory=dict)  # throughput.presets.Sizes fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +69,11 @@ class Bench:
     """What ``bench`` builds and runs for the trainer's ``train_one_step``."""
 
     classes: tuple[str, str]  # diffusers' (transformer, VAE) classes
-    # throughput.presets.Sizes of upstream's recipe ``recipe`` (run.recipes' name of it), for one
-    # prompt a bench step: its accumulation capped at the prompt's generations.  Tied to the
-    # script by tests/trainers/test_registry_recipes.py.
-    sizes: dict
+    # Upstream's recipe (run.recipes' name of it) whose sizes the presets run where they set none
+    # of their own: read from its script in the patched tree, never copied here
+    # (tests/trainers/test_registry_recipes.py).
     recipe: str
+    text_tokens: int  # the prompt embedding's length, which the scripts do not hold
     prompt: Callable  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
     train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> figures
     presets: tuple[BenchPreset, ...] = ()

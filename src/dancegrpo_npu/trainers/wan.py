@@ -7,6 +7,7 @@ from dancegrpo_npu.trainers.common import (
     HPS_INPUTS,
     PREPROCESS_PATH_FLAGS,
     PROMPTS_INPUT,
+    TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
     dataset_input,
     preprocess_defaults,
@@ -35,18 +36,13 @@ def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt,
                  embeds, negative, caption, None, max_grad_norm, m.hps_preprocess)
 
 
-# Upstream's Wan2.1 recipe: scripts/finetune/finetune_wan_2_1_grpo.sh (512x512, one frame, 20
-# sampling steps, 12 generations, timestep fraction 0.6, eta 0.3, shift 3, CFG 5.0 in rollout and
-# training) and WanPipeline.encode_prompt's 226 UMT5 tokens (what preprocessing saves).  The
-# script accumulates 24 samples: its 2 prompts x 12 generations a rank, one optimizer step per
-# GRPO step; a bench step is one prompt, so 12 keeps one optimizer step per step.
-BENCH_SIZES = dict(height=512, width=512, sampling_steps=20, generations=12, timestep_fraction=0.6, eta=0.3,
-                   shift=3.0, text_tokens=226, gradient_accumulation_steps=12, steps=2, warmup_steps=1)
-
 BENCH = Bench(
     classes=("WanTransformer3DModel", "AutoencoderKLWan"),
-    sizes=BENCH_SIZES,
+    # scripts/finetune/finetune_wan_2_1_grpo.sh; it accumulates its 2 prompts x 12 generations a
+    # rank, one optimizer step per GRPO step, and a bench step is one prompt: the accumulation
+    # is capped at the generations (throughput.presets), one optimizer step per step.
     recipe="8gpus",
+    text_tokens=226,  # WanPipeline.encode_prompt's UMT5 tokens (what preprocessing saves)
     presets=(
         BenchPreset(name="wan", models="wan2.1-t2v-1.3b",
                     summary="Wan2.1-T2V-1.3B at full size (30 blocks), its VAE, a ViT-H-14 HPS; upstream's Wan "
@@ -60,7 +56,8 @@ BENCH = Bench(
         # The Wan smoke's tiny models (dancegrpo_npu.smoke.wan_fixtures): seconds, for tests.
         BenchPreset(name="tiny-wan", models="tiny-wan", tiny="dancegrpo_npu.smoke.wan_fixtures",
                     summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
-                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2)),
+                    sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
+                               **TINY_SAMPLER)),
     ),
     # CFG 5.0 as upstream's recipe; the reward from the decoded frame (the port's default)
     extra_args=(("cfg_infer", 5.0), ("reward_from_mp4", False)),

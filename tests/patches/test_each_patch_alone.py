@@ -22,6 +22,7 @@ FOUNDATION_GROUPS = 3  # the `# N.` group comments of patches/series that are th
 # patch -> None: the smoke passes without it; a text: the smoke fails, and its error says this
 WITHOUT = {
     "0011-caption-list.patch": "Unsupported caption type",
+    "0038-resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
     "0012-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
     "0013-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
     # refused before the run starts, by the trainer's own parser (run.script_parser)
@@ -53,19 +54,16 @@ WAN_WITHOUT = {
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
-# this (in CI the trees whose smoke fails, but 0027, whose absence
-# tests/patches/test_qwenimage_fsdp.py tests without a training run; the rest extended).
+# this (in CI the trees whose smoke fails; the rest extended).
 QWEN_WITHOUT = {
-    "0027-qwenimage-fsdp-device.patch": "ZeroDivisionError",  # rank % torch.cuda.device_count() without CUDA
     "0030-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
     "0031-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
     "0032-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
-    "0033-qwenimage-caption-tuple.patch": "Unsupported caption type",
     # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
     "0034-preprocess-qwenimage.patch": None,
     "0035-preprocess-qwenimage-edit.patch": None,
 }
-QWEN_IN_CI = ("0030-qwenimage-real-rope.patch", "0033-qwenimage-caption-tuple.patch")
+QWEN_IN_CI = ("0030-qwenimage-real-rope.patch",)
 
 
 def after_foundation() -> list[str]:

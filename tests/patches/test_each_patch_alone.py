@@ -48,7 +48,6 @@ LATER_WITHOUT = {
 WAN_WITHOUT = {
     "0023-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
     "0024-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
-    "0025-wan-reward-from-decoded-frame.patch": None,  # the reward read back from the mp4, as upstream
     "0026-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
 }
 
@@ -76,8 +75,8 @@ CONCERN_WITHOUT = {
     "0013-wandb-disabled.patch": None,
     "0014-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
     "0016-allow-tf32-hf32.patch": None,
-    "0018-batched-rollout.patch": None,  # upstream's loop, one generation at a time (Wan2.1: its seam's)
-    "0019-rewards-in-batches.patch": None,
+    "0018-batched-rollout.patch": None,  # upstream's loop, one generation at a time
+    "0019-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
     "0037-gloo-loss-average.patch": None,
 }
 

@@ -223,10 +223,11 @@ def test_the_tree_without_a_concern_patch_runs_every_trainer(project, patch, tra
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.upstream
-def test_without_the_batched_rollout_a_qwen_image_batch_is_refused_at_its_first_batch(project):
-    """Without batched-rollout the Qwen-Image trainer runs upstream's loop, one generation at a
-    time, as the Flux trainers do: a run asked for --sample_batch_size 2 stops at its first batch,
-    naming why (the seam checks the batches it sees), not a silent batch of one."""
+@pytest.mark.parametrize("trainer", ["wan", "qwenimage"])
+def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(project, trainer):
+    """Without batched-rollout the Wan2.1 and Qwen-Image trainers run upstream's loop, one
+    generation at a time, as the Flux trainers do: a run asked for --sample_batch_size 2 stops at
+    its first batch, naming why (the seam checks the batches it sees), not a silent batch of one."""
     from depset_035 import diffusers_035_python
 
     from dancegrpo_npu.engine.apply import apply_worktree
@@ -235,7 +236,7 @@ def test_without_the_batched_rollout_a_qwen_image_batch_is_refused_at_its_first_
 
     diffusers_035_python()
     apply_worktree(project, without=("0018-batched-rollout.patch",), force=True)
-    options = smoke.SmokeOptions(trainer="qwenimage", steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
+    options = smoke.SmokeOptions(trainer=trainer, steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)
     assert "this trainer sampled a batch of 1 (its rollout is not batched" in str(failed.value), failed.value

@@ -229,6 +229,16 @@ def set_local_device(local_rank: int) -> torch.device:
     return torch.device(kind, local_rank)
 
 
+def start_distributed(local_rank: int) -> torch.device:
+    """The trainers' start, in upstream's order: the process group (upstream's
+    ``dist.init_process_group("nccl")``) on this device's backend, then ``local_rank``'s device
+    made current (upstream's ``torch.cuda.set_device``) and returned as a torch.device."""
+    import torch.distributed as dist
+
+    dist.init_process_group(dist_backend())
+    return set_local_device(local_rank)
+
+
 def current_device() -> torch.device:
     kind = accelerator().kind
     if kind == "cpu":

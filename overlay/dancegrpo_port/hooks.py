@@ -204,8 +204,8 @@ def checkpoint_save(step: int, **state) -> None:
 
 
 def data_pass_begin() -> None:
-    """In a trainer of several passes over the data, before the pass a resume starts at its first
-    batch makes its DataLoader iterator (dancegrpo_port/qwenimage.py resume_pass): the resumed
+    """In a trainer of several passes over the data, before a pass that starts at its first batch
+    makes its DataLoader iterator (the seam calls it where qwenimage.resume_pass says 0): a resume's
     generators are restored there, before the iterator draws its seed, as in the run resumed."""
     _call("data_pass_begin")
 

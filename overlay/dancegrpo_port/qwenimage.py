@@ -46,18 +46,15 @@ def resume_pass(init_steps: int, epoch: int, steps_per_epoch: int, sampler, batc
     its own order, ``sampler.set_epoch(epoch)``) after a resume from step ``init_steps``: how
     many of pass ``epoch``'s ``steps_per_epoch`` steps the run had trained (0 without a resume,
     ``steps_per_epoch`` for a pass it had finished).  For the pass it stopped in, ``sampler``'s
-    next pass starts after the batches it had used; for a pass the resume starts afresh the
-    generators are restored now, before its DataLoader iterator draws its seed from torch's
-    generator (the run resumed drew it after its checkpoint)."""
+    next pass starts after the batches it had used.  A pass that starts afresh (0) is where the
+    seam calls ``hooks.data_pass_begin()``: a resume's generators are restored there, before the
+    pass's DataLoader iterator draws its seed from torch's generator (the run resumed drew it
+    after its checkpoint); inside the pass it stopped in they wait for the first rollout."""
     done = max(0, min(init_steps - epoch * steps_per_epoch, steps_per_epoch))
     if 0 < done < steps_per_epoch:
         from dancegrpo_port.resume import skip_batches
 
         skip_batches(sampler, done, batch_size)
-    elif done == 0 and init_steps > 0 and init_steps == epoch * steps_per_epoch:
-        from dancegrpo_port import hooks
-
-        hooks.data_pass_begin()
     return done
 
 

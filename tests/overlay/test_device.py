@@ -77,6 +77,27 @@ def test_cpu_run(run_python):
                    "autocast_dtype": "torch.bfloat16", "same": True, "offload": [False, False, False]}
 
 
+def test_start_distributed_starts_the_group_on_the_backend_then_returns_the_device(run_python):
+    """The trainers' start (upstream's init_process_group("nccl"), set_device, current_device): on a
+    CPU run a gloo group, and the CPU as a torch.device."""
+    out = run_python(
+        """
+        import json, os
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1")
+        from dancegrpo_port import device
+        device.activate()
+        import torch.distributed as dist
+        got = device.start_distributed(0)
+        print(json.dumps({"device": str(got), "type": type(got).__name__, "backend": dist.get_backend(),
+                          "world": dist.get_world_size()}))
+        dist.destroy_process_group()
+        """,
+        env={"DANCEGRPO_DEVICE": "cpu"},
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"device": "cpu", "type": "device", "backend": "gloo", "world": 1}
+
+
 def test_strict_env_switches_strict_mode_on_for_the_process(run_python, tmp_path):
     out = run_python(
         """

@@ -84,9 +84,11 @@ def test_the_pass_a_run_stopped_in_goes_on_at_its_next_batch():
 
 
 def test_a_pass_the_resume_starts_afresh_gets_the_generators_back_before_its_loader(tmp_path):
-    """At a pass's first batch the resumed generators are restored before the pass's DataLoader
-    iterator draws its seed (the run resumed drew it after its checkpoint); inside a pass they
-    wait for the first rollout (the iterator was made before the checkpoint)."""
+    """resume_pass says how much of each pass is done and restores nothing itself; the seam calls
+    hooks.data_pass_begin() where it says 0 (tests/patches/test_qwenimage_edit_seam.py), and only
+    a resume's pending generators are restored there, once: at a pass's first batch before the
+    pass's DataLoader iterator draws its seed (the run resumed drew it after its checkpoint);
+    inside a pass they wait for the first rollout (the iterator was made before the checkpoint)."""
     from types import SimpleNamespace
 
     from dancegrpo_port import hooks
@@ -106,8 +108,12 @@ def test_a_pass_the_resume_starts_afresh_gets_the_generators_back_before_its_loa
         torch.manual_seed(99)
         assert qwenimage.resume_pass(3, 1, 2, sampler, 1) == 1  # inside the second pass: later
         assert qwenimage.resume_pass(3, 0, 2, sampler, 1) == 2  # a finished pass: nothing
-        assert feature.pending_rng is saved
-        assert qwenimage.resume_pass(4, 2, 2, sampler, 1) == 0  # the third pass from its start: now
+        assert qwenimage.resume_pass(4, 2, 2, sampler, 1) == 0  # the third pass from its start
+        assert feature.pending_rng is saved  # the helper restores nothing
+        hooks.data_pass_begin()  # the seam's call there
         assert feature.pending_rng is None and torch.equal(torch.rand(3), expected)
+        after = torch.get_rng_state()
+        hooks.data_pass_begin()  # a later pass started afresh: nothing pending, nothing restored
+        assert torch.equal(torch.get_rng_state(), after)
     finally:
         hooks.install([])

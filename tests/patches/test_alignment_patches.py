@@ -3,7 +3,8 @@ settings (2 steps, 64x64, 4 sampling steps, 2 generations, HPSv2-shaped reward, 
 the tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer arguments.
 
 - the seam without the port's flags is upstream's run bit for bit: the same rewards, images and
-  trained weights as the series without the seam (and the two rollout patches, which use it);
+  trained weights as the series without the seam (and the two rollout patches, which use it, and
+  resume-assert, which edits next to its resume call: upstream's assert, always true, stays);
 - --rng cpu twice gives identical records, on 1 and 2 ranks (and with the LoRA trainer);
 - `compare` of two --rng cpu runs, and of a run and its replay, exits 0 ("first divergence: none");
 - --replay of a recorded run reproduces its records bitwise; a replay that does not fit is
@@ -28,14 +29,15 @@ pytest.importorskip("diffusers")
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
 SEAM = ("0009-seam-train-grpo-flux.patch", "0010-seam-train-grpo-flux-lora.patch")
-ON_THE_SEAM = ("0018-batched-rollout.patch", "0019-rewards-in-batches.patch")  # they call the seam's rollout module
+# they call the seam's rollout module; resume-assert takes out the lines above the seam's resume call
+ON_THE_SEAM = ("0018-batched-rollout.patch", "0019-rewards-in-batches.patch", "0038-resume-assert.patch")
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 
 
 @pytest.fixture(scope="session")
 def tree_without_the_seam(upstream_source, tmp_path_factory):
-    """A project applied without the seam (and the two patches that call what it imports)."""
+    """A project applied without the seam (and the patches written on its lines)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
     from dancegrpo_npu.project import find_project

@@ -22,6 +22,7 @@ FOUNDATION_GROUPS = 3  # the `# N.` group comments of patches/series that are th
 # patch -> None: the smoke passes without it; a text: the smoke fails, and its error says this
 WITHOUT = {
     "0011-caption-list.patch": "Unsupported caption type",
+    "0038-resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
     "0012-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
     "0013-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
     # refused before the run starts, by the trainer's own parser (run.script_parser)
@@ -47,25 +48,37 @@ LATER_WITHOUT = {
 WAN_WITHOUT = {
     "0023-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
     "0024-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
-    "0025-wan-reward-from-decoded-frame.patch": None,  # the reward read back from the mp4, as upstream
     "0026-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
-# this (in CI the trees whose smoke fails, but 0027, whose absence
-# tests/patches/test_qwenimage_fsdp.py tests without a training run; the rest extended).
+# this (in CI the trees whose smoke fails; the rest extended).
 QWEN_WITHOUT = {
-    "0027-qwenimage-fsdp-device.patch": "ZeroDivisionError",  # rank % torch.cuda.device_count() without CUDA
     "0030-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
     "0031-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
     "0032-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
-    "0033-qwenimage-caption-tuple.patch": "Unsupported caption type",
     # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
     "0034-preprocess-qwenimage.patch": None,
     "0035-preprocess-qwenimage-edit.patch": None,
 }
-QWEN_IN_CI = ("0030-qwenimage-real-rope.patch", "0033-qwenimage-caption-tuple.patch")
+QWEN_IN_CI = ("0030-qwenimage-real-rope.patch",)
+
+# A concern patch spans every trainer it touches; `apply --without` takes it out of each.  The
+# FLUX smoke on the tree without it is WITHOUT's row; each other trainer's smoke on that tree
+# does this (measured; extended: a smoke a trainer a patch).
+OTHER_TRAINERS = ("flux-lora", "wan", "qwenimage", "qwenimage-edit")
+CONCERN_WITHOUT = {
+    "0011-caption-list.patch": "Unsupported caption type",
+    "0038-resume-assert.patch": None,
+    "0012-images-dir.patch": None,
+    "0013-wandb-disabled.patch": None,
+    "0014-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
+    "0016-allow-tf32-hf32.patch": None,
+    "0018-batched-rollout.patch": None,  # upstream's loop, one generation at a time
+    "0019-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
+    "0037-gloo-loss-average.patch": None,
+}
 
 
 def after_foundation() -> list[str]:
@@ -91,6 +104,19 @@ def project(upstream_source, tmp_path_factory):
     project = find_project(copy_project(tmp_path_factory.mktemp("each-alone") / "project"))
     fetch(project, source=upstream_source)
     return project
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("patch", after_foundation())
+def test_the_tree_without_it_builds(project, patch):
+    """Every later patch applies without any one of them (a later patch whose context is another's
+    added lines would be refused: "no longer applies without it"); the full series builds again."""
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.engine.status import verify_tree
+
+    apply_worktree(project, without=(patch,), force=True)
+    report = verify_tree(project)
+    assert report.without == (patch,) and report.exact, report.differences
 
 
 @pytest.mark.slow
@@ -151,3 +177,66 @@ def test_the_tree_without_a_qwen_patch_runs_the_qwenimage_smoke(project, patch):
         with pytest.raises(DancegrpoError) as failed:
             smoke.run_smoke(project, options)
         assert expected in str(failed.value), failed.value
+
+
+def test_the_concern_table_names_every_patch_that_spans_the_trainers():
+    """A patch after the foundation that changes the training code of more than one model family
+    (FLUX, Wan2.1, Qwen-Image: their trainers and datasets) has a row here: each trainer's smoke
+    without it is measured, not only the FLUX one."""
+    def families(patch):
+        return {family for path in touched(patch) if "data_preprocess" not in path
+                for family in ("flux", "wan", "qwenimage") if family in path}
+
+    assert [p for p in after_foundation() if len(families(p)) > 1] == list(CONCERN_WITHOUT)
+
+
+def touched(patch: str) -> set[str]:
+    return {line.split(" b/", 1)[1] for line in (PROJECT_ROOT / "patches" / patch).read_text().splitlines()
+            if line.startswith("diff --git ")}
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer", OTHER_TRAINERS)
+@pytest.mark.parametrize("patch", list(CONCERN_WITHOUT))
+def test_the_tree_without_a_concern_patch_runs_every_trainer(project, patch, trainer):
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import runner as smoke
+
+    if trainer != "flux-lora":
+        from depset_035 import diffusers_035_python
+
+        diffusers_035_python()
+    apply_worktree(project, without=(patch,), force=True)
+    options = smoke.SmokeOptions(trainer=trainer, steps=3 if trainer == "qwenimage-edit" else 1, device="cpu")
+    expected = CONCERN_WITHOUT[patch]
+    if expected is None:
+        assert smoke.run_smoke(project, options).steps
+    else:
+        with pytest.raises(DancegrpoError) as failed:
+            smoke.run_smoke(project, options)
+        assert expected in str(failed.value), failed.value
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer", ["wan", "qwenimage"])
+def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(project, trainer):
+    """Without batched-rollout the Wan2.1 and Qwen-Image trainers run upstream's loop, one
+    generation at a time, as the Flux trainers do: a run asked for --sample_batch_size 2 stops at
+    its first batch, naming why (the seam checks the batches it sees), not a silent batch of one."""
+    from depset_035 import diffusers_035_python
+
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import runner as smoke
+
+    diffusers_035_python()
+    apply_worktree(project, without=("0018-batched-rollout.patch",), force=True)
+    options = smoke.SmokeOptions(trainer=trainer, steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
+    with pytest.raises(DancegrpoError) as failed:
+        smoke.run_smoke(project, options)
+    assert "this trainer sampled a batch of 1 (its rollout is not batched" in str(failed.value), failed.value

@@ -1,10 +1,9 @@
-"""Patch 0021: the Qwen-Image trainers' FSDP wrapper on the run's device.
+"""0004-device-backend in the Qwen-Image trainers' FSDP wrapper: FSDP on the run's device.
 
-Upstream's ``fsdp_wrapper`` divides by ``torch.cuda.device_count()`` (0 without CUDA) and builds
-its hybrid-shard mesh on "cuda".  In the patched tree, with the diffusers-0.35 set, it wraps a
-tiny ``QwenImageTransformer2DModel`` on the CPU (gloo), FULL_SHARD and HYBRID_SHARD with the
-device mesh, and a forward and backward pass runs; on the tree without the patch the first
-wrap fails with ZeroDivisionError.
+Upstream's ``fsdp_wrapper`` divides by ``torch.cuda.device_count()`` (0 without CUDA: the first
+wrap fails with ZeroDivisionError) and builds its hybrid-shard mesh on "cuda".  In the patched
+tree, with the diffusers-0.35 set, it wraps a tiny ``QwenImageTransformer2DModel`` on the CPU
+(gloo), FULL_SHARD and HYBRID_SHARD with the device mesh, and a forward and backward pass runs.
 """
 
 from __future__ import annotations

@@ -188,16 +188,27 @@ def test_the_series_is_what_the_tool_writes(tmp_path, upstream_source):
 def test_a_rebase_rewrites_only_the_patches_of_files_upstream_changed(tmp_path, upstream_source):
     """1d510ba9 differs from the locked commit in files the series does not touch, in one line
     of fastvideo/utils/load.py, and by lacking the Wan2.1 trainer, added after it: with the
-    series of the files it has (the patches touching the Wan2.1 trainer's files left out, `lock`
-    refreshed), every patch of another file comes out byte for byte."""
+    series of the files it has (each patch's sections of the Wan2.1 trainer's files taken out, as
+    a concern patch spans every trainer; patches left empty out; `lock` refreshed), every patch
+    of another file comes out byte for byte."""
     project = real_project(tmp_path, upstream_source)
     other = "1d510ba946f3d0e3bd2d131cb7b032741f3794d4"
     if subprocess.run(["git", "cat-file", "-e", f"{other}^{{commit}}"], cwd=project.workdir).returncode:
         pytest.skip(f"upstream unavailable: the source lacks commit {other[:12]}")
     present = set(git(project.workdir, "ls-tree", "-r", "--name-only", other).split())
-    missing = [p for p in load_series(project.patches_dir) if not set(touched_files(p)) <= present]
-    absent = [p.path.name for p in missing]
-    assert absent and all(any("wan" in f for f in set(touched_files(p)) - present) for p in missing), absent
+    gone = {f for p in load_series(project.patches_dir) for f in touched_files(p)} - present
+    assert gone and all("wan" in f for f in gone), gone
+    absent = []
+    for patch in load_series(project.patches_dir):
+        if not set(touched_files(patch)) & gone:
+            continue
+        head, sep, diff = patch.path.read_text().partition("\n---\ndiff --git ")
+        sections = [sec.rstrip("\n") + "\n" for sec in diff.split("\ndiff --git ")]  # each without its "diff --git "
+        kept = [sec for sec in sections if sec.split(" b/", 1)[1].split("\n", 1)[0] not in gone]
+        if kept:
+            patch.path.write_text(head + "\n---\n" + "".join("diff --git " + sec for sec in kept))
+        else:
+            absent.append(patch.path.name)
     series = project.patches_dir / "series"
     series.write_text("".join(ln for ln in series.read_text().splitlines(True) if ln.strip() not in absent))
     for name in absent:

@@ -89,7 +89,7 @@ def main() -> int:
     def value(stage, step):
         return next((r["value"] for r in rows if r["stage"] == stage and r["step"] == step), None)
 
-    print(f"\nfull series: {a}\nwithout 0006-float32-rope: {b}\ncompare exit {rc}: "
+    print(f"\nfull series: {a}\nwithout float32-rope: {b}\ncompare exit {rc}: "
           f"{report['first_divergence']['text'] if report['first_divergence'] else 'first divergence: none'}\n")
     print("| step | reward rel. error (%) | min PSNR (dB) | log-prob max diff | recomputed log-prob max diff |"
           " loss error (of max) | grad norm rel. error |")

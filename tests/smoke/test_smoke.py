@@ -282,7 +282,7 @@ def test_smoke_run(patched_tree, nproc, lora, monkeypatch):
     env = ()
     if (nproc, lora) == (1, False):
         # upstream's scripts disable wandb with WANDB_DISABLED next to WANDB_MODE=online; wandb
-        # >= 0.31 ignores the former and, without an API key, fails at once: 0013-wandb-disabled at work
+        # >= 0.31 ignores the former and, without an API key, fails at once: 0017-wandb-disabled at work
         monkeypatch.delenv("WANDB_API_KEY", raising=False)
         env = (("WANDB_DISABLED", "true"), ("WANDB_MODE", "online"))
     result = smoke.run_smoke(patched_tree.project, smoke.SmokeOptions(nproc=nproc, lora=lora, device="cpu", env=env))

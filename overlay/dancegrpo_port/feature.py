@@ -115,6 +115,10 @@ class Feature:
 
     # -------------------------------------------------------------- the update
 
+    def rewards_gathered(self, rewards) -> None:
+        """The step's rewards gathered from every rank (upstream's ``gathered_reward``, the same
+        on every rank), before the advantages are computed from them."""
+
     def advantages(self, rewards, advantages) -> None:
         """The step's rewards and advantages."""
 

@@ -27,9 +27,11 @@ Call points, in the order a run makes them::
           sampled(latents, log_probs)
           with decoding(vae): ...    decoded(images, batch_idx); image_file(path)
           with rewarding(model): ...
+        rewards_gathered(rewards)    every rank's rewards of the step (metrics.jsonl: reward_mean)
         advantages(rewards, advantages); timestep_perms(samples, n)
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
-      step_end(step, **figures)      after the step's time is taken: records, health, times, metrics.jsonl
+      step_end(step, **figures)      after the step's time is taken (upstream's loss, grad norm, step
+                                     time, lr): records, health, times, metrics.jsonl
       checkpoint_save(step, **state) after the step: the resume checkpoint, when due and at the last step
     trained_model(model)             after the training loop (--weights_digest)
     run_end()                        the end of main()
@@ -283,6 +285,12 @@ def rewarding(model):
 
 
 # ---------------------------------------------------------------- the update
+
+
+def rewards_gathered(rewards) -> None:
+    """Where upstream gathers the step's rewards from every rank (``gathered_reward``): the
+    metrics log takes their mean, the step's reward_mean, as upstream writes it to ./reward.txt."""
+    _call("rewards_gathered", rewards)
 
 
 def advantages(rewards, advantages) -> None:

@@ -154,3 +154,23 @@ def test_the_noise_source_is_a_feature_not_a_global():
     hooks.rollout_batch([0])
     expected = torch.randn((1, 16, 4, 4), generator=torch.Generator("cpu").manual_seed(7 * 1000))
     assert torch.equal(hooks.initial_latents((1, 16, 4, 4), "cpu", torch.float32), expected)
+
+
+def test_the_metrics_log_takes_the_mean_reward_where_the_rewards_are_gathered(tmp_path):
+    """The trainers return upstream's (loss, grad norm); the step's mean reward comes to
+    metrics.jsonl through rewards_gathered, as upstream takes it (``gathered_reward.mean().item()``),
+    in the line's place after the grad norm, on every rank; a step without rewards reports none."""
+    import json
+
+    from dancegrpo_port.metrics import MetricsLog
+
+    logs = [MetricsLog(rank, str(tmp_path / f"metrics{rank}.jsonl")) for rank in (0, 1)]
+    hooks.install(logs)
+    gathered = torch.tensor([0.1, 0.2, 0.7, 0.3], dtype=torch.bfloat16)
+    hooks.rewards_gathered(gathered)
+    figures = hooks.step_end(1, loss=0.5, grad_norm=0.25, step_time=1.0, lr=1e-3)
+    assert list(figures) == ["step", "loss", "grad_norm", "reward_mean", "step_time", "lr"]
+    assert figures["reward_mean"] == gathered.mean().item()
+    assert [json.loads(line) for line in (tmp_path / "metrics0.jsonl").read_text().splitlines()] == [figures]
+    assert not (tmp_path / "metrics1.jsonl").exists()  # rank 0 writes the file
+    assert "reward_mean" not in hooks.step_end(2, loss=0.5, grad_norm=0.25)  # no rewards gathered this step

@@ -186,8 +186,8 @@ class Bench:
         start = time.time()
         with self.in_run_dir():  # records/ (with --record) is written relative to it, as in a launch
             hooks.step_begin(step)
-            loss, grad_norm, reward_mean = self.train_one_step(args)
-            figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm, reward_mean=reward_mean,
+            loss, grad_norm = self.train_one_step(args)  # its rewards_gathered gives the metrics log reward_mean
+            figures = hooks.step_end(step, loss=loss, grad_norm=grad_norm,
                                      step_time=time.time() - start, lr=self.lr_scheduler.get_last_lr()[0],
                                      sample_batch_size=n, vae_decode_chunk=decode_chunk)
         self.logged_steps += int(logged)

@@ -75,7 +75,7 @@ class Bench:
     recipe: str
     text_tokens: int  # the prompt embedding's length, which the scripts do not hold
     prompt: Callable  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
-    train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> figures
+    train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> (loss, grad norm)
     presets: tuple[BenchPreset, ...] = ()
     extra_args: tuple[tuple[str, object], ...] = ()  # what train_one_step needs beyond the shared flags
     # How a block attends: "joint" (image and text tokens together) or "cross" (self-attention

@@ -178,6 +178,27 @@ def test_a_checkpoint_saved_before_any_update_must_hold_the_start(built, tmp_pat
         smoke.check_training_moved(smoke.check_full_checkpoint(tmp_path, built.model_dir, 1, none))
 
 
+def test_a_lora_checkpoint_is_read_with_the_hub_offline(built, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 (an air-gapped host) is read by diffusers at import: patched where it
+    is read.  A checkpoint saved as upstream saves one loads, and its lora_B moved."""
+    import diffusers.loaders.lora_base as lora_base
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    transformer = FluxTransformer2DModel.from_pretrained(str(built.model_dir), subfolder="transformer")
+    transformer.add_adapter(LoraConfig(r=4, lora_alpha=8, init_lora_weights=True,
+                                       target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+    with torch.no_grad():
+        for name, parameter in transformer.named_parameters():
+            if ".lora_B." in name:
+                parameter.add_(0.5)
+    FluxPipeline.save_lora_weights(tmp_path / "lora-checkpoint-2-0",
+                                   transformer_lora_layers=get_peft_model_state_dict(transformer))
+    monkeypatch.setattr(lora_base, "HF_HUB_OFFLINE", True)
+    check = smoke.check_lora_checkpoint(tmp_path, built.model_dir, 2, DecayBudget(1e-3, 1e-4, 1))
+    assert check.changed == check.total > 0 and check.max_change == pytest.approx(0.5)
+
+
 def test_missing_checkpoints_are_reported(built, tmp_path):
     budget = DecayBudget(1e-3, 1e-4, 1)
     with pytest.raises(DancegrpoError, match="wrote no checkpoint .*checkpoint-2-0"):

@@ -161,6 +161,9 @@ def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: Dec
                            unmoved(start, trained, budget))
 
 
+LORA_WEIGHTS_FILE = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights default
+
+
 def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
     import torch
     from diffusers import FluxPipeline, FluxTransformer2DModel
@@ -168,7 +171,9 @@ def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: Dec
     path = outputs / f"lora-checkpoint-{step}-0"
     if not path.is_dir():
         raise DancegrpoError(f"smoke: the trainer wrote no LoRA checkpoint {path}")
-    state_dict, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True)
+    # The file upstream's save_lora_weights writes, named: without a name diffusers guesses it,
+    # and refuses to guess under HF_HUB_OFFLINE=1 (an air-gapped host's setting).
+    state_dict, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True, weight_name=LORA_WEIGHTS_FILE)
     transformer = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer")
     FluxPipeline.load_lora_into_transformer(state_dict, network_alphas=alphas, transformer=transformer)
     loaded = {k: v for k, v in transformer.state_dict().items() if ".lora_B." in k}

@@ -49,9 +49,9 @@ def _user_args(info: TrainerSpec, flux_dir: Path | None, hps_ckpt: Path | None, 
     """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags."""
     args: list[str] = []
     if flux_dir is not None:  # the inputs that are FLUX.1-dev's weights, where the trainer has them
-        for flag, _kind, what in info.required_inputs:
-            if what.startswith("FLUX.1-dev"):
-                args += [flag, str(flux_dir)]
+        for required in info.required_inputs:
+            if required.what.startswith("FLUX.1-dev"):
+                args += [required.flag, str(flux_dir)]
     if hps_ckpt is not None:
         args += ["--hps_ckpt", str(hps_ckpt)]
     if clip is not None:

@@ -151,13 +151,13 @@ def input_problems(info: TrainerSpec, script_args: list[str]) -> list[str]:
 
     problems = []
     for flag, value, _ in split_flags(script_args):
-        for req_flag, kind, what in info.required_inputs:
-            if flag != req_flag or value is None:
+        for required in info.required_inputs:
+            if flag != required.flag or value is None:
                 continue
             p = Path(value)
             if not p.is_absolute():
                 continue  # a hub id: the script downloads or finds it in its cache
-            problem = input_problem(kind, p, what)
+            problem = input_problem(required.kind, p, required.what)
             if problem:
                 problems.append(f"{flag}: {problem}")
     values = flag_values(script_args)

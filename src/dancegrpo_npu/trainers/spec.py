@@ -20,9 +20,6 @@ class Input:
     kind: str  # run.inputs' kinds: what the path must contain
     what: str  # in messages: what it is, and where upstream expects it
 
-    def __iter__(self):  # (flag, kind, what), as launch's checks unpack it
-        return iter((self.flag, self.kind, self.what))
-
 
 @dataclass(frozen=True, kw_only=True)
 class Smoke:

@@ -246,6 +246,13 @@ def current_device() -> torch.device:
     return torch.device(kind, getattr(torch, kind).current_device())
 
 
+def empty_cache() -> None:
+    """The device's ``empty_cache`` (upstream's ``torch.cuda.empty_cache()``); nothing on the CPU."""
+    kind = accelerator().kind
+    if kind != "cpu":
+        getattr(torch, kind).empty_cache()
+
+
 def autocast(dtype: torch.dtype | None = None, enabled: bool = True):
     """``torch.autocast`` on this device (``torch.autocast("cuda")`` silently
     disables itself for CPU tensors, and bf16 activations then meet fp32 weights)."""

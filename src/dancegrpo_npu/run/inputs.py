@@ -13,6 +13,7 @@ Kinds (a registry row's ``required_inputs``, dancegrpo_npu.trainers):
 - ``pipeline``: the whole FLUX.1-dev pipeline, as preprocessing loads it
 - ``wan-pipeline``: a pipeline with one text encoder and tokenizer (Wan2.1, Qwen-Image)
 - ``edit-pipeline``: the same with the Qwen2-VL ``processor/`` (Qwen-Image-Edit)
+- ``unet-pipeline``: a UNet pipeline with one text encoder and tokenizer (Stable Diffusion)
 - ``directory``: a directory that is not empty (source images)
 - ``embeddings``: the embeddings dataset's JSON (preprocessing writes it), a non-empty list
 - ``file``: a file that is not empty
@@ -28,6 +29,7 @@ FLUX_MODELS = ("transformer", "vae")
 PIPELINE_MODELS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 PIPELINE_TOKENIZERS = ("tokenizer", "tokenizer_2")
 WAN_PIPELINE_MODELS = ("transformer", "vae", "text_encoder")  # Wan2.1: one (UMT5) text encoder
+UNET_PIPELINE_MODELS = ("unet", "vae", "text_encoder")  # Stable Diffusion: a UNet, one (CLIP) text encoder
 # The embeddings JSON is read whole only below this size (a full dataset is a few MB).
 _JSON_READ_LIMIT = 256 * 2**20
 
@@ -51,9 +53,9 @@ def _dir_problems(p: Path, kind: str) -> list[str]:
     if kind == "directory":
         return [] if any(p.iterdir()) else ["it is empty"]
     models = {"weights": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS,
-              "edit-pipeline": WAN_PIPELINE_MODELS}[kind]
+              "edit-pipeline": WAN_PIPELINE_MODELS, "unet-pipeline": UNET_PIPELINE_MODELS}[kind]
     problems = [m for m in (_model_problem(p / name) for name in models) if m]
-    if kind in ("pipeline", "wan-pipeline", "edit-pipeline"):
+    if kind in ("pipeline", "wan-pipeline", "edit-pipeline", "unet-pipeline"):
         if not (p / "model_index.json").is_file():
             problems.insert(0, "model_index.json is missing")
         tokenizers = {"pipeline": PIPELINE_TOKENIZERS, "edit-pipeline": ("tokenizer", "processor")}.get(kind, ("tokenizer",))

@@ -43,6 +43,7 @@ from dancegrpo_npu.run.upstream_args import (
     script_info,
     split_flags,
     trainer_values,
+    without_flags,
 )
 
 DEFAULT_MULTINODE_PORT = 29500  # torchrun's own default: every node must name the same port
@@ -160,7 +161,9 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
     # launch's user typed spec.args after --; the smoke's hold its own as well
     user_flags = {flag for flag, _, _ in split_flags(spec.args)} if spec.verb == "launch" else set()
     try:
-        parsed = script_parser.check_script_args(tree / info.relpath, tree, python, script_args, user_flags)
+        # the flags another reader takes (absl's --config...) are that reader's to check
+        parsed = script_parser.check_script_args(tree / info.relpath, tree, python,
+                                                 without_flags(script_args, info.foreign_flags), user_flags)
     except DancegrpoError as e:
         if e.exit_code == 2 or not dry_run:
             raise

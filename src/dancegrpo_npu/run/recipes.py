@@ -230,7 +230,9 @@ def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str
         import math
 
         recipe = min(recipes, key=lambda r: (abs(math.log(r.world_size / world_size)), r.world_size))
-    if recipe.world_size == world_size:
+    if recipe.world_size == world_size or "--train_batch_size" not in recipe.values():
+        # a recipe without the batch flags keeps its batch per rank elsewhere (the SD configuration's
+        # sample.batch_size is per GPU): it runs at any world size as it is
         return recipe, None
     return recipe, scale(recipe, world_size)
 

@@ -75,6 +75,14 @@ def flag_values(args) -> dict[str, str | None]:
     return {flag: value for flag, value, _ in split_flags(args)}
 
 
+def without_flags(args, flags: tuple[str, ...]) -> list[str]:
+    """``args`` less each of ``flags`` and its ``FLAG.KEY=VALUE`` forms (a row's foreign flags)."""
+    def foreign(flag: str) -> bool:
+        return any(flag == f or flag.startswith(f + ".") for f in flags)
+
+    return join_flags([item for item in split_flags(args) if not foreign(item[0])])
+
+
 def join_flags(items: list[tuple[str, str | None, bool]]) -> list[str]:
     out: list[str] = []
     for flag, value, eq in items:

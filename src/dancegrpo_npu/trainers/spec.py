@@ -114,6 +114,9 @@ class TrainerSpec:
     lora: str | None = None  # its LoRA variant's row name, or None
     lora_args: str = ""  # the LoRA variant's arguments ({rank}, {alpha})
     no_lora: str = ""  # why it has no LoRA variant
+    # Flags another reader in the script takes, with their ``FLAG.KEY=VALUE`` forms (absl's
+    # --config of an ml_collections program): passed through, not checked by its argparse parser.
+    foreign_flags: tuple[str, ...] = ()
 
     @property
     def is_trainer(self) -> bool:

@@ -1,0 +1,34 @@
+"""Stable Diffusion v1.4: upstream's DDPO-style GRPO trainer on accelerate, configured with absl /
+ml_collections (``--config fastvideo/config_sd/dgx.py:hpsv2``), on the FLUX dependency set."""
+
+from __future__ import annotations
+
+from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS
+from dancegrpo_npu.trainers.spec import Input, Smoke, TrainerSpec
+
+# Where upstream's trainer reads the weights and the prompts (hard-coded there; the port's flags,
+# with these defaults, relative to the patched tree).
+WEIGHTS_DIR = "data/stable-diffusion-v1-4"
+PROMPTS = "assets/prompts.txt"
+
+ROWS = (
+    TrainerSpec(
+        name="sd", relpath="fastvideo/train_grpo_sd.py",
+        help="GRPO of Stable Diffusion v1.4 (accelerate; --config passes through to absl)",
+        title="Stable Diffusion v1.4",
+        defaults=(("--pretrained_model_name_or_path", WEIGHTS_DIR), ("--prompt_dir", PROMPTS), *HPS_DEFAULTS),
+        path_flags=(*TRAIN_PATH_FLAGS, "--prompt_dir", "--config"),
+        required_inputs=(
+            Input(flag="--pretrained_model_name_or_path", kind="unet-pipeline",
+                  what="Stable Diffusion v1.4 weights (CompVis/stable-diffusion-v1-4, diffusers layout)"),
+            PROMPTS_INPUT,
+            *HPS_INPUTS,
+        ),
+        output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_sd_grpo*.sh", aligns=True,
+        smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD", run="dancegrpo_npu.smoke.sd_smoke:run",
+                    run_name="smoke-sd", model_class="UNet2DConditionModel"),
+        no_lora=("upstream's LoRA path (config.use_lora) builds LoRAAttnProcessor(hidden_size=...), which diffusers "
+                 "0.32 no longer takes"),
+        foreign_flags=("--config",),
+    ),
+)

@@ -115,7 +115,9 @@ def test_every_row_names_what_it_needs():
     for name, spec in trainers.REGISTRY.items():
         assert spec.name == name
         if spec.is_trainer:
-            assert spec.preprocess in trainers.preprocessing() and spec.smoke is not None, name
+            assert spec.smoke is not None, name
+        if spec.is_trainer and spec.dataset is not None:  # a trainer of an embeddings dataset names its maker
+            assert spec.preprocess in trainers.preprocessing(), name
             assert trainers.get(spec.preprocess).dataset == spec.dataset, name
         for ref in (spec.smoke.run, spec.smoke.fixtures, spec.smoke.arguments) if spec.smoke else ():
             assert not ref or callable(trainers.load(ref)), (name, ref)

@@ -77,7 +77,8 @@ def run(args) -> int:
             print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
             return 0
-    print(f"smoke: {trainers.smoke_spec(runner.trainer_of(options)).smoke.title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, 4 sampling steps, {options.generations} "
+    spec = trainers.smoke_spec(runner.trainer_of(options))
+    print(f"smoke: {spec.smoke.title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, {spec.smoke.sampling_steps} sampling steps, {options.generations} "
           f"generations, HPSv2 reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:

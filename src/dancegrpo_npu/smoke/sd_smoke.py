@@ -18,13 +18,12 @@ from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 
-SAMPLING_STEPS = 6
 SIZE = 64
 LEARNING_RATE, WEIGHT_DECAY = 1e-5, 1e-4  # upstream's config_sd/base.py (train.learning_rate, adam_weight_decay)
 
 
 def trainer_args(tree: Path, model_dir: Path, hps, steps: int, generations: int,
-                 checkpointing_steps: int | None) -> tuple[str, ...]:
+                 checkpointing_steps: int | None, sampling_steps: int) -> tuple[str, ...]:
     args = [
         "--config", f"{tree / 'fastvideo/config_sd/dgx.py'}:hpsv2",
         "--config.sample.batch_size=1",
@@ -38,7 +37,7 @@ def trainer_args(tree: Path, model_dir: Path, hps, steps: int, generations: int,
         "--hps_ckpt", str(hps.hps_ckpt),
         "--seed", "42",
         "--num_generations", str(generations),
-        "--sampling_steps", str(SAMPLING_STEPS),
+        "--sampling_steps", str(sampling_steps),
         "--h", str(SIZE), "--w", str(SIZE),
         "--max_train_steps", str(steps),
         "--weights_digest",
@@ -90,7 +89,7 @@ def run(project, options, spec, start: float):
     hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
     built = build_sd_fixtures(project.build_dir / f"fixtures-{spec.name}")
     args = trainer_args(project.workdir, built.model_dir, hps, options.steps, options.generations,
-                        options.checkpointing_steps) + tuple(options.extra_args)
+                        options.checkpointing_steps, spec.smoke.sampling_steps) + tuple(options.extra_args)
     record = _ran(_launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None

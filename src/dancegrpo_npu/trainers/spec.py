@@ -38,6 +38,7 @@ class Smoke:
     fixtures: str = ""  # "module:function" (project, prompts, spec, python) -> fixtures
     arguments: str = ""  # "module:function" (fixtures, hps, max_train_steps, generations, spec) -> args
     model_class: str = ""  # the diffusers class the checkpoint loads back with
+    sampling_steps: int = 4  # the smoke's sampling steps (its first line says them)
     # per-trainer values the family's smoke functions read (``param``)
     params: tuple[tuple[str, object], ...] = ()
 

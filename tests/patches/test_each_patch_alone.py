@@ -21,23 +21,24 @@ FOUNDATION_GROUPS = 3  # the `# N.` group comments of patches/series that are th
 
 # patch -> None: the smoke passes without it; a text: the smoke fails, and its error says this
 WITHOUT = {
-    "0014-caption-list.patch": "Unsupported caption type",
-    "0015-resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
-    "0016-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
-    "0017-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "0016-caption-list.patch": "Unsupported caption type",
+    "0017-resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
+    "0018-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
+    "0019-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "0020-sd-unet-checkpoint.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
     # refused before the run starts, by the trainer's own parser (run.script_parser)
-    "0018-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
-    "0019-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
-    "0020-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
-    "0021-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
-    "0022-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
-    "0023-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
-    "0024-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
+    "0021-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
+    "0022-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
+    "0023-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0024-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
+    "0025-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
+    "0026-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
+    "0027-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
 }
 # Group 11, after the trainers' own groups, touches every trainer; its FLUX smoke is run as group 4's
 LATER_WITHOUT = {
     # the suite's torch takes ReduceOp.AVG on gloo; torch 2.7.1's refuses it (tests/smoke/test_torch_line.py)
-    "0033-gloo-loss-average.patch": None,
+    "0036-gloo-loss-average.patch": None,
 }
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
@@ -46,38 +47,76 @@ LATER_WITHOUT = {
 # smoke does without it is this (measured; docs/port.md), and for 0024 tested in
 # tests/smoke/test_smoke_wan.py::test_without_the_fsdp_patch_the_ranks_train_separate_copies.
 WAN_WITHOUT = {
-    "0025-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
-    "0026-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
-    "0027-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
+    "0028-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
+    "0029-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
+    "0030-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
 # this (in CI the trees whose smoke fails; the rest extended).
 QWEN_WITHOUT = {
-    "0028-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
-    "0029-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
-    "0030-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
+    "0031-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
+    "0032-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
+    "0033-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
     # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
-    "0031-preprocess-qwenimage.patch": None,
-    "0032-preprocess-qwenimage-edit.patch": None,
+    "0034-preprocess-qwenimage.patch": None,
+    "0035-preprocess-qwenimage-edit.patch": None,
 }
-QWEN_IN_CI = ("0028-qwenimage-real-rope.patch",)
+QWEN_IN_CI = ("0031-qwenimage-real-rope.patch",)
+
+# The patches after the foundation that change the Stable Diffusion trainer (its own, and its rows
+# of the concern patches): what the SD smoke (2 steps, 1 rank) does on the tree without each
+# (measured; extended).
+SD_WITHOUT = {
+    "0018-images-dir.patch": None,  # the rewards are scored from memory: no JPEG goes to ./images_same
+    "0019-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "0020-sd-unet-checkpoint.patch": "the trainer wrote no checkpoint",  # upstream's go to ./my_checkpoints
+    "0021-hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
+    "0023-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0026-rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
+}
+
+
+def test_the_sd_table_names_every_later_patch_that_changes_the_sd_trainer():
+    sd_files = ("fastvideo/train_grpo_sd.py", "fastvideo/config_sd/", "fastvideo/models/stable_diffusion/")
+    assert [p for p in after_foundation() if any(f.startswith(sd_files) for f in touched(p))] == list(SD_WITHOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.upstream
+@pytest.mark.parametrize("patch", list(SD_WITHOUT))
+def test_the_tree_without_a_patch_runs_the_sd_smoke(project, patch):
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import runner as smoke
+
+    apply_worktree(project, without=(patch,), force=True)
+    options = smoke.SmokeOptions(trainer="sd", steps=2, device="cpu")
+    expected = SD_WITHOUT[patch]
+    if expected is None:
+        assert len(smoke.run_smoke(project, options).steps) == 2
+    else:
+        with pytest.raises(DancegrpoError) as failed:
+            smoke.run_smoke(project, options)
+        assert expected in str(failed.value), failed.value
+
 
 # A concern patch spans every trainer it touches; `apply --without` takes it out of each.  The
 # FLUX smoke on the tree without it is WITHOUT's row; each other trainer's smoke on that tree
 # does this (measured; extended: a smoke a trainer a patch).
 OTHER_TRAINERS = ("flux-lora", "wan", "qwenimage", "qwenimage-edit")
 CONCERN_WITHOUT = {
-    "0014-caption-list.patch": "Unsupported caption type",
-    "0015-resume-assert.patch": None,
-    "0016-images-dir.patch": None,
-    "0017-wandb-disabled.patch": None,
-    "0018-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
-    "0020-allow-tf32-hf32.patch": None,
-    "0022-batched-rollout.patch": None,  # upstream's loop, one generation at a time
-    "0023-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
-    "0033-gloo-loss-average.patch": None,
+    "0016-caption-list.patch": "Unsupported caption type",
+    "0017-resume-assert.patch": None,
+    "0018-images-dir.patch": None,
+    "0019-wandb-disabled.patch": None,
+    "0021-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
+    "0023-allow-tf32-hf32.patch": None,
+    "0025-batched-rollout.patch": None,  # upstream's loop, one generation at a time
+    "0026-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
+    "0036-gloo-loss-average.patch": None,
 }
 
 
@@ -235,7 +274,7 @@ def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(proje
     from dancegrpo_npu.smoke import runner as smoke
 
     diffusers_035_python()
-    apply_worktree(project, without=("0022-batched-rollout.patch",), force=True)
+    apply_worktree(project, without=("0025-batched-rollout.patch",), force=True)
     options = smoke.SmokeOptions(trainer=trainer, steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)

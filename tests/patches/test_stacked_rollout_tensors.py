@@ -13,9 +13,10 @@ real upstream functions of the patched tree, tiny models on the CPU:
   the initial latents the trainer reuses for a group's later batches come out of a rollout
   unchanged; the training step's forward and backward on views of the stacked rollout leave it
   unchanged; nothing collected requires grad.
-- Flux (``run_sample_step``, ``flux_step``, ``grpo_one_step`` of train_grpo_flux.py): the same,
-  at upstream's batch of one and the port's batched rollout (the shared --init_same_noise
-  draw expanded over the batch, ``dancegrpo_port/rollout.py``).
+- Flux and Wan2.1 (``run_sample_step``, ``flux_step``, ``grpo_one_step`` of train_grpo_flux.py
+  and train_grpo_wan_2_1.py, Wan2.1 in the diffusers-0.35 set): the same, at upstream's batch
+  of one and the port's batched rollout (the shared --init_same_noise draw expanded over the
+  batch, ``dancegrpo_port/rollout.py``).
 - The whole Flux trainer for one step: every tensor reported at the seam (the rollout's
   latents and log-probs, rewards, advantages, every training sample's tensors) has, at the
   step's end, its version counter and its values as when reported.
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import socket
+import subprocess
 
 import pytest
 from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
@@ -211,6 +214,74 @@ out["with_grad"] = watch.with_grad()
 print("RESULT " + json.dumps(out))
 '''
 
+WAN = WATCH + '''
+import os, types
+os.environ.setdefault("RANK", "0")
+from diffusers import WanTransformer3DModel
+import fastvideo.train_grpo_wan_2_1 as T
+from dancegrpo_port import rollout
+
+config = json.loads(sys.argv[2])
+torch.manual_seed(0)
+transformer = WanTransformer3DModel(**config)
+G, C, LT, LH, LW, STEPS = 2, 16, 1, 8, 8, 4
+args = types.SimpleNamespace(eta=0.3, cfg_infer=5.0)  # upstream's Wan recipe samples with guidance
+sigmas = T.sd3_time_shift(3.0, torch.linspace(1, 0, STEPS + 1))
+text = torch.randn(G, 5, config["text_dim"])
+negative = torch.randn(G, 5, config["text_dim"])
+
+flux_step = T.flux_step
+steps = []
+def step(*a, **k):
+    out = flux_step(*a, **k)
+    if k.get("prev_sample") is None:
+        z, _, log_prob = out
+        if tamper and steps:
+            steps[-1][0].add_(1.0)
+        steps.append((z, log_prob, z.clone(), log_prob.clone()))
+        watch.add(f"batch {batch} step {len(steps)} latents", z)
+        watch.add(f"batch {batch} step {len(steps)} log_prob", log_prob)
+    return out
+T.flux_step = step
+
+out = {"sampling": []}
+shared = torch.randn(1, C, LT, LH, LW, dtype=torch.bfloat16)  # --init_same_noise
+watch.add("shared initial latents", shared)
+batch = 0
+for n in (1, G):
+    for first in range(0, G, n):
+        batch += 1
+        steps.clear()
+        z0 = rollout.per_sample(shared, n).clone()  # the patched trainer's line
+        z0_copy = z0.clone()
+        rows = slice(first, first + n)
+        with torch.no_grad():
+            _, _, latents, log_probs = T.run_sample_step(args, z0, range(STEPS), sigmas, transformer, text[rows],
+                                                         negative[rows], True)
+        watch.add(f"batch {batch} latents (stacked)", latents)
+        watch.add(f"batch {batch} log_probs (stacked)", log_probs)
+        if not torch.equal(latents, torch.stack([z0_copy] + [s[2] for s in steps], dim=1)):
+            out["sampling"].append(f"batch {batch}: stacked latents differ from the copies taken at each step")
+        if not torch.equal(log_probs, torch.stack([s[3] for s in steps], dim=1)):
+            out["sampling"].append(f"batch {batch}: stacked log-probs differ from the copies taken at each step")
+
+timesteps = torch.tensor([[int(s * 1000) for s in sigmas][:STEPS]] * G)
+samples = {"latents": latents[:, :-1][:, :-1], "next_latents": latents[:, 1:][:, :-1], "log_probs": log_probs[:, :-1],
+           "timesteps": timesteps[:, :-1]}
+for i in range(G):
+    for j in range(2):
+        new = T.grpo_one_step(args, samples["latents"][i:i + 1, j], samples["next_latents"][i:i + 1, j],
+                              text[i:i + 1], negative[i:i + 1], transformer, samples["timesteps"][i:i + 1, j], j, sigmas)
+        ratio = torch.exp(new - samples["log_probs"][i:i + 1, j])
+        torch.mean(-(1.0 if i else -1.0) * ratio).backward()
+        if tamper:
+            samples["latents"][i:i + 1, j].mul_(2.0)
+out["trained"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in transformer.parameters())
+out["changed"] = watch.changed()
+out["with_grad"] = watch.with_grad()
+print("RESULT " + json.dumps(out))
+'''
+
 # FLUX.1-dev's shapes shrunk as the smoke's fixtures shrink them (src/dancegrpo_npu/smoke/tiny_models.py)
 TINY_FLUX = {"patch_size": 1, "in_channels": 64, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
              "num_attention_heads": 2, "joint_attention_dim": 16, "pooled_projection_dim": 16, "guidance_embeds": True,
@@ -246,6 +317,36 @@ def test_flux_rollout_and_training_step_leave_collected_tensors_alone(run_in_tre
     assert got["trained"]
 
     control = result(run_in_tree(FLUX, args=("tamper", json.dumps(TINY_FLUX))))
+    assert any("stacked latents differ" in line for line in control["sampling"])
+    assert "batch 3 latents (stacked)" in control["changed"]
+
+
+def run_with_diffusers_035(tree, tmp_path, code: str, *args: str):
+    """``code`` in the diffusers-0.35 set's interpreter (Wan2.1's classes) over the patched tree."""
+    from depset_035 import diffusers_035_python
+
+    python = diffusers_035_python()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DANCEGRPO_", "WANDB_"))}
+    env.update(PYTHONPATH=str(tree), OMP_NUM_THREADS="1", DANCEGRPO_DEVICE="cpu", WANDB_MODE="disabled")
+    script = tmp_path / "snippet.py"
+    script.write_text(code)
+    proc = subprocess.run([python, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_wan_rollout_and_training_step_leave_collected_tensors_alone(patched_tree, tmp_path):
+    from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
+
+    config = json.dumps(TRANSFORMER_CONFIG)
+    got = result(run_with_diffusers_035(patched_tree.tree, tmp_path, WAN, "measure", config))
+    assert got["sampling"] == [], got["sampling"]
+    assert got["changed"] == [], "written in place after being collected: " + ", ".join(got["changed"])
+    assert got["with_grad"] == []
+    assert got["trained"]
+
+    control = result(run_with_diffusers_035(patched_tree.tree, tmp_path, WAN, "tamper", config))
     assert any("stacked latents differ" in line for line in control["sampling"])
     assert "batch 3 latents (stacked)" in control["changed"]
 

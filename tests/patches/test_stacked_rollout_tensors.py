@@ -336,6 +336,8 @@ def run_with_diffusers_035(tree, tmp_path, code: str, *args: str):
     return proc
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # the same code path as Flux's, in the second dependency set
 def test_wan_rollout_and_training_step_leave_collected_tensors_alone(patched_tree, tmp_path):
     from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
 
@@ -414,7 +416,8 @@ def _free_port() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 2])  # upstream's rollout, one generation at a time; the port's batched one
+# upstream's rollout, one generation at a time (CI); the port's batched one (extended)
+@pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.extended)])
 def test_flux_trainer_step_leaves_reported_tensors_alone(run_in_tree, patched_tree, tmp_path, batch):
     from dancegrpo_npu.smoke import runner as smoke
     from dancegrpo_npu.smoke.fixtures import build_fixtures

@@ -119,6 +119,17 @@ def _resolve_user_path(flag: str, value: str, cwd: Path) -> str:
     return str(candidate.resolve())
 
 
+def _resolve_config_path(value: str, cwd: Path, tree: Path) -> str:
+    """An absl configuration file, ``FILE[:NAME]`` (``fastvideo/config_sd/dgx.py:hpsv3``): the file
+    where the command was run from if it is there, else in the patched tree (upstream's recipes
+    name it relative to the tree); the ``:NAME`` stays."""
+    file, colon, name = value.partition(":")
+    path = Path(file).expanduser()
+    if not path.is_absolute():
+        path = cwd / path if (cwd / path).exists() or not (tree / path).exists() else tree / path
+    return str(path.resolve()) + colon + name
+
+
 def build_script_args(
     info: TrainerSpec,
     user_args: tuple[str, ...],
@@ -144,7 +155,9 @@ def build_script_args(
                 value = datasets.default_value(info, flag, tree) or _resolve(value, tree)
             items.append((flag, value, False))
     for flag, value, eq in user:
-        if value is not None and flag in info.path_flags:
+        if value is not None and flag in info.foreign_flags and flag in info.path_flags:
+            value = _resolve_config_path(value, cwd, tree)
+        elif value is not None and flag in info.path_flags:
             value = _resolve_user_path(flag, value, cwd)
         items.append((flag, value, eq))
     if "--output_dir" not in {flag for flag, _, _ in items}:

@@ -35,12 +35,13 @@ The scripts call :func:`activate` before anything touches CUDA: on Ascend,
 ``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
 so that it can redirect them to ``torch.npu``.  This module needs only torch; it
 imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), and
-diffusers only in :func:`choose_attention_processors`.  On an Ascend host torch (>= 2.5)
-has already imported torch_npu inside ``import torch`` (its ``torch.backends`` entry point),
-whatever ``DANCEGRPO_DEVICE`` says; without CANN's ``set_env.sh`` that import fails, and
-this module says so in one line.  ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading
-it, but diffusers imports an installed torch_npu itself (``diffusers.models.activations``), so
-a CPU run on an Ascend host needs CANN's environment too, or a virtualenv without torch_npu.
+diffusers only in :func:`choose_attention_processors` and :func:`choose_diffusers_kernels`.
+On an Ascend host torch (>= 2.5) has already imported torch_npu inside ``import torch`` (its
+``torch.backends`` entry point), whatever ``DANCEGRPO_DEVICE`` says; without CANN's
+``set_env.sh`` that import fails, and this module says so in one line.
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading it, but diffusers imports an
+installed torch_npu itself (``diffusers.models.activations``), so a CPU run on an Ascend host
+needs CANN's environment too, or a virtualenv without torch_npu.
 
 Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
 (TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
@@ -453,7 +454,7 @@ NPU_GEGLU_EXACT = "torch_npu.npu_geglu(approximate=0)"
 
 def _npu_geglu_forward(self, hidden_states, *args, **kwargs):
     # diffusers' NPU path with the erf form; the extra arguments are the deprecated ``scale``,
-    # which diffusers' forward only warns about
+    # which diffusers ignores too (it also warns)
     import torch_npu
 
     hidden_states = self.proj(hidden_states)

@@ -14,8 +14,10 @@ Environment (``dancegrpo-npu launch`` sets both; a user may set them by hand):
                           never trained around on the CPU.
 ``DANCEGRPO_NPU_GELU``    ``exact`` (default) | ``upstream``: on an NPU run, ``torch.nn.GELU``
                           modules (the HPS reward's ViT) compute through ``torch_npu.npu_gelu``
-                          with their own ``approximate``; ``upstream`` leaves torch's op (see
-                          :func:`choose_gelu`).
+                          with their own ``approximate``, and diffusers' ``GEGLU`` (the SD UNet's
+                          feed-forwards) through ``torch_npu.npu_geglu`` in the erf form;
+                          ``upstream`` leaves torch's op and diffusers' tanh kernel (see
+                          :func:`choose_gelu` and :func:`choose_geglu`).
 ``DANCEGRPO_NPU_STRICT``  ``1``: strict mode (``dancegrpo_port.strict_mode``) - from
                           :func:`activate` to the end of the process, fail at the first op
                           that makes a complex or float64 tensor on the chosen device (the
@@ -33,12 +35,13 @@ The scripts call :func:`activate` before anything touches CUDA: on Ascend,
 ``torch_npu.contrib.transfer_to_npu`` must be imported before any ``torch.cuda`` call
 so that it can redirect them to ``torch.npu``.  This module needs only torch; it
 imports torch_npu only when the NPU is asked for (or ``auto`` probes for it), and
-diffusers only in :func:`choose_attention_processors`.  On an Ascend host torch (>= 2.5)
-has already imported torch_npu inside ``import torch`` (its ``torch.backends`` entry point),
-whatever ``DANCEGRPO_DEVICE`` says; without CANN's ``set_env.sh`` that import fails, and
-this module says so in one line.  ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading
-it, but diffusers imports an installed torch_npu itself (``diffusers.models.activations``), so
-a CPU run on an Ascend host needs CANN's environment too, or a virtualenv without torch_npu.
+diffusers only in :func:`choose_attention_processors` and :func:`choose_diffusers_kernels`.
+On an Ascend host torch (>= 2.5) has already imported torch_npu inside ``import torch`` (its
+``torch.backends`` entry point), whatever ``DANCEGRPO_DEVICE`` says; without CANN's
+``set_env.sh`` that import fails, and this module says so in one line.
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps torch from loading it, but diffusers imports an
+installed torch_npu itself (``diffusers.models.activations``), so a CPU run on an Ascend host
+needs CANN's environment too, or a virtualenv without torch_npu.
 
 Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
 (TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
@@ -86,6 +89,9 @@ class Accelerator:
     kind: str  # "npu" | "cuda" | "cpu"
     strict: bool
     gelu: str = "torch"  # what torch.nn.GELU runs: "torch" | "torch_npu.npu_gelu"
+    # what diffusers' GEGLU runs once choose_diffusers_kernels has run: "diffusers" (its own
+    # forward: erf off the NPU, npu_geglu's tanh form on it) | NPU_GEGLU_EXACT
+    geglu: str = "diffusers"
 
     @property
     def dist_backend(self) -> str:
@@ -198,7 +204,8 @@ def activate(environ=None) -> Accelerator:
         # Redirects torch.cuda.* / "cuda" device strings to the NPU; must come
         # before anything initialises CUDA (torch >= 2.5: the import suffices).
         importlib.import_module("torch_npu.contrib.transfer_to_npu")
-    _active = Accelerator(kind=kind, strict=strict_requested(environ), gelu=choose_gelu(kind, gelu))
+    _active = Accelerator(kind=kind, strict=strict_requested(environ), gelu=choose_gelu(kind, gelu),
+                          geglu=choose_geglu(kind, gelu))
     if _active.strict:
         from dancegrpo_port.strict_mode import enable_strict_mode
 
@@ -342,6 +349,7 @@ def allow_tf32(flag: bool = True, record: str | None = MATMUL_RECORD) -> dict:
         "torch.npu.matmul.allow_hf32": None,  # None: not an NPU run, left alone
         "torch.npu.conv.allow_hf32": None,
         "torch.nn.GELU": accelerator().gelu,  # the op the reward's GELU ran (DANCEGRPO_NPU_GELU)
+        "diffusers GEGLU": accelerator().geglu,  # and diffusers' GEGLU (the same variable)
     }
     if kind == "npu":
         torch.npu.matmul.allow_hf32 = flag
@@ -404,11 +412,18 @@ def choose_diffusers_kernels() -> list[str]:
     ``torch_npu.npu_geglu`` / ``npu_rms_norm`` whenever ``is_torch_npu_available()`` (torch_npu
     installed), whatever the tensors' device.  Off the NPU the ``is_torch_npu_available`` those
     forwards read from their module's globals answers False; on the NPU diffusers' choice
-    stands.  Returns the modules changed (none without torch_npu, or with a diffusers whose
-    module does not read it).
+    stands, but for GEGLU's form (:func:`choose_geglu`).  Returns the modules changed (none
+    without torch_npu, or with a diffusers whose module does not read it).
     """
     if accelerator().kind == "npu":
-        return []
+        if accelerator().geglu != NPU_GEGLU_EXACT:
+            return []
+        from diffusers.models import activations
+
+        if activations.GEGLU.forward is _npu_geglu_forward:
+            return []
+        activations.GEGLU.forward = _npu_geglu_forward
+        return ["diffusers.models.activations"]
     changed = []
     for name in DIFFUSERS_KERNEL_MODULES:
         module = importlib.import_module(name)
@@ -439,3 +454,30 @@ def choose_gelu(kind: str, requested: str) -> str:
         return "torch"
     torch.nn.GELU.forward = _npu_gelu_forward
     return "torch_npu.npu_gelu"
+
+
+NPU_GEGLU_EXACT = "torch_npu.npu_geglu(approximate=0)"
+
+
+def _npu_geglu_forward(self, hidden_states, *args, **kwargs):
+    # diffusers' NPU path with the erf form; the extra arguments are the deprecated ``scale``,
+    # which diffusers ignores too (it also warns)
+    import torch_npu
+
+    hidden_states = self.proj(hidden_states)
+    return torch_npu.npu_geglu(hidden_states, dim=-1, approximate=0)[0]
+
+
+def choose_geglu(kind: str, requested: str) -> str:
+    """What diffusers' ``GEGLU`` (the SD UNet's feed-forwards) runs; :func:`choose_diffusers_kernels`
+    applies it, since diffusers is not imported yet when :func:`activate` runs.
+
+    On the NPU diffusers calls ``torch_npu.npu_geglu(x, dim=-1, approximate=1)``, the tanh form
+    (CANN: 0 is none, the erf form; 1 is tanh); elsewhere it gates with the exact (erf) GELU.
+    On an NPU run with ``exact`` (the default, as for :func:`choose_gelu`) GEGLU calls
+    ``npu_geglu`` with ``approximate=0``; ``upstream`` keeps diffusers' forward.  Off the NPU
+    diffusers' forward stays (its plain path, see :func:`choose_diffusers_kernels`).
+    """
+    if kind != "npu" or requested == "upstream":
+        return "diffusers"
+    return NPU_GEGLU_EXACT

@@ -371,4 +371,53 @@ def test_diffusers_kernels_chosen_by_import_follow_the_run_device(run_python):
     assert got == {"before": "npu_geglu", "changed": ["diffusers.models.activations", "diffusers.models.normalization"],
                    "finite": True, "npu_geglu": 0}
     got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "npu"}).stdout.splitlines()[-1])
+    assert got == {"before": "ran", "changed": ["diffusers.models.activations"], "finite": True, "npu_geglu": 2}
+    got = json.loads(run_python(code, fake_npu=True, env={"DANCEGRPO_DEVICE": "npu", "DANCEGRPO_NPU_GELU": "upstream"})
+                     .stdout.splitlines()[-1])
     assert got == {"before": "ran", "changed": [], "finite": True, "npu_geglu": 2}
+
+
+GEGLU_RUN = """
+    import json, torch
+    from dancegrpo_port import device
+    acc = device.activate()
+    from diffusers.models.activations import GEGLU
+    torch.manual_seed(0)
+    geglu = GEGLU(16, 64)
+    x = 3 * torch.randn(8, 16)  # gates over about [-5, 5]: where the two forms differ most, and beyond
+    changed = device.choose_diffusers_kernels()
+    with torch.no_grad():
+        out = geglu(x)
+        hidden, gate = geglu.proj(x).chunk(2, dim=-1)
+        tanh = hidden * torch.nn.functional.gelu(gate, approximate="tanh")
+    import sys
+    calls = [c[1] for c in sys.modules["torch_npu"].calls if c[0] == "npu_geglu"] if "torch_npu" in sys.modules else []
+    print(json.dumps({"geglu": acc.geglu, "changed": changed, "calls": calls, "out": out.tolist(),
+                      "tanh": tanh.tolist(), "gate_range": [gate.min().item(), gate.max().item()]}))
+"""
+
+
+@pytest.mark.fake_npu
+def test_geglu_on_the_npu_is_the_cpus_exact_form_unless_switched_back(run_python):
+    """diffusers' GEGLU calls npu_geglu with approximate=1 (tanh; 0 is erf) on the NPU and gates
+    with the exact (erf) GELU elsewhere.  An NPU run (the fake) computes what a CPU run computes,
+    through npu_geglu(approximate=0); DANCEGRPO_NPU_GELU=upstream keeps diffusers' tanh kernel."""
+    def run(env):
+        return json.loads(run_python(GEGLU_RUN, fake_npu=True, env=env).stdout.splitlines()[-1])
+
+    def largest_difference(a, b):
+        return (torch.tensor(a) - torch.tensor(b)).abs().max().item()
+
+    cpu = run({"DANCEGRPO_DEVICE": "cpu"})
+    assert cpu["geglu"] == "diffusers" and cpu["calls"] == []  # diffusers' plain path: erf
+    assert cpu["gate_range"][0] < -4 and cpu["gate_range"][1] > 4
+    exact = run({"DANCEGRPO_DEVICE": "npu"})
+    assert exact["geglu"] == "torch_npu.npu_geglu(approximate=0)" and exact["changed"] == ["diffusers.models.activations"]
+    assert exact["calls"] == [{"dim": -1, "approximate": 0}]
+    assert largest_difference(exact["out"], cpu["out"]) <= 1e-6
+    upstream = run({"DANCEGRPO_DEVICE": "npu", "DANCEGRPO_NPU_GELU": "upstream"})
+    assert upstream["geglu"] == "diffusers" and upstream["changed"] == []
+    assert upstream["calls"] == [{"dim": -1, "approximate": 1}]
+    assert largest_difference(upstream["out"], upstream["tanh"]) <= 1e-6
+    # the two forms differ far beyond float32 noise on these inputs, so the checks above can tell them apart
+    assert largest_difference(upstream["out"], cpu["out"]) > 1e-4

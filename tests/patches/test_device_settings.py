@@ -118,7 +118,7 @@ def test_npu_run_sets_hf32_and_records_it(run_in_tree, patched_tree, tmp_path, s
         "device": "npu", "allow_tf32": True,
         "torch.backends.cuda.matmul.allow_tf32": True, "torch.backends.cudnn.allow_tf32": True,
         "torch.npu.matmul.allow_hf32": True, "torch.npu.conv.allow_hf32": True,
-        "torch.nn.GELU": "torch_npu.npu_gelu",
+        "torch.nn.GELU": "torch_npu.npu_gelu", "diffusers GEGLU": "torch_npu.npu_geglu(approximate=0)",
     }
 
 

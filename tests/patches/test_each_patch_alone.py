@@ -74,6 +74,7 @@ SD_WITHOUT = {
     "0020-sd-unet-checkpoint.patch": "the trainer wrote no checkpoint",  # upstream's go to ./my_checkpoints
     "0021-hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
     "0023-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0024-attention-from-device.patch": None,  # no torch_npu: diffusers' GEGLU takes torch's path
     "0026-rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
 }
 

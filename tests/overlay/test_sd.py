@@ -103,3 +103,42 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+class FakeHps(__import__("torch").nn.Module):
+    """HPSv2's interface: features of the image and of the text, their product the score."""
+
+    def forward(self, image, text):
+        return {"image_features": image.flatten(1)[:, :4], "text_features": text.float()[:, :4]}
+
+
+def hps_inputs():
+    import numpy as np
+    from PIL import Image
+
+    torch = __import__("torch")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)) for _ in range(3)]
+    preprocess = lambda im: torch.from_numpy(np.asarray(im, dtype=np.float32) / 255).permute(2, 0, 1)  # noqa: E731
+    processor = lambda captions: torch.tensor([[len(c), 1, 2, 3] for c in captions])  # noqa: E731
+    return images, ["a cat", "a dog on a hill", "a house"], preprocess, processor
+
+
+def test_a_batch_scores_as_one_image_at_a_time_and_jpeg_is_upstreams_round_trip(tmp_path, monkeypatch):
+    import argparse as ap
+
+    torch = __import__("torch")
+    monkeypatch.chdir(tmp_path)
+    images, captions, preprocess, processor = hps_inputs()
+    names = [f"image-0-{j}-rank-0.jpg" for j in range(3)]
+
+    def score(**flags):
+        args = ap.Namespace(**{"reward_from_jpeg": False, "reward_batch_size": 0, **flags})
+        return sd.hps_rewards(args, images, captions, preprocess, processor, FakeHps(), "cpu", names)
+
+    batch, single = score(), score(reward_batch_size=1)
+    assert batch.shape == (3,) and torch.equal(batch, single)
+    assert not (tmp_path / "images_same").exists()  # from memory: nothing written
+    jpeg = score(reward_from_jpeg=True)
+    assert sorted(p.name for p in (tmp_path / "images_same").iterdir()) == names
+    assert not torch.equal(jpeg, batch)  # the lossy round trip moves the score

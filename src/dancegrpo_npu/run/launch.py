@@ -123,7 +123,8 @@ def _profile_args(spec: LaunchSpec) -> list[str]:
     return ["--profile_steps", spec.profile_steps]
 
 
-def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], world_size: int) -> list[str]:
+def _alignment_args(project: Project, spec: LaunchSpec, info: TrainerSpec, script_args: list[str],
+                    world_size: int) -> list[str]:
     """The contract's trainer arguments for spec.align, appended to the final script arguments;
     a replay is checked here, against what this launch will run with."""
     align = spec.align
@@ -136,7 +137,7 @@ def _alignment_args(project: Project, spec: LaunchSpec, script_args: list[str], 
             "use launch's --rng / --record / --record-steps / --record-modules / --replay only",
             exit_code=2,
         )
-    planned = {**trainer_values(script_args), "world_size": world_size}
+    planned = {**trainer_values(script_args), **dict(info.fixed_values), "world_size": world_size}
     if align.rng == "cpu" and planned["seed"] is None:
         raise DancegrpoError("--rng cpu: the launch sets no --seed to seed the CPU generator from",
                              "pass --seed N after --", exit_code=2)
@@ -208,7 +209,7 @@ def build_plan(
     if dry_run:
         problems += network.not_checked_here(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname,
                                              network.this_host())
-    script_args += _alignment_args(project, spec, script_args, spec.nproc_per_node * spec.nnodes)
+    script_args += _alignment_args(project, spec, info, script_args, spec.nproc_per_node * spec.nnodes)
     script_args += _profile_args(spec)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
     arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)

@@ -31,5 +31,6 @@ ROWS = (
         no_lora=("upstream's LoRA path (config.use_lora) builds LoRAAttnProcessor(hidden_size=...), which diffusers "
                  "0.32 no longer takes"),
         foreign_flags=("--config",),
+        fixed_values=(("init_same_noise", True),),  # one initial latent for a rank's epoch (upstream's loop)
     ),
 )

@@ -118,6 +118,9 @@ class TrainerSpec:
     # Flags another reader in the script takes, with their ``FLAG.KEY=VALUE`` forms (absl's
     # --config of an ml_collections program): passed through, not checked by its argparse parser.
     foreign_flags: tuple[str, ...] = ()
+    # What the script always does whatever its flags say, as the values a replay must match
+    # (run.upstream_args.TRAINER_ARGPARSE_DEFAULTS' names): the SD trainer shares its initial latents.
+    fixed_values: tuple[tuple[str, object], ...] = ()
 
     @property
     def is_trainer(self) -> bool:

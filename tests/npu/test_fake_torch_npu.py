@@ -335,3 +335,83 @@ def test_the_fake_says_what_it_emulates(tmp_path):
     code = "import torch, torch_npu; print(torch_npu.__emulates__, torch_npu.__fake__)"
     assert run(code, tmp_path).stdout.strip() == "2.10.0.post6 True"
     assert run(code, tmp_path, {"FAKE_TORCH_NPU_EMULATES": "2.7.1.post10"}).stdout.strip() == "2.7.1.post10 True"
+
+
+VARLEN = """
+import json, math, torch, torch_npu
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(7, 2, 4, generator=g) for _ in range(3))  # TND: 7 tokens, 2 heads
+mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+
+def by_hand(q_ranges, kv_ranges, shift=None):
+    # each query segment attends to its key segment; shift: causal from the top-left (0) or the
+    # bottom-right (skv - sq) corner
+    out = []
+    for (qa, qb), (ka, kb) in zip(q_ranges, kv_ranges):
+        scores = torch.einsum("qhd,khd->hqk", q[qa:qb], k[ka:kb]) * 0.5
+        if shift is not None:
+            sq, skv = qb - qa, kb - ka
+            later = torch.arange(skv)[None, :] > torch.arange(sq)[:, None] + (shift if shift == 0 else skv - sq)
+            scores = scores.masked_fill(later, -math.inf)
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[ka:kb]))
+    return torch.cat(out)
+
+def fa(qq=None, **kw):
+    kw = {"scale": 0.5, **kw}
+    return torch_npu.npu_fusion_attention(q if qq is None else qq, k, v, 2, "TND", **kw)[0]
+
+def diff(a, b):
+    return float((a - b).abs().max())
+
+res = {}
+two = [(0, 3), (3, 7)]
+res["full"] = diff(fa(actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7]), by_hand(two, two))
+res["no_mask_is_full_whatever_the_mode"] = diff(fa(actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7], sparse_mode=3),
+                                                by_hand(two, two))
+# fewer queries than keys: leftUp (2) and rightDown (3) differ
+qs = q[:4]
+for mode, shift in ((2, 0), (3, "bottom-right")):
+    got = torch_npu.npu_fusion_attention(qs, k, v, 2, "TND", scale=0.5, atten_mask=mask, sparse_mode=mode,
+                                         actual_seq_qlen=[2, 4], actual_seq_kvlen=[3, 7])[0]
+    want = by_hand([(0, 2), (2, 4)], [(0, 3), (3, 7)], shift)
+    res[f"causal {mode}"] = float((got - want.to(got.dtype)).abs().max()) if got.shape == want.shape else str(got.shape)
+res["modes differ"] = diff(*(torch_npu.npu_fusion_attention(qs, k, v, 2, "TND", scale=0.5, atten_mask=mask, sparse_mode=m,
+                                                            actual_seq_qlen=[2, 4], actual_seq_kvlen=[3, 7])[0]
+                              for m in (2, 3)))
+refused = {}
+for name, call in {
+    "no lengths": lambda: fa(),
+    "a tensor of lengths": lambda: fa(actual_seq_qlen=torch.tensor([3, 7]), actual_seq_kvlen=[3, 7]),
+    "not cumulative": lambda: fa(actual_seq_qlen=[3, 2, 7], actual_seq_kvlen=[3, 2, 7]),
+    "batches left out": lambda: fa(actual_seq_qlen=[3, 0], actual_seq_kvlen=[3, 0]),
+    "no tokens": lambda: fa(q[:0], actual_seq_qlen=[0], actual_seq_kvlen=[7]),
+    "another causal mask": lambda: fa(actual_seq_qlen=[7], actual_seq_kvlen=[7], atten_mask=mask[:7, :7],
+                                      sparse_mode=3),
+    "a mask in sparse_mode 0": lambda: fa(actual_seq_qlen=[7], actual_seq_kvlen=[7], atten_mask=mask),
+    "BSND in sparse_mode 3": lambda: torch_npu.npu_fusion_attention(q[None], k[None], v[None], 2, "BSND",
+                                                                    sparse_mode=3),
+}.items():
+    try:
+        call()
+        refused[name] = "ran"
+    except Exception as e:
+        refused[name] = type(e).__name__
+res["refused"] = refused
+print(json.dumps(res))
+"""
+
+
+def test_fusion_attention_varlen_tnd(tmp_path):
+    """Layout TND, as the wheels' docs give it (tests/npu/test_torch_npu_wheel.py reads them): each
+    segment of the cumulative actual_seq_qlen attends to its segment of actual_seq_kvlen only;
+    sparse_mode 2 / 3 with the compressed 2048x2048 mask are causal from the top-left / the
+    bottom-right corner; no mask is the full computation whatever the mode; what the docs leave
+    open is refused."""
+    got = json.loads(run(VARLEN, tmp_path, {"DANCEGRPO_DEVICE": "npu"}).stdout.strip().splitlines()[-1])
+    for key in ("full", "no_mask_is_full_whatever_the_mode", "causal 2", "causal 3"):
+        assert got[key] < 1e-6, (key, got[key])
+    assert got["modes differ"] > 1e-3
+    assert got["refused"] == {
+        "no lengths": "RuntimeError", "a tensor of lengths": "TypeError", "not cumulative": "RuntimeError",
+        "batches left out": "NotImplementedError", "no tokens": "RuntimeError", "another causal mask": "RuntimeError",
+        "a mask in sparse_mode 0": "NotImplementedError", "BSND in sparse_mode 3": "NotImplementedError"}

@@ -356,6 +356,93 @@ def test_a_name_removed_from_a_wheel_is_reported(wheel_copy, rel, old, new, repo
     assert [p for p in problems if reported in p], problems
 
 
+# What the project's varlen call (overlay attention_fallback.py, layout TND) and the fake's TND
+# rely on, as each wheel's npu_fusion_attention docs say it (text of the docstring, verbatim).
+VARLEN_DOCS = (
+    "TND(actual_seq_qlen/actual_seq_kvlen需传值)",  # TND needs both lists
+    "比如真正的S长度列表为: 2 2 2 2 2, 则actual_seq_qlen传: 2 4 6 8 10",  # cumulative lengths
+    "取值为1(或True)代表该位不参与计算(被遮蔽)",  # atten_mask: True = masked out
+    "sparse_mode为3时, 代表rightDownCausal模式的mask, 对应以右下顶点划分的下三角场景(参数起点为右下角). "
+    "该场景下忽略pre_tockens、next_tockens取值. atten_mask为优化后的压缩下三角矩阵(2048*2048)",
+    "当atten_mask输入为None时, sparse_mode, pre_tockens, next_tockens参数不生效, 固定为全计算",
+    "要求T(B*S)取值范围1~1M",  # the fake's MAX_TOKENS
+    "varlen场景下长度最大支持1K",  # the fake's MAX_VARLEN_BATCH
+)
+# the parameters of the varlen call, with their schema types: int[] (Python lists of ints), not
+# the Tensor? that npu_fusion_attention_v3 takes for the lengths
+VARLEN_TYPES = {"input_layout": "str", "atten_mask": "Tensor?", "actual_seq_qlen": "int[]?",
+                "actual_seq_kvlen": "int[]?", "sparse_mode": "int"}
+
+
+def typed_schema(wheel: Path, name: str) -> dict[str, str]:
+    """{parameter: type} from the op-plugin docs' signature of ``name``."""
+    m = re.search(rf"torch_npu\.\s*{name}\((.*?)\)\s*->", read(wheel, "_op_plugin_docs.py"))
+    parts = [p.strip().partition("=")[0].split() for p in m.group(1).split(",") if p.strip() != "*"] if m else []
+    return {p[-1]: " ".join(p[:-1]) for p in parts}
+
+
+def varlen_call() -> ast.Call:
+    """The project's ``npu_fusion_attention(..., "TND", ...)`` call."""
+    source = (ROOT / "overlay" / "dancegrpo_port" / "models" / "attention_fallback.py").read_text()
+    found = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "npu_fusion_attention" and any(
+                 isinstance(a, ast.Constant) and a.value == "TND" for a in n.args)]
+    assert len(found) == 1, "one TND call of npu_fusion_attention in attention_fallback.py"
+    return found[0]
+
+
+def varlen_problems(wheel: Path) -> list[str]:
+    """Where ``wheel``'s npu_fusion_attention differs from what the varlen call and the fake's TND
+    take of it: one line per problem, none for a good wheel."""
+    docs = read(wheel, "_op_plugin_docs.py")
+    start = docs.find('"npu_fusion_attention",')
+    text = docs[start:docs.find("_add_torch_npu_docstr", start)] if start >= 0 else ""
+    problems = [f"npu_fusion_attention docs: not {line!r}" for line in VARLEN_DOCS if line not in text]
+    types = typed_schema(wheel, "npu_fusion_attention")
+    problems += [f"npu_fusion_attention: {name} is {types.get(name)!r} in the schema, not {kind!r}"
+                 for name, kind in VARLEN_TYPES.items() if types.get(name) != kind]
+    call = varlen_call()
+    passed = {k.arg for k in call.keywords}
+    problems += [f"attention_fallback.py: the TND call does not pass {name}" for name in
+                 ("actual_seq_qlen", "actual_seq_kvlen", "atten_mask", "sparse_mode") if name not in passed]
+    problems += [f"attention_fallback.py: the TND call passes {name}, not in the schema"
+                 for name in sorted(passed - set(types))]
+    overlay = (ROOT / "overlay" / "dancegrpo_port" / "models" / "attention_fallback.py").read_text()
+    side = re.search(r"压缩下三角矩阵\((\d+)\*(\d+)\)", text)
+    side = int(side.group(1)) if side else None
+    if not literal(overlay, "COMPRESSED_MASK_SIDE") == literal(FAKE_INIT, "COMPRESSED_MASK_SIDE") == side:
+        problems.append(f"the compressed causal mask is {side}x{side} in the docs, not the overlay's or fake's")
+    if literal(overlay, "RIGHT_DOWN_CAUSAL") != 3 or not re.search(r"\n3: rightDownCausal模式\.", text):
+        problems.append("sparse_mode 3 is not rightDownCausal")
+    return problems
+
+
+def test_the_varlen_call_follows_the_wheels_schema_and_docs(wheel):
+    assert varlen_problems(wheel) == []
+
+
+@pytest.mark.parametrize("old, new, reported", [
+    ("int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, "
+     "bool sync=False, str softmax_layout=\"\") -> (Tensor, Tensor, Tensor, Tensor, int, int, int)",
+     "Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, "
+     "bool sync=False, str softmax_layout=\"\") -> (Tensor, Tensor, Tensor, Tensor, int, int, int)",
+     "actual_seq_qlen is 'Tensor?' in the schema"),
+    ("取值为1(或True)代表该位不参与计算(被遮蔽)", "取值为1(或True)代表该位参与计算", "not '取值为1(或True)"),
+    ("atten_mask为优化后的压缩下三角矩阵(2048*2048)", "atten_mask为优化后的压缩下三角矩阵(1024*1024)",
+     "the compressed causal mask is"),
+])
+def test_a_varlen_rule_changed_in_a_wheel_is_reported(wheel_copy, old, new, reported):
+    rel = "_op_plugin_docs.py"
+    source = read(wheel_copy, rel)
+    assert old in source
+    (wheel_copy / rel).write_text(source.replace(old, new))
+    try:
+        problems = varlen_problems(wheel_copy)
+    finally:
+        (wheel_copy / rel).write_text(source)
+    assert [p for p in problems if reported in p], problems
+
+
 def test_the_fake_says_which_wheel_it_follows():
     rules = literal(FAKE_INIT, "VERSION_RULES")
     assert tuple(rules) == VERSIONS

@@ -1,4 +1,4 @@
-"""``flash_attn_no_pad``'s contract without flash_attn: NPU fusion attention or SDPA.
+"""``flash_attn_no_pad``'s contract without flash_attn: varlen NPU fusion attention, or SDPA per sequence.
 
 Added to the upstream tree by dancegrpo-npu (overlay).  Upstream's
 ``fastvideo.models.flash_attn_no_pad`` unpads a packed ``qkv`` with a key padding
@@ -13,17 +13,39 @@ is installed and the tensors are on CUDA, and otherwise calls
   of their own sequence only (and, with ``causal``, to those not after them);
   padded positions are zero, as ``pad_input`` leaves them.
 
-On an NPU it uses ``torch_npu.npu_fusion_attention`` (layout BSND, a boolean mask
-where True means "masked out"); elsewhere
-``torch.nn.functional.scaled_dot_product_attention`` (True means "attend").
+Neither path builds a ``[batch, 1, seqlen, seqlen]`` mask: at HunyuanVideo's 480x480x53
+(seqlen 12,856) that mask is 165 MB a call, in each of the 60 blocks.
+
+* On an NPU: ``torch_npu.npu_fusion_attention`` in layout TND, the kernel's varlen form
+  (what flash_attn's varlen call is on CUDA): tokens packed ``[tokens, heads, head_dim]``,
+  ``actual_seq_qlen`` / ``actual_seq_kvlen`` the cumulative sequence lengths, so each
+  sequence attends within itself with no mask.  ``causal`` is sparse_mode 3 (the causal
+  triangle from the bottom-right corner, flash_attn's alignment; with equal query and
+  key lengths the same as from the top-left) with the kernel's fixed compressed mask,
+  2048x2048 whatever the lengths, made once per device.  When every sequence's real tokens
+  are one run (Hunyuan's: image tokens, then the prompt's, then padding), the padded
+  buffer goes in as it is and each padding run is a sequence of its own, computed and
+  then zeroed: nothing is gathered.  Otherwise the real tokens are gathered first and
+  scattered back, as flash_attn's ``unpad_input`` / ``pad_input`` do.
+* Elsewhere (CPU; CUDA without flash_attn):
+  ``torch.nn.functional.scaled_dot_product_attention`` once per sequence over its real
+  tokens (a slice when they are one run), with no mask (``is_causal`` for causal); a
+  batch without padding is one call.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 
 import torch
 import torch.nn.functional as F
+
+# sparse_mode 2/3 (causal) take this compressed mask, whatever the sequence lengths
+# (torch_npu's npu_fusion_attention docs: "atten_mask为优化后的压缩下三角矩阵(2048*2048)").
+COMPRESSED_MASK_SIDE = 2048
+RIGHT_DOWN_CAUSAL = 3
+_compressed_masks: dict[str, torch.Tensor] = {}
 
 
 def _check(qkv: torch.Tensor, key_padding_mask: torch.Tensor) -> None:
@@ -34,46 +56,93 @@ def _check(qkv: torch.Tensor, key_padding_mask: torch.Tensor) -> None:
             f"key_padding_mask must be [batch, seqlen] = {tuple(qkv.shape[:2])}, got {tuple(key_padding_mask.shape)}")
 
 
-def _allowed(key_padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:
-    """[batch, 1, seqlen_q, seqlen_k] bool: True where query i may attend key j."""
-    keep = key_padding_mask.bool()
-    allowed = keep[:, None, None, :]
-    if causal:
-        seqlen = keep.shape[1]
-        lower = torch.ones(seqlen, seqlen, dtype=torch.bool, device=keep.device).tril()
-        allowed = allowed & lower
-    return allowed
+def _runs(keep: torch.Tensor) -> list[tuple[int, int]] | None:
+    """(start, end) of each sequence's real tokens when they are one run each ((0, 0) for none);
+    None when some sequence's real tokens are not contiguous.  ``keep`` is on the host."""
+    runs = []
+    for row in keep:
+        real = row.nonzero().flatten()
+        if len(real) == 0:
+            runs.append((0, 0))
+            continue
+        start, end = int(real[0]), int(real[-1]) + 1
+        if end - start != len(real):
+            return None
+        runs.append((start, end))
+    return runs
 
 
 def _zero_padded(out: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
-    # torch.where, not a product: a query with no key to attend to yields NaN in SDPA.
+    # torch.where, not a product: what was computed at padded positions may be anything
     keep = key_padding_mask.bool()[:, :, None, None]
     return torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def sdpa_attention(qkv, key_padding_mask, causal=False, dropout_p=0.0, softmax_scale=None):
     _check(qkv, key_padding_mask)
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [b, h, s, d]
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=_allowed(key_padding_mask, causal), dropout_p=dropout_p, scale=softmax_scale)
-    return _zero_padded(out.transpose(1, 2), key_padding_mask)
+    batch, seqlen, _, heads, head_dim = qkv.shape
+    keep = key_padding_mask.bool().cpu()  # the lengths decide the slices: one host read, as unpad_input's
+    if bool(keep.all()):
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # [b, h, s, d]
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale)
+        return out.transpose(1, 2).contiguous()
+    out = qkv.new_zeros(batch, seqlen, heads, head_dim)
+    for i, row in enumerate(keep):
+        real = row.nonzero().flatten()
+        if len(real) == 0:
+            continue
+        start, end = int(real[0]), int(real[-1]) + 1
+        if end - start == len(real):
+            where = slice(start, end)
+            seq = qkv[i, where]
+        else:
+            where = real.to(qkv.device)
+            seq = qkv[i].index_select(0, where)
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in seq.unbind(dim=1))  # [1, h, n, d]
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=softmax_scale)
+        out[i, where] = o[0].transpose(0, 1)
+    return out
+
+
+def _compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _compressed_masks:  # True = masked out: above the diagonal
+        side = COMPRESSED_MASK_SIDE
+        _compressed_masks[key] = torch.ones(side, side, dtype=torch.bool, device=device).triu(1)
+    return _compressed_masks[key]
 
 
 def npu_fusion_attention(qkv, key_padding_mask, causal=False, dropout_p=0.0, softmax_scale=None):
     _check(qkv, key_padding_mask)
     torch_npu = importlib.import_module("torch_npu")
-    q, k, v = qkv.unbind(dim=2)  # [b, s, h, d] = BSND
     batch, seqlen, _, heads, head_dim = qkv.shape
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
-    # The kernel takes a full [B, 1, S, S] mask (no broadcasting), True = masked out.
-    masked = ~_allowed(key_padding_mask, causal).expand(batch, 1, seqlen, seqlen)
+    keep = key_padding_mask.bool()
+    # actual_seq_qlen is int[] in the kernel's schema: the lengths are read on the host
+    host = keep.cpu()
+    runs = _runs(host)
+    if runs is not None:
+        lengths = [n for start, end in runs for n in (start, end - start, seqlen - end) if n > 0]
+        packed = qkv.reshape(batch * seqlen, 3, heads, head_dim)
+    else:
+        lengths = [n for n in host.sum(dim=1).tolist() if n > 0]
+        packed = qkv[keep]  # [tokens, 3, heads, head_dim]
+    if packed.shape[0] == 0:  # the kernel takes 1..1M tokens
+        return qkv.new_zeros(batch, seqlen, heads, head_dim)
+    cumulative = list(itertools.accumulate(lengths))
+    q, k, v = packed.unbind(dim=1)  # [tokens, heads, head_dim] = TND
     out = torch_npu.npu_fusion_attention(
-        q, k, v, heads, "BSND",
-        atten_mask=masked.contiguous(),
+        q, k, v, heads, "TND",
+        atten_mask=_compressed_causal_mask(qkv.device) if causal else None,
         scale=scale,
         keep_prob=1.0 - dropout_p,
+        actual_seq_qlen=cumulative,
+        actual_seq_kvlen=cumulative,
+        sparse_mode=RIGHT_DOWN_CAUSAL if causal else 0,
     )[0]
-    return _zero_padded(out, key_padding_mask)
+    if runs is not None:
+        return _zero_padded(out.reshape(batch, seqlen, heads, head_dim), keep)
+    return out.new_zeros(batch, seqlen, heads, head_dim).index_put((keep,), out)
 
 
 def padded_qkv_attention(qkv, key_padding_mask, causal=False, dropout_p=0.0, softmax_scale=None):

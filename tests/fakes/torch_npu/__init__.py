@@ -59,8 +59,13 @@ EMULATED, as those wheels' sources do it:
   ``manual_seed_all`` (nothing to seed), ``synchronize`` / ``reset_peak_memory_stats`` / ``max_memory_allocated`` (the peak is
   ``FAKE_TORCH_NPU_PEAK_BYTES``, default 0: nothing is allocated);
 * kernels called with the documented signatures (``npu_fusion_attention``, ``npu_gelu``,
-  ``npu_geglu``, ``npu_rms_norm``): computed in plain torch on the CPU tensors given.  The real
-  kernels take NPU tensors only; the fake cannot have NPU tensors, so it stands in for that
+  ``npu_geglu``, ``npu_rms_norm``): computed in plain torch on the CPU tensors given.
+  ``npu_fusion_attention`` takes the layouts BSND and BNSD (sparse_mode 0, a documented mask
+  shape) and TND, the varlen form: ``actual_seq_qlen`` / ``actual_seq_kvlen`` lists of ints
+  (cumulative lengths, ending at the tokens given), each segment attending within itself,
+  causal with sparse_mode 2 or 3 and the compressed 2048x2048 mask; what the docs leave open
+  (other modes, dropout, batches left out by trailing zeros, fully masked rows) it refuses.
+  The real kernels take NPU tensors only; the fake cannot have NPU tensors, so it stands in for that
   rule by refusing to run in a process whose run device is not the NPU (``DANCEGRPO_DEVICE``
   cpu or cuda, or auto with no NPU visible);
 * ``torch_npu.profiler`` (profiler.py) and ``torch_npu.contrib.transfer_to_npu``: see there.
@@ -301,27 +306,35 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                          next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
                          actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False,
                          softmax_layout=""):
-    """``atten_mask`` boolean, True means "do not attend", of a documented shape; BSND/BNSD only."""
+    """``atten_mask`` boolean, True means "do not attend", of a documented shape; BSND/BNSD with
+    sparse_mode 0, and TND (varlen) with sparse_mode 0 (no mask) or 2/3 (causal, compressed mask)."""
     _refuse_off_npu("npu_fusion_attention", query)
     calls.append(("npu_fusion_attention", {
         "input_layout": input_layout, "head_num": head_num, "scale": scale, "keep_prob": keep_prob,
         "atten_mask_dtype": None if atten_mask is None else atten_mask.dtype,
         "atten_mask_shape": None if atten_mask is None else tuple(atten_mask.shape),
-        "query_shape": tuple(query.shape)}))
+        "query_shape": tuple(query.shape), "sparse_mode": sparse_mode,
+        "actual_seq_qlen": actual_seq_qlen, "actual_seq_kvlen": actual_seq_kvlen}))
+    if keep_prob != 1.0:
+        raise NotImplementedError("fake torch_npu: dropout (keep_prob < 1) is not imitated")
+    if atten_mask is not None and atten_mask.dtype not in (torch.bool, torch.uint8):
+        raise TypeError("fake torch_npu: atten_mask must be bool or uint8")
+    if input_layout == "TND":
+        return _fusion_attention_tnd(query, key, value, head_num, atten_mask, scale, actual_seq_qlen,
+                                     actual_seq_kvlen, sparse_mode)
     if input_layout == "BSND":
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     elif input_layout == "BNSD":
         q, k, v = query, key, value
     else:
         raise NotImplementedError(f"fake torch_npu: layout {input_layout} is not imitated")
+    if sparse_mode != 0:
+        raise NotImplementedError(
+            f"fake torch_npu: sparse_mode {sparse_mode} is not imitated with layout {input_layout}")
     if q.shape[1] != head_num:
         raise RuntimeError(f"fake torch_npu: head_num {head_num} != {q.shape[1]} heads in the input")
-    if keep_prob != 1.0:
-        raise NotImplementedError("fake torch_npu: dropout (keep_prob < 1) is not imitated")
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     if atten_mask is not None:
-        if atten_mask.dtype not in (torch.bool, torch.uint8):
-            raise TypeError("fake torch_npu: atten_mask must be bool or uint8")
         b, n, s1, s2 = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         documented = [(b, n, s1, s2), (b, 1, s1, s2), (1, 1, s1, s2), (s1, s2)]
         if tuple(atten_mask.shape) not in documented:
@@ -332,6 +345,83 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
         out = out.transpose(1, 2)
     empty = torch.empty(0)
     return (out.contiguous(), empty, empty, empty, 0, 0, 0)
+
+
+# The varlen (TND) limits and the compressed causal mask, as the wheels' docs give them.
+MAX_TOKENS = 2**20  # "要求T(B*S)取值范围1~1M"
+MAX_VARLEN_BATCH = 1024  # "varlen场景下长度最大支持1K"
+COMPRESSED_MASK_SIDE = 2048  # sparse_mode 2/3: "优化后的压缩下三角矩阵(2048*2048)"
+
+
+def _segments(cumulative, tokens: int, name: str) -> list[tuple[int, int]]:
+    """``actual_seq_qlen``-style cumulative lengths (``int[]``) as [start, end) token ranges."""
+    if not isinstance(cumulative, (list, tuple)) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in cumulative):
+        raise TypeError(f"fake torch_npu: {name} must be a list of ints (int[]), got {cumulative!r}")
+    if not 1 <= len(cumulative) <= MAX_VARLEN_BATCH:
+        raise RuntimeError(f"fake torch_npu: {name} has {len(cumulative)} entries, not 1..{MAX_VARLEN_BATCH}")
+    if len(cumulative) > 1 and cumulative[-1] == 0 and any(cumulative):
+        # the docs let trailing zeros leave batches out; what the kernel writes there is not documented
+        raise NotImplementedError(f"fake torch_npu: {name} {list(cumulative)} leaves batches out with trailing "
+                                  "zeros (not imitated)")
+    starts = [0, *cumulative[:-1]]
+    if any(end < start for start, end in zip(starts, cumulative)):
+        raise RuntimeError(f"fake torch_npu: {name} {list(cumulative)} is not cumulative (it decreases)")
+    if cumulative[-1] != tokens:
+        raise NotImplementedError(f"fake torch_npu: {name} ends at {cumulative[-1]}, not at the {tokens} tokens "
+                                  "given (tokens left out are not imitated)")
+    return list(zip(starts, cumulative))
+
+
+def _fusion_attention_tnd(query, key, value, head_num, atten_mask, scale, actual_seq_qlen, actual_seq_kvlen,
+                          sparse_mode):
+    """Layout TND: each segment of ``actual_seq_qlen`` attends to its segment of ``actual_seq_kvlen``
+    only.  sparse_mode 0 is the full segment; 2 (leftUpCausal) and 3 (rightDownCausal) the causal
+    triangle from that corner, given the fixed compressed mask; no mask means full, whatever the mode."""
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        raise RuntimeError(f"fake torch_npu: layout TND takes [T, N, D] tensors, got query {tuple(query.shape)}")
+    if actual_seq_qlen is None or actual_seq_kvlen is None:
+        raise RuntimeError("fake torch_npu: layout TND needs actual_seq_qlen and actual_seq_kvlen")
+    if not 1 <= query.shape[0] <= MAX_TOKENS or not 1 <= key.shape[0] <= MAX_TOKENS:
+        raise RuntimeError(f"fake torch_npu: TND takes 1..{MAX_TOKENS} tokens, got {query.shape[0]} and {key.shape[0]}")
+    if query.shape[1] != head_num or key.shape[1] != head_num:
+        raise RuntimeError(f"fake torch_npu: head_num {head_num} != {query.shape[1]} heads in the input")
+    q_segments = _segments(actual_seq_qlen, query.shape[0], "actual_seq_qlen")
+    kv_segments = _segments(actual_seq_kvlen, key.shape[0], "actual_seq_kvlen")
+    if len(q_segments) != len(kv_segments):
+        raise RuntimeError("fake torch_npu: actual_seq_qlen and actual_seq_kvlen differ in length")
+    causal = atten_mask is not None  # without a mask every sparse_mode is the full computation
+    if causal:
+        if sparse_mode not in (2, 3):
+            raise NotImplementedError(f"fake torch_npu: TND with an atten_mask in sparse_mode {sparse_mode} "
+                                      "is not imitated")
+        side = COMPRESSED_MASK_SIDE
+        if tuple(atten_mask.shape) != (side, side) or not torch.equal(
+                atten_mask.bool(), torch.ones(side, side, dtype=torch.bool, device=atten_mask.device).triu(1)):
+            # the docs: any other mask gives wrong results in these modes
+            raise RuntimeError(f"fake torch_npu: sparse_mode {sparse_mode} takes the compressed {side}x{side} "
+                               f"upper-triangle mask, got {tuple(atten_mask.shape)}")
+    elif sparse_mode not in (0, 2, 3):
+        raise NotImplementedError(f"fake torch_npu: sparse_mode {sparse_mode} is not imitated with layout TND")
+    pieces = []
+    for (qa, qb), (ka, kb) in zip(q_segments, kv_segments):
+        if qb == qa:
+            continue
+        if kb == ka:
+            raise NotImplementedError("fake torch_npu: queries with no key are not imitated")
+        q, k, v = (t[a:b].float().transpose(0, 1) for t, a, b in ((query, qa, qb), (key, ka, kb), (value, ka, kb)))
+        scores = (q @ k.transpose(-1, -2)) * scale  # [N, sq, skv]
+        if causal:
+            sq, skv = qb - qa, kb - ka
+            shift = 0 if sparse_mode == 2 else skv - sq  # 2: from the top-left corner; 3: the bottom-right
+            masked = torch.arange(skv)[None, :] > torch.arange(sq)[:, None] + shift
+            if masked.all(dim=-1).any():
+                raise NotImplementedError("fake torch_npu: fully masked rows are not imitated")
+            scores = scores.masked_fill(masked, -math.inf)
+        pieces.append((scores.softmax(dim=-1) @ v).transpose(0, 1))
+    out = torch.cat(pieces).to(query.dtype)
+    empty = torch.empty(0)
+    return (out, empty, empty, empty, 0, 0, 0)
 
 
 def npu_gelu(self, *, approximate="none"):

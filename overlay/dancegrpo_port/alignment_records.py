@@ -76,18 +76,22 @@ def replay_problem(root, fields: dict, rank: int, samples: int, max_step: int) -
     if missing:
         return (f"--replay {root}: step(s) {format_steps(missing)} of this run were not recorded "
                 f"(recorded: {format_steps(index.get('steps') or []) or 'none'})")
-    h, w, steps = fields["h"], fields["w"], fields["sampling_steps"]
-    want = {"noise.init": (1 if fields["init_same_noise"] else samples, 16, h // 8, w // 8),
-            "noise.sde": (samples, steps, (h // 16) * (w // 16), 64), "noise.perms": (samples, steps - 1)}
+    # The samples and the steps, which the arguments decide; a sample's latent shape is the
+    # model's (FLUX's packed latents, Wan's frames, SD's 4 channels): the noise source checks it
+    # at its first draw (alignment._same_shape), naming the tensor.
+    steps = fields["sampling_steps"]
+    want = {"noise.init": (1 if fields["init_same_noise"] else samples,), "noise.sde": (samples, steps),
+            "noise.perms": (samples, steps - 1)}
     for step in range(1, max_step + 1):
         path = step_path(root, step, rank)
         try:
             shapes = tensor_shapes(path)
         except Exception as exc:  # safetensors raises its own error types
             return f"--replay {root}: cannot read {path} ({exc})"
-        for name, shape in want.items():
-            if shapes.get(name) != shape:
-                return (f"--replay {root}: {name} of step {step} is {shapes.get(name)}, this run needs {shape} "
+        for name, lead in want.items():
+            shape = shapes.get(name)
+            if shape is None or tuple(shape[:len(lead)]) != lead:
+                return (f"--replay {root}: {name} of step {step} is {shape}, this run needs {lead + ('...',)} "
                         f"({samples} samples a rank: --train_batch_size x --num_generations)")
     return None
 

@@ -215,6 +215,13 @@ def test_a_missing_or_broken_configuration_is_one_line(tmp_path, capsys):
     assert status == 1 and "has no usable num_generations" in line
 
 
+def test_a_checkpointing_fraction_is_refused_for_a_trainer_without_it(tmp_path, capsys):
+    for root in (_sd_tree(tmp_path / "tree"), REPO):  # refused before the tree is looked for
+        status, out, err = _plan(capsys, root, SD, "--selective-checkpointing", "1.0")
+        [line] = err.strip().splitlines()
+        assert status == 2 and out == "" and "has no activation checkpointing" in line
+
+
 def test_bench_refuses_it_in_one_line_saying_why(capsys):
     status = main(["bench", "--preset", SD])
     err = capsys.readouterr().err

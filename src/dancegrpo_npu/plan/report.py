@@ -68,6 +68,9 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     if name not in models.names():
         raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
+    if not models.model_of(name).checkpointing and overrides.get("selective_checkpointing") is not None:
+        raise _bad(f"--selective-checkpointing: {name}'s trainer has no activation checkpointing",
+                   f"leave it out; `dancegrpo-npu plan {name}` lists what fits instead")
     tree = tree() if callable(tree) else tree
     model, recipe, recipe_world, script = models.load(name, tree)
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})

@@ -234,3 +234,11 @@ def test_plans_help_names_it():
 
     plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
     assert SD in plan_parser.format_help()
+
+
+def test_doctors_disk_check_counts_the_unet():
+    """doctor sizes a resume checkpoint from plan's shapes: the UNet's parameters, not a transformer's."""
+    from dancegrpo_npu.doctor import trainers as doctor_trainers
+
+    assert doctor_trainers.resume_checkpoint_bytes(SD) == int(
+        859_520_964 * doctor_trainers.RESUME_BYTES_PER_PARAMETER * doctor_trainers.SAVE_MARGIN)

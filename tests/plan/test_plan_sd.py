@@ -222,13 +222,6 @@ def test_a_checkpointing_fraction_is_refused_for_a_trainer_without_it(tmp_path, 
         assert status == 2 and out == "" and "has no activation checkpointing" in line
 
 
-def test_bench_refuses_it_in_one_line_saying_why(capsys):
-    status = main(["bench", "--preset", SD])
-    err = capsys.readouterr().err
-    [line] = err.strip().splitlines()
-    assert status == 2 and "train_one_step" in line and f"plan {SD}" in line and "unknown preset" not in line
-
-
 def test_plans_help_names_it():
     from dancegrpo_npu.cli import build_parser
 

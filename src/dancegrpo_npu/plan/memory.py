@@ -114,7 +114,8 @@ class Model:
 
     @property
     def unet(self) -> bool:
-        """The denoiser is a UNet (its config has block_out_channels), not a transformer of blocks."""
+        """The denoiser is a UNet (Stable Diffusion's), not a transformer of blocks: ``transformer``
+        then holds the UNet's diffusers config."""
         return self.transformer["_class_name"] == "UNet2DConditionModel"
 
     @property
@@ -369,7 +370,7 @@ def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     g = recipe.guidance_batch
     g_train = recipe.guidance_batch if recipe.train_guidance_batch is None else recipe.train_guidance_batch
     latent_values = cfg["in_channels"] * latent_h * latent_w
-    # every sample a rank draws in a step is kept for training: its latents (fp32), one a step
+    # every sample a rank draws in a step is kept for training: its latents, one a step (4 bytes a value)
     trajectory = recipe.prompts * recipe.generations * (recipe.sampling_steps + 1) * latent_values * 4
     norm, other = unet_saved(cfg, latent_h, latent_w, recipe.text_tokens)
     per_sample = norm * 4 + other * a

@@ -215,6 +215,15 @@ def test_a_missing_or_broken_configuration_is_one_line(tmp_path, capsys):
     assert status == 1 and "has no usable num_generations" in line
 
 
+def test_without_ml_collections_it_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ml_collections", None)  # import ml_collections raises ImportError
+    status, out, err = _plan(capsys, _sd_tree(tmp_path), SD)
+    [line] = err.strip().splitlines()
+    assert status == 1 and out == "" and "needs ml_collections" in line and "pip install ml-collections" in line
+
+
 def test_a_checkpointing_fraction_is_refused_for_a_trainer_without_it(tmp_path, capsys):
     for root in (_sd_tree(tmp_path / "tree"), REPO):  # refused before the tree is looked for
         status, out, err = _plan(capsys, root, SD, "--selective-checkpointing", "1.0")

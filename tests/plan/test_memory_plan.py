@@ -387,6 +387,8 @@ UPSTREAM_RECIPES = {
     "qwenimage-edit": (8, 512, 512, 1, 8, 20, 1.0, False),
     "flux": (8, 720, 720, 1, 12, 16, 1.0, True),
     "wan": (8, 512, 512, 1, 12, 20, 1.0, False),
+    # SD: its sizes in fastvideo/config_sd/dgx.py:hpsv2 (the script's --config); no checkpointing
+    "sd": (8, 512, 512, 1, 16, 50, 0.0, False),
 }
 
 
@@ -395,7 +397,10 @@ def test_every_models_sizes_are_read_from_upstreams_script(patched_tree, capsys)
     """plan_models.json holds no recipe size: each one is read from upstream's script in the tree."""
     assert set(UPSTREAM_RECIPES) == set(models.names())
     for name in models.names():
-        assert set(models.entry(name)["recipe"]) == {"script", "text_tokens"}, name
+        recipe_entry = models.entry(name)["recipe"]
+        assert set(recipe_entry) - {"config"} == {"script", "text_tokens"}, name
+        # a configuration's sizes are named by their keys there, never given
+        assert all(isinstance(key, str) and not key[0].isdigit() for key in recipe_entry.get("config", {}).get("fields", {}).values())
         recipe, world = models.read_recipe(name, patched_tree.tree)
         assert (world, recipe.height, recipe.width, recipe.frames, recipe.generations, recipe.sampling_steps,
                 recipe.selective_checkpointing, recipe.ema) == UPSTREAM_RECIPES[name], name
@@ -403,6 +408,9 @@ def test_every_models_sizes_are_read_from_upstreams_script(patched_tree, capsys)
         assert (loaded, loaded_world) == (recipe, world), name
     wan, _ = models.read_recipe("wan", patched_tree.tree)
     assert wan.guidance_batch == 2
+    sd, _ = models.read_recipe("sd", patched_tree.tree)
+    assert (sd.prompts, sd.sample_batch_size, sd.train_batch_size, sd.accumulation, sd.guidance_batch,
+            sd.train_guidance_batch, sd.text_tokens) == (4, 4, 4, 8, 2, 2, 77)
     status, out, _ = _plan(capsys, patched_tree, "wan")
     assert status == 0 and "plan: wan (WanTransformer3DModel" in out
     assert "recipe: scripts/finetune/finetune_wan_2_1_grpo.sh (8 ranks, read from the patched tree)" in out

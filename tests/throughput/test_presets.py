@@ -122,3 +122,21 @@ def test_cli_full_preset_without_a_tree_is_one_line_exit_1(tmp_path):
     assert r.returncode == 1 and r.stdout == "", r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"{tmp_path / 'build' / 'DanceGRPO'} is missing" in r.stderr and "dancegrpo-npu fetch && dancegrpo-npu apply" in r.stderr
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in trainers.REGISTRY.values() if spec.no_bench])
+def test_a_trainer_bench_cannot_run_is_refused_saying_why(name, capsys):
+    """``bench --preset NAME`` of a trainer without a train_one_step (Stable Diffusion): its
+    row's reason in one line, exit 2, not "unknown preset"."""
+    from dancegrpo_npu.cli import main
+
+    assert trainers.get(name).bench is None and name not in presets.presets()
+    status = main(["bench", "--preset", name])
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert status == 2 and out == "" and trainers.get(name).no_bench in line and f"plan {name}" in line
+    assert "unknown preset" not in line
+
+
+def test_some_trainer_says_why_it_has_no_preset():
+    assert any(spec.no_bench for spec in trainers.REGISTRY.values())  # the parametrized test is not empty

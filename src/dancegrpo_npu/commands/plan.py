@@ -8,8 +8,12 @@ master weights, gradients and AdamW moments sharded over the ranks (FSDP FULL_SH
 gathered blocks, the HPSv2 reward and the VAE, the activations of the largest phase (from the
 model's config, the recipe's sizes and how many blocks --selective-checkpointing
 checkpoints) and a runtime reserve (an assumption, in the total); with the recipe's --use_ema
-(FLUX), the host memory upstream's EMA takes on rank 0.  Then it sets the ways to make it smaller side by side
-- selective checkpointing 1.0, more ranks, FSDP CPU offload, LoRA - each against 64 GiB
+(FLUX), the host memory upstream's EMA takes on rank 0.  A UNet trained under DDP (Stable
+Diffusion v1.4: its sizes read from the absl configuration its script names) is whole on every
+rank: fp32 weights, gradients, DDP's buckets, AdamW and autocast's bf16 copy, with its text
+encoder, and the activations counted layer by layer.  Then it sets the ways to make it smaller side by side
+- selective checkpointing 1.0, more ranks, FSDP CPU offload, LoRA, a training batch of 1 where
+a configuration sets a larger one - each against 64 GiB
 (910B3 and the like) and 32 GiB (910B4) cards, with the launch arguments for it.
 
 A configuration that does not fit --device-memory is refused in one line (exit 1) naming the
@@ -34,6 +38,7 @@ examples:
   dancegrpo-npu plan qwenimage-edit --cpu-offload
   dancegrpo-npu plan flux --lora-rank 128
   dancegrpo-npu plan wan --workdir ../DanceGRPO      # the recipe read from another patched tree
+  dancegrpo-npu plan sd --device-memory 32           # Stable Diffusion v1.4 under DDP on a 910B4
 """
 
 
@@ -80,6 +85,6 @@ def register(sub, common) -> None:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--generations", type=int, default=None, metavar="G")
     p.add_argument("--sampling-steps", type=int, default=None)
-    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding tokens (default: the model's; 256 for Qwen-Image, 512 for FLUX and Wan)")
+    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding tokens (default: the model's; 256 for Qwen-Image, 512 for FLUX and Wan, 77 for SD)")
     p.add_argument("--sample-batch-size", type=int, default=None, metavar="N", help="samples a transformer call in the rollout (default 1)")
     p.set_defaults(func=run)

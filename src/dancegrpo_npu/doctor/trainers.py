@@ -82,7 +82,7 @@ def resume_checkpoint_bytes(name: str) -> int | None:
     model = trainers.get(name).plan_model
     if model is None:
         return None
-    return int(memory.transformer_parameters(models.model_of(model)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
+    return int(memory.denoiser_parameters(models.model_of(model)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
 
 
 def disk_need(names: list[str], floor_gb: float) -> tuple[float, str]:

@@ -25,6 +25,12 @@ per rank, in bytes:
 The constants that are not counts (hidden-sized tensors a block saves) are the bench's
 own (:mod:`dancegrpo_npu.throughput.models`), checked against the peaks it measures
 (tests/plan/test_against_bench.py, docs/memory-plan.md).
+
+A UNet trained under DDP (a model entry's ``"parallel": "ddp"``: Stable Diffusion's
+accelerate trainer) is counted otherwise (:func:`unet_estimate`): every rank holds the whole
+fp32 UNet, its fp32 gradients, DDP's gradient buckets and AdamW's moments, and autocast's
+bf16 copy of the weights; its activations are counted layer by layer from the UNet's config
+(the tensors each layer keeps for backward, checked against the real class on the meta device).
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ class Recipe:
     frames: int = 1  # --t (Wan: video frames; the image trainers' recipes give 1)
     guidance_batch: int = 1  # 2 where --cfg_infer > 1: the prompt and the negative prompt in one call (Wan)
     ema: bool = False  # --use_ema: rank 0 keeps an fp32 copy of the transformer in host memory
+    prompts: int = 1  # prompts a rank samples a step, all their trajectories kept for training (SD: sample.batch_size)
+    train_batch_size: int = 1  # samples a training call (SD: train.batch_size; CFG doubles it)
+    accumulation: int = 1  # training calls an optimizer step accumulates (SD: train.gradient_accumulation_steps)
+    train_guidance_batch: int | None = None  # 2: training runs the UNet on the prompt and the empty one (SD's train.cfg); None: guidance_batch
 
     @property
     def latent_frames(self) -> int:
@@ -92,6 +102,21 @@ class Model:
     vae: dict
     hps: dict
     reference_image_tokens: bool = False
+    # "fsdp": FULL_SHARD over the ranks (the flow trainers); "ddp": every rank holds the whole
+    # model in fp32 and computes under bf16 autocast (accelerate's DDP: the SD trainer)
+    parallel: str = "fsdp"
+    text_encoder: dict | None = None  # a text encoder the trainer keeps on the device ({"parameters": n}), bf16
+    checkpointing: bool = True  # whether the trainer has --selective_checkpointing
+    # the recipe's sizes held in an absl / ml_collections configuration: {Recipe field: dotted
+    # config key}, and the flag that takes "FLAG.KEY=VALUE" overrides (the launch lines)
+    config_fields: tuple[tuple[str, str], ...] = ()
+    config_flag: str = ""
+
+    @property
+    def unet(self) -> bool:
+        """The denoiser is a UNet (Stable Diffusion's), not a transformer of blocks: ``transformer``
+        then holds the UNet's diffusers config."""
+        return self.transformer["_class_name"] == "UNet2DConditionModel"
 
     @property
     def hidden(self) -> int:
@@ -187,6 +212,11 @@ def transformer_parameters(model: Model) -> int:
     return sum(block_parameters(model)) + root_parameters(model)
 
 
+def denoiser_parameters(model: Model) -> int:
+    """The trained model's parameters: the UNet's or the transformer's."""
+    return unet_parameters(model.transformer) if model.unet else transformer_parameters(model)
+
+
 def lora_parameters(model: Model, rank: int) -> int:
     """LoRA of rank r on upstream's targets (train_grpo_flux_lora.py): to_q, to_k, to_v, to_out.0
     (a single block has no to_out)."""
@@ -205,10 +235,180 @@ def checkpointed_blocks(blocks: int, fraction: float) -> int:
     return count
 
 
+# ---- a UNet (UNet2DConditionModel: Stable Diffusion) -----------------------------------------
+#
+# The UNet's layers in the order they run, from its config: ("resnet", in, out, positions),
+# ("transformer", channels, positions), ("down", channels, positions in), ("up", channels,
+# positions out), ("conv_in" / "conv_out", channels, positions).  The counts below follow
+# diffusers' classes (ResnetBlock2D, Transformer2DModel with one BasicTransformerBlock of
+# self-attention, cross-attention and a GEGLU feed-forward, Downsample2D, Upsample2D).
+
+UNET_DOWN = {"CrossAttnDownBlock2D": True, "DownBlock2D": False}  # type: has attention
+UNET_UP = {"CrossAttnUpBlock2D": True, "UpBlock2D": False}
+
+
+def unet_layers(cfg: dict, latent_h: int, latent_w: int) -> list[tuple]:
+    """The layers of UNet2DConditionModel(**cfg) at a latent of latent_h x latent_w."""
+    for kind in (*cfg["down_block_types"], *cfg["up_block_types"]):
+        if kind not in UNET_DOWN and kind not in UNET_UP:
+            raise ValueError(f"the plan does not know the UNet block {kind}")
+    if cfg.get("mid_block_type", "UNetMidBlock2DCrossAttn") != "UNetMidBlock2DCrossAttn" or cfg.get("use_linear_projection"):
+        raise ValueError("the plan knows the UNet of Stable Diffusion v1 (a cross-attention mid block, conv projections)")
+    channels, layers_per_block = cfg["block_out_channels"], cfg["layers_per_block"]
+    positions = [latent_h * latent_w >> (2 * i) for i in range(len(channels))]  # each level halves h and w
+    last = len(channels) - 1
+    layers: list[tuple] = [("conv_in", cfg["in_channels"], positions[0])]
+    skips = [channels[0]]  # the skip connections' channels, as the down blocks push them
+    prev = channels[0]
+    for i, kind in enumerate(cfg["down_block_types"]):
+        for j in range(layers_per_block):
+            layers.append(("resnet", prev if j == 0 else channels[i], channels[i], positions[i]))
+            if UNET_DOWN[kind]:
+                layers.append(("transformer", channels[i], positions[i]))
+            skips.append(channels[i])
+        if i < last:
+            layers.append(("down", channels[i], positions[i]))
+            skips.append(channels[i])
+        prev = channels[i]
+    c = channels[-1]
+    layers += [("resnet", c, c, positions[-1]), ("transformer", c, positions[-1]), ("resnet", c, c, positions[-1])]
+    for i, kind in enumerate(cfg["up_block_types"]):
+        level, out = last - i, channels[last - i]
+        for _ in range(layers_per_block + 1):
+            layers.append(("resnet", prev + skips.pop(), out, positions[level]))
+            if UNET_UP[kind]:
+                layers.append(("transformer", out, positions[level]))
+            prev = out
+        if i < last:
+            layers.append(("up", out, positions[level - 1]))
+    layers.append(("conv_out", channels[0], positions[0]))
+    return layers
+
+
+def unet_parameters(cfg: dict) -> int:
+    """UNet2DConditionModel's parameter count (tested against the real class on meta)."""
+    c0, cross = cfg["block_out_channels"][0], cfg["cross_attention_dim"]
+    temb = 4 * c0  # TimestepEmbedding(c0, 4 c0)
+    total = 9 * cfg["in_channels"] * c0 + c0 + _linear(c0, temb) + _linear(temb, temb)
+    total += 2 * c0 + 9 * c0 * cfg["out_channels"] + cfg["out_channels"]  # conv_norm_out, conv_out
+    for layer in unet_layers(cfg, 8, 8):
+        kind = layer[0]
+        if kind == "resnet":
+            i, o = layer[1], layer[2]
+            total += 2 * i + 9 * i * o + o + _linear(temb, o) + 2 * o + 9 * o * o + o + (i * o + o if i != o else 0)
+        elif kind == "transformer":
+            d = layer[1]
+            attn1 = 3 * d * d + _linear(d, d)
+            attn2 = d * d + 2 * cross * d + _linear(d, d)
+            geglu = _linear(d, 8 * d) + _linear(4 * d, d)
+            total += 2 * d + 2 * _linear(d, d) + 3 * 2 * d + attn1 + attn2 + geglu  # norm, proj_in/out, 3 LayerNorms
+        elif kind in ("down", "up"):
+            total += 9 * layer[1] ** 2 + layer[1]
+    return total
+
+
+def unet_saved(cfg: dict, latent_h: int, latent_w: int, text_tokens: int) -> tuple[int, int]:
+    """(elements a sample's training forward keeps for backward that a norm keeps in fp32 under
+    autocast, all the other elements), counted from the layers:
+
+    - a resnet keeps its GroupNorms' inputs and the SiLUs' inputs (fp32 under autocast: the
+      norms run in fp32) and its two convolutions' inputs;
+    - a transformer keeps its GroupNorm's and three LayerNorms' inputs (fp32), and proj_in's
+      and proj_out's inputs, self-attention's normed input, q, k, v, output and its copy
+      (6 d), cross-attention's normed input, q, output and its copy (4 d) and the text's keys
+      and values, the GEGLU's normed input, its 8 d projection, the gate's GELU and the
+      product (17 d);
+    - a down or up sampler keeps its convolution's input.
+
+    The attention keeps no scores (a fused kernel: FlashAttention on CUDA, npu_fusion_attention
+    on the NPU); the meta-device check measures the rest against the real class."""
+    norm = other = 0
+    for layer in unet_layers(cfg, latent_h, latent_w):
+        n, o = _layer_saved(layer, text_tokens)
+        norm, other = norm + n, other + o
+    return norm, other
+
+
+def _layer_saved(layer: tuple, text_tokens: int) -> tuple[int, int]:
+    kind, p = layer[0], layer[-1]
+    if kind == "resnet":
+        i, o = layer[1], layer[2]
+        return 2 * (i + o) * p, (i + o) * p
+    if kind == "transformer":
+        d = layer[1]
+        return 4 * d * p, 29 * d * p + 2 * text_tokens * d
+    if kind == "conv_out":  # conv_norm_out's input and its SiLU's, conv_out's input
+        return 2 * layer[1] * p, layer[1] * p
+    return 0, layer[1] * p  # conv_in, down, up: a convolution's input
+
+
+def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
+    """A UNet under DDP: nothing sharded.  Per rank: the fp32 UNet, its fp32 gradients, DDP's
+    gradient buckets (accelerate's DDP keeps gradient_as_bucket_view off: a second fp32 copy of
+    the gradients), AdamW's two moments; autocast's bf16 copy of the weights (cached while a
+    forward under autocast runs); the frozen text encoder and VAE (bf16) and the reward (fp32);
+    the activations of the largest phase; the reserve.  No activation checkpointing, no
+    offload, no LoRA: the trainer has none of them."""
+    if model.parallel != "ddp":
+        raise ValueError("the plan counts a UNet trained under DDP (Stable Diffusion's accelerate trainer) only")
+    a, cfg = options.dtype_bytes, model.transformer
+    params = unet_parameters(cfg)
+    latent_h, latent_w = recipe.height // 8, recipe.width // 8  # the VAE's 8x
+    parts = [
+        ("fp32 weights (DDP: the whole UNet on every rank)", 4 * params),
+        ("fp32 gradients", 4 * params),
+        ("DDP gradient buckets (fp32, gradient_as_bucket_view off)", 4 * params),
+        ("AdamW moments (2 x fp32)", 8 * params),
+    ]
+    if a == 2:
+        parts.append(("autocast's bf16 copy of the weights", 2 * params))
+    parts.append(("HPSv2 reward (fp32)", model.hps["parameters"] * 4))
+    parts.append(("VAE" + (" (bf16)" if a == 2 else " (fp32)"), model.vae["parameters"] * a))
+    if model.text_encoder:
+        parts.append(("text encoder" + (" (bf16)" if a == 2 else " (fp32)"), model.text_encoder["parameters"] * a))
+
+    g = recipe.guidance_batch
+    g_train = recipe.guidance_batch if recipe.train_guidance_batch is None else recipe.train_guidance_batch
+    latent_values = cfg["in_channels"] * latent_h * latent_w
+    # every sample a rank draws in a step is kept for training: its latents, one a step (4 bytes a value)
+    trajectory = recipe.prompts * recipe.generations * (recipe.sampling_steps + 1) * latent_values * 4
+    norm, other = unet_saved(cfg, latent_h, latent_w, recipe.text_tokens)
+    per_sample = norm * 4 + other * a
+    train = recipe.train_batch_size * g_train * per_sample + trajectory
+    # the rollout keeps nothing for backward: what the largest layer keeps stands for what a
+    # forward holds at once, beside the skip connections the down blocks hand to the up blocks
+    layers = unet_layers(cfg, latent_h, latent_w)
+    largest_layer = max(n * 4 + o * a for n, o in (_layer_saved(layer, recipe.text_tokens) for layer in layers))
+    channels = cfg["block_out_channels"]
+    level = [latent_h * latent_w >> (2 * i) for i in range(len(channels))]
+    skips = channels[0] * level[0] + sum(c * level[i] * cfg["layers_per_block"] + (c * level[i + 1] if i + 1 < len(channels) else 0)
+                                         for i, c in enumerate(channels))
+    rollout = recipe.sample_batch_size * g * (largest_layer + skips * a) + trajectory
+    vae = model.vae
+    tile = vae["tile"] or max(recipe.height, recipe.width)
+    tile_h, tile_w = min(recipe.height, tile), min(recipe.width, tile)
+    latent_pixels = (tile_h // 8) * (tile_w // 8)
+    decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
+                                         + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
+    hps = model.hps
+    patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
+    reward = recipe.sample_batch_size * (patches * hps["width"] * 4 * 24 + (hps["width"] // hps["head_width"]) * patches**2 * 4)
+    phases = {"rollout": rollout, "train": train, "decode": decode, "reward": reward}
+    largest = max(phases, key=phases.get)
+    label = f"activations, largest phase: {largest}"
+    if largest == "train":
+        label += f" (UNet batch {recipe.train_batch_size * g_train}, no checkpointing)"
+    parts.append((label, phases[largest]))
+    parts.append(("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes))
+    return Estimate(tuple(parts), 0, 0, 0)
+
+
 # ---- the estimate ----------------------------------------------------------------------------
 
 
 def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
+    if model.unet:
+        return unet_estimate(model, recipe, options)
     a, n = options.dtype_bytes, max(1, options.world_size)
     shard = n if options.fsdp else 1
     d, heads = model.hidden, model.transformer["num_attention_heads"]
@@ -291,6 +491,7 @@ class Choice:
     options: Options
     recipe: Recipe
     estimate: Estimate
+    config: tuple[tuple[str, int], ...] = ()  # recipe sizes it sets in the trainer's configuration (Model.config_fields)
 
 
 def alternatives(model: Model, recipe: Recipe, options: Options) -> list[Choice]:
@@ -313,13 +514,23 @@ def alternatives(model: Model, recipe: Recipe, options: Options) -> list[Choice]
     ]
     if options.lora_rank:  # asked for LoRA already: not a remedy to offer again at another rank
         candidates = [c for c in candidates if not c[0].startswith("LoRA")]
+    if model.parallel != "fsdp":  # FSDP's offload is no option of a trainer without FSDP
+        candidates = [c for c in candidates if not c[1].cpu_offload]
+    config: dict[str, tuple] = {}
+    fields = dict(model.config_fields)
+    if recipe.train_batch_size > 1 and {"train_batch_size", "accumulation"} <= set(fields):
+        # the same samples an optimizer step, one at a time: the accumulation takes the batch
+        one = replace(recipe, train_batch_size=1, accumulation=recipe.accumulation * recipe.train_batch_size)
+        label = f"train batch 1, accumulation {one.accumulation}"
+        candidates.insert(1, (label, options, one))
+        config[label] = (("train_batch_size", 1), ("accumulation", one.accumulation))
     seen, out = set(), []
     for label, opts, rec in candidates:
         key = (opts, rec)
         if key in seen:
             continue
         seen.add(key)
-        out.append(Choice(label, opts, rec, estimate(model, rec, opts)))
+        out.append(Choice(label, opts, rec, estimate(model, rec, opts), config.get(label, ())))
     return out
 
 

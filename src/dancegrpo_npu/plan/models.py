@@ -6,7 +6,10 @@ ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe siz
 frames, generations, sampling steps, ranks, checkpointing) are upstream's: read from its launch
 script in the patched tree by :mod:`dancegrpo_npu.run.recipes`, the reader ``launch`` uses, and
 never copied into the tool; without the tree the plan is refused in one line naming what to run.
-The entry keeps what the scripts lack: the prompt embedding's length.
+The entry keeps what the scripts lack: the prompt embedding's length.  Where the script keeps
+its sizes in an absl / ml_collections configuration (``--config FILE:NAME``: Stable Diffusion),
+the entry names each size's key there, and plan loads that configuration from the tree as absl
+would (``get_config(NAME)`` of the file), the sizes still read, not copied.
 """
 
 from __future__ import annotations
@@ -57,8 +60,13 @@ def model_of(name: str) -> Model:
     if "vae_file" in data:  # Wan's VAE: its channels from its config (base_dim x dim_mult)
         cfg = _config(data, "vae")
         vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
-    return Model(name, name, _config(data, "transformer"), vae, data["hps"],
-                 reference_image_tokens=data.get("reference_image_tokens", False))
+    config = data["recipe"].get("config", {})
+    denoiser = data["unet"] if "unet" in data else _config(data, "transformer")
+    return Model(name, name, denoiser, vae, data["hps"],
+                 reference_image_tokens=data.get("reference_image_tokens", False),
+                 parallel=data.get("parallel", "fsdp"), text_encoder=data.get("text_encoder"),
+                 checkpointing=data.get("checkpointing", True),
+                 config_fields=tuple(config.get("fields", {}).items()), config_flag=config.get("flag", ""))
 
 
 def load(name: str, tree: Path | None) -> tuple[Model, Recipe, int, str]:
@@ -89,6 +97,8 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
         )
     script = recipes.parse_recipe(path, "")
     values = script.values()
+    if "config" in r:
+        return _recipe_from_config(name, tree, path, values, r), script.world_size
     try:
         source = (tree / script.trainer).read_text()
     except OSError as e:
@@ -126,3 +136,63 @@ def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
            "width": vision["width"], "head_width": vision.get("head_width", 64)}
     spec = trainers.get(trainer) if trainer else trainers.default_trainer()
     return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps)
+
+
+def _recipe_from_config(name: str, tree: Path, path: Path, values: dict, r: dict) -> Recipe:
+    """The sizes of an absl / ml_collections configuration the script names (``--config
+    FILE:NAME``), loaded from the tree as absl's config_flags loads it: the file as a module,
+    then its ``get_config(NAME)``."""
+    import importlib.util
+
+    flag, fields = r["config"]["flag"], r["config"]["fields"]
+    spec_text = values.get(flag)
+    if not spec_text:
+        raise DancegrpoError(f"plan: {path} passes no {flag} FILE:NAME, where {name}'s recipe sizes are",
+                             "run `dancegrpo-npu apply` to restore the patched tree")
+    file, _, config_name = spec_text.partition(":")
+    config_path = tree / file
+    what = f"{config_path}{':' + config_name if config_name else ''}"
+    try:
+        import ml_collections  # noqa: F401  (the configuration's own import; its absence is said here)
+
+        spec = importlib.util.spec_from_file_location(f"_plan_config_{config_path.stem}", config_path)
+        if spec is None or not config_path.is_file():
+            raise FileNotFoundError(config_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config(config_name) if config_name else module.get_config()
+    except ImportError as e:
+        raise DancegrpoError(f"plan: reading {name}'s configuration {what} needs {e.name or 'a module'} ({e})",
+                             "install ml_collections in the tool's environment (pip install ml-collections)") from None
+    except Exception as e:  # the configuration is upstream's code: whatever it raises is one line
+        raise DancegrpoError(f"plan: {name}'s recipe sizes are in {what}, which cannot be loaded "
+                             f"({type(e).__name__}: {e})",
+                             "run `dancegrpo-npu fetch && dancegrpo-npu apply` to restore the patched tree") from None
+
+    def value(key: str, kind):
+        node = config
+        try:
+            for part in fields[key].split("."):
+                node = node[part]
+            return kind(node)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise DancegrpoError(f"plan: {what} has no usable {fields[key]} ({name}'s {key})",
+                                 "run `dancegrpo-npu apply` to restore the patched tree") from None
+
+    model = model_of(name)
+    # no size in the configuration: upstream's pipeline draws the UNet's sample size times the VAE's 8
+    side = model.transformer["sample_size"] * 8
+    h = values.get("--h") or side
+    w = values.get("--w") or side
+    guidance = value("guidance_scale", float) > 1
+    try:
+        height, width = int(h), int(w)
+    except ValueError:
+        raise DancegrpoError(f"plan: --h/--w {h!r}/{w!r} in {path} is not a number",
+                             "pass the size to plan yourself, e.g. --height 512") from None
+    return Recipe(height=height, width=width, generations=value("generations", int),
+                  sampling_steps=value("sampling_steps", int), text_tokens=r["text_tokens"],
+                  selective_checkpointing=0.0, sample_batch_size=value("sample_batch_size", int),
+                  guidance_batch=2 if guidance else 1, prompts=value("prompts", int),
+                  train_batch_size=value("train_batch_size", int), accumulation=value("accumulation", int),
+                  train_guidance_batch=2 if value("train_cfg", bool) else 1)

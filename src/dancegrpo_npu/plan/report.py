@@ -21,6 +21,7 @@ CARDS = ((64, "64 GiB"), (32, "32 GiB (910B4)"))
 # What each trainer takes for an option is its registry row's (offload_flag; lora, lora_args, no_lora).
 NO_OFFLOAD = "the trainer has no FSDP CPU offload"
 NO_LORA = "the trainer has no LoRA option"
+NO_CHECKPOINTING = "the trainer has no activation checkpointing option"
 
 
 def _bad(message: str, hint: str) -> DancegrpoError:
@@ -45,13 +46,18 @@ def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int)
             return f"(none: {spec.no_lora or NO_LORA})"
         trainer = spec.lora
         extra.append(spec.lora_args.format(rank=opts.lora_rank, alpha=2 * opts.lora_rank))
-    extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
+    if model.checkpointing:
+        extra.append(f"--selective_checkpointing {recipe.selective_checkpointing}")
+    elif recipe.selective_checkpointing:
+        return f"(none: {NO_CHECKPOINTING})"
+    fields = dict(model.config_fields)
+    extra += [f"{model.config_flag}.{fields[key]}={value}" for key, value in choice.config]
     per_node = min(ranks_per_node, opts.world_size)
     nodes = -(-opts.world_size // per_node)
     where = f"--nproc-per-node {per_node}"
     if nodes > 1:  # the same line on every node, each with its own rank; launch refuses it without them
         where += f" --nnodes {nodes} --node-rank $NODE_RANK --master-addr $MASTER_ADDR"
-    return f"dancegrpo-npu launch {trainer} {where} -- " + " ".join(extra)
+    return f"dancegrpo-npu launch {trainer} {where}" + (" -- " + " ".join(extra) if extra else "")
 
 
 def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_node: int, overrides: dict,
@@ -62,6 +68,9 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     if name not in models.names():
         raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
+    if not models.model_of(name).checkpointing and overrides.get("selective_checkpointing") is not None:
+        raise _bad(f"--selective-checkpointing: {name}'s trainer has no activation checkpointing",
+                   f"leave it out; `dancegrpo-npu plan {name}` lists what fits instead")
     tree = tree() if callable(tree) else tree
     model, recipe, recipe_world, script = models.load(name, tree)
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
@@ -71,14 +80,18 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     choices = memory.alternatives(model, recipe, options)
     asked = choices[0]
     device_bytes = int(device_memory_gib * GiB)
-    params = memory.transformer_parameters(model)
+    params = memory.denoiser_parameters(model)
 
+    shape = "DDP: the whole model on every rank" if model.parallel == "ddp" else f"{model.blocks} blocks"
     lines = [
-        f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {model.blocks} blocks), "
-        f"{options.world_size} ranks, {recipe.height}x{recipe.width}, {recipe.generations} generations, "
+        f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {shape}), "
+        f"{options.world_size} ranks, {recipe.height}x{recipe.width}, "
+        + (f"{recipe.prompts} prompts x " if recipe.prompts > 1 else "")
+        + f"{recipe.generations} generations, "
         f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
-        + (f"{recipe.frames} frame{'s' if recipe.frames > 1 else ''}, " if model.cross_attention else "")
-        + f"selective checkpointing {recipe.selective_checkpointing}"
+        + (f"{recipe.frames} frame{'s' if recipe.frames > 1 else ''}, " if not model.unet and model.cross_attention else "")
+        + (f"selective checkpointing {recipe.selective_checkpointing}" if model.checkpointing else "no activation checkpointing")
+        + (f", train batch {recipe.train_batch_size}, accumulation {recipe.accumulation}" if recipe.train_batch_size > 1 else "")
         + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
         f"  recipe: {script} ({recipe_world} ranks, read from the patched tree); an estimate from shapes, not a measurement",
@@ -115,7 +128,8 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     if would:
         hint = "these fit: " + "; ".join(f"{c.label} ({_gib(c.estimate.total)} GiB: {launch_line(model, c, ranks_per_node)})" for c in would[:3])
     else:
-        hint = "none of the options fits alone: combine them (e.g. --world-size 32 --selective-checkpointing 1.0), or use larger cards"
+        hint = ("none of the options fits alone: combine them (e.g. --world-size 32 --selective-checkpointing 1.0), or use larger cards"
+                if model.parallel != "ddp" else "none of the options fits: under DDP every rank holds the whole model; use larger cards")
     return "\n".join(lines), DancegrpoError(f"plan: {message}", hint, exit_code=1)
 
 

@@ -244,6 +244,10 @@ def resolve(options: dict, tree=None) -> BenchConfig:
     name = options.get("preset") or DEFAULT_PRESET
     known = presets()
     if name not in known:
+        row = trainers.REGISTRY.get(name)
+        if row is not None and row.no_bench:  # a trainer bench cannot run: why, not "unknown"
+            raise _bad(f"there is no preset for {row.title} ({name}): {row.no_bench}",
+                       f"the presets: {', '.join(known)}; `dancegrpo-npu plan {name}` estimates its memory")
         raise _bad(f"unknown preset {name!r}", f"choose one of: {', '.join(known)}")
     preset = known[name]
     device = options.get("device") or "auto"

@@ -32,5 +32,8 @@ ROWS = (
                  "0.32 no longer takes"),
         foreign_flags=("--config",),
         fixed_values=(("init_same_noise", True),),  # one initial latent for a rank's epoch (upstream's loop)
+        plan_model="sd",
+        no_bench=("bench times a trainer's train_one_step, and upstream's SD trainer has none (its rollout and "
+                  "training are inside main); a launch's metrics.jsonl holds the phase times of each step"),
     ),
 )

@@ -110,6 +110,7 @@ class TrainerSpec:
     aligns: bool = False
     smoke: Smoke | None = None
     bench: Bench | None = None
+    no_bench: str = ""  # why ``bench`` has no preset for it (``bench --preset NAME`` says so)
     plan_model: str | None = None  # its entry in plan_models.json, the memory plan's shapes
     offload_flag: str | None = None  # the trainer's FSDP CPU offload argument, or None
     lora: str | None = None  # its LoRA variant's row name, or None

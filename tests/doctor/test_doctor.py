@@ -389,7 +389,7 @@ def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(pa
     from dancegrpo_npu.doctor import trainers
 
     project = patched_tree.project
-    assert trainers.installed(project, dict(os.environ)) == ["flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit"]
+    assert trainers.installed(project, dict(os.environ)) == ["flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit", "sd"]
     opts = DoctorOptions(skip=("matmul", "all_reduce", "disk"), trainers=("wan", "qwenimage"))
     c = by_name(run_checks(project, opts))["weights"]
     assert c.status == FAIL and c.detail.startswith("wan: ") and " | qwenimage: " in c.detail

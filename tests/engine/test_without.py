@@ -158,7 +158,7 @@ def test_tree_without_the_rope_patch_runs_diffusers_rope(tmp_path, upstream_sour
     if ROPE not in (project.patches_dir / "series").read_text():
         pytest.skip(f"{ROPE} is not in patches/series")
     fetch(project, source=upstream_source)
-    out = apply_worktree(project, without=("0006-float32-rope",))
+    out = apply_worktree(project, without=("float32-rope",))
     assert out.without == (ROPE,)
     report = verify_tree(project)
     assert report.without == (ROPE,) and "series without 0007-float32-rope.patch" in report.what

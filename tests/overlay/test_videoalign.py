@@ -1,7 +1,7 @@
 """overlay/dancegrpo_port/videoalign.py: VideoAlign's device and attention, its videos in memory or
 read with PyAV, sampled as upstream samples them, and scores whose errors are errors.
 
-The upstream class through the patched tree, on a tiny checkpoint: tests/patches/test_videoalign.py.
+The upstream class through the patched tree, on a tiny checkpoint: tests/patches/test_videoalign_reward.py.
 """
 
 from __future__ import annotations

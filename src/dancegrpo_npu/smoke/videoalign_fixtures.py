@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 BASE_DIR = "Qwen2-VL-2B-Instruct"  # upstream's hard-coded ./Qwen2-VL-2B-Instruct
-CHECKPOINT_DIR = "videoalign_ckpt"  # the trainers' ./videoalign_ckpt
+VIDEOALIGN_CKPT_DIR = "videoalign_ckpt"  # the trainers' ./videoalign_ckpt
 STEP = 7
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -171,7 +171,7 @@ def build(dest: Path) -> tuple[Path, Path]:
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
 
     dest = Path(dest)
-    base, ckpt = dest / BASE_DIR, dest / CHECKPOINT_DIR
+    base, ckpt = dest / BASE_DIR, dest / VIDEOALIGN_CKPT_DIR
     tokenizer = build_tokenizer()
     ids = dict(zip(SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)))
     config = Qwen2VLConfig(

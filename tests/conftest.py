@@ -50,6 +50,20 @@ def require_msprobe() -> None:
         pytest.skip(why)
 
 
+def require_video_extra() -> None:
+    """pyproject's video extra (trl, datasets, PyAV: what VideoAlign, the video trainers' reward,
+    imports) is skipped without, saying so; under CI, where scripts/bootstrap.sh installs it, it
+    fails."""
+    import importlib.util
+
+    missing = [name for name in ("trl", "datasets", "av") if importlib.util.find_spec(name) is None]
+    if missing:
+        why = f"the video extra is not installed ({', '.join(missing)}): pip install 'dancegrpo-npu[video]'"
+        if in_ci():
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched; fails under CI=true)"

@@ -12,7 +12,8 @@ without a row here fails the table test: each new patch says what leaving it out
 from __future__ import annotations
 
 import pytest
-from conftest import PROJECT_ROOT, copy_project
+from conftest import PROJECT_ROOT, copy_project, require_video_extra
+from snippet import run_snippet
 
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -39,6 +40,13 @@ WITHOUT = {
 LATER_WITHOUT = {
     # the suite's torch takes ReduceOp.AVG on gloo; torch 2.7.1's refuses it (tests/smoke/test_torch_line.py)
     "0036-gloo-loss-average.patch": None,
+}
+
+# Group 12 changes VideoAlign (fastvideo/models/videoalign), the video trainers' reward, which no
+# FLUX smoke loads: the tree without it builds and keeps the Flux trainers, and upstream's
+# VideoVLMRewardInference on it stops loading a tiny VideoAlign checkpoint on the CPU with this.
+VIDEO_WITHOUT = {
+    "0037-videoalign-on-every-device.patch": "FlashAttention2 has been toggled on, but it cannot be used",
 }
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
@@ -133,7 +141,7 @@ def after_foundation() -> list[str]:
 
 
 def test_the_table_names_every_patch_after_the_foundation():
-    assert after_foundation() == list(WITHOUT) + list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(LATER_WITHOUT)
+    assert after_foundation() == list(WITHOUT) + list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(LATER_WITHOUT) + list(VIDEO_WITHOUT)
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +288,34 @@ def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(proje
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)
     assert "this trainer sampled a batch of 1 (its rollout is not batched" in str(failed.value), failed.value
+
+
+LOAD_VIDEOALIGN = """
+from pathlib import Path
+import torch
+from dancegrpo_npu.smoke.videoalign_fixtures import build
+_, ckpt = build(Path("."))
+from fastvideo.models.videoalign.inference import VideoVLMRewardInference
+VideoVLMRewardInference(str(ckpt), device="cpu", dtype=torch.bfloat16)
+print("loaded")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+@pytest.mark.parametrize("patch", list(VIDEO_WITHOUT))
+def test_the_tree_without_a_videoalign_patch_keeps_the_flux_trainers_and_loads_no_videoalign(project, patch,
+                                                                                           tmp_path):
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.engine.status import verify_tree
+
+    require_video_extra()
+    apply_worktree(project, without=(patch,), force=True)
+    assert patch in verify_tree(project).without
+    touched = {line.split(" b/", 1)[1] for line in (PROJECT_ROOT / "patches" / patch).read_text().splitlines()
+               if line.startswith("diff --git ")}
+    assert touched and all(path.startswith("fastvideo/models/videoalign/") for path in touched)
+    proc = run_snippet(LOAD_VIDEOALIGN, tmp_path, [str(PROJECT_ROOT / "src"), str(project.workdir)],
+                       {"DANCEGRPO_DEVICE": "cpu"}, check=False, timeout=600)
+    assert proc.returncode != 0 and "loaded" not in proc.stdout
+    assert VIDEO_WITHOUT[patch] in proc.stderr, proc.stderr[-2000:]

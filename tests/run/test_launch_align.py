@@ -69,7 +69,7 @@ def test_flags_become_the_contracts_trainer_arguments(project, capsys):
         (["flux", "--record-steps", "0,2"], "'0' is not a step"),
         (["flux", "--record-steps", "5-2"], "'5-2' is not a step"),
         (["flux", "--record-steps", ""], "--record-steps '': '' is not understood"),
-        (["preprocess", "--record"], "--record: only the GRPO trainers (flux, flux-lora, wan, qwenimage, qwenimage-edit) draw noise and record"),
+        (["preprocess", "--record"], "--record: only the GRPO trainers (flux, flux-lora, wan, qwenimage, qwenimage-edit, sd) draw noise and record"),
         (["flux", "--record", "--", "--record"], "--record given after -- as well as launch's alignment options"),
         (["flux", "--rng", "cpu", "--no-upstream-defaults"], "--rng cpu: the launch sets no --seed"),
         (["flux", "--replay", "nosuch"], "no run 'nosuch'"),

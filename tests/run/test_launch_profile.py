@@ -38,7 +38,7 @@ def test_profile_becomes_the_trainers_profile_steps(project, capsys, script):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["preprocess", "--profile", "1"], "--profile: only the GRPO trainers (flux, flux-lora, wan, qwenimage, qwenimage-edit) time and profile"),
+        (["preprocess", "--profile", "1"], "--profile: only the GRPO trainers (flux, flux-lora, wan, qwenimage, qwenimage-edit, sd) time and profile"),
         (["flux", "--profile", "x"], "--profile 'x': 'x' is not understood"),
         (["flux", "--profile", "0"], "--profile '0': '0' is not a step or an increasing range"),
         (["flux", "--profile", "4-2"], "'4-2' is not a step or an increasing range"),

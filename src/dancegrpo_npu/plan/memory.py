@@ -342,6 +342,22 @@ def _layer_saved(layer: tuple, text_tokens: int) -> tuple[int, int]:
     return 0, layer[1] * p  # conv_in, down, up: a convolution's input
 
 
+def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
+    """The activations of a rollout batch's VAE decode (tiled: one tile at a time; a ``tile`` of
+    None decodes whole, as Wan's VAE) and of its HPS reward's ViT, in bytes (``a``: the
+    activations' bytes an element)."""
+    vae = model.vae
+    tile = vae["tile"] or max(recipe.height, recipe.width)
+    tile_h, tile_w = min(recipe.height, tile), min(recipe.width, tile)
+    latent_pixels = (tile_h // 8) * (tile_w // 8)
+    decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
+                                         + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
+    hps = model.hps
+    patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
+    reward = recipe.sample_batch_size * (patches * hps["width"] * 4 * 24 + (hps["width"] // hps["head_width"]) * patches**2 * 4)
+    return decode, reward
+
+
 def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     """A UNet under DDP: nothing sharded.  Per rank: the fp32 UNet, its fp32 gradients, DDP's
     gradient buckets (accelerate's DDP keeps gradient_as_bucket_view off: a second fp32 copy of
@@ -384,15 +400,7 @@ def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     skips = channels[0] * level[0] + sum(c * level[i] * cfg["layers_per_block"] + (c * level[i + 1] if i + 1 < len(channels) else 0)
                                          for i, c in enumerate(channels))
     rollout = recipe.sample_batch_size * g * (largest_layer + skips * a) + trajectory
-    vae = model.vae
-    tile = vae["tile"] or max(recipe.height, recipe.width)
-    tile_h, tile_w = min(recipe.height, tile), min(recipe.width, tile)
-    latent_pixels = (tile_h // 8) * (tile_w // 8)
-    decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
-                                         + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
-    hps = model.hps
-    patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
-    reward = recipe.sample_batch_size * (patches * hps["width"] * 4 * 24 + (hps["width"] // hps["head_width"]) * patches**2 * 4)
+    decode, reward = _decode_and_reward(recipe, model, a)
     phases = {"rollout": rollout, "train": train, "decode": decode, "reward": reward}
     largest = max(phases, key=phases.get)
     label = f"activations, largest phase: {largest}"
@@ -459,15 +467,7 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     kept = model.blocks - ckpt
     g = recipe.guidance_batch
     train = g * (kept * (per_block + scores(1)) + ckpt * tokens * d * a + per_block + scores(1)) + trajectory
-    vae = model.vae
-    tile = vae["tile"] or max(recipe.height, recipe.width)  # None: decoded whole (Wan's VAE)
-    tile_h, tile_w = min(recipe.height, tile), min(recipe.width, tile)
-    latent_pixels = (tile_h // 8) * (tile_w // 8)
-    decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
-                                         + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
-    hps = model.hps
-    patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
-    reward = recipe.sample_batch_size * (patches * hps["width"] * 4 * 24 + (hps["width"] // hps["head_width"]) * patches**2 * 4)
+    decode, reward = _decode_and_reward(recipe, model, a)
     phases = {"rollout": rollout, "train": train, "decode": decode, "reward": reward}
     largest = max(phases, key=phases.get)
     label = f"activations, largest phase: {largest}"

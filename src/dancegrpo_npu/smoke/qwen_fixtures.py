@@ -187,8 +187,9 @@ def build_qwen_fixtures(dest: Path, prompts: Path, python: str, edit: bool = Fal
 # ---- run in the diffusers-0.35 interpreter ------------------------------------------------------
 
 
-def build_tokenizer(corpus: list[str]):
-    """A Qwen2TokenizerFast over a byte-level BPE trained on ``corpus`` (one thread: reproducible)."""
+def build_tokenizer(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE):
+    """A Qwen2TokenizerFast over a byte-level BPE of ``vocab_size`` trained on ``corpus`` (one
+    thread: reproducible); Qwen2's special tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -199,7 +200,7 @@ def build_tokenizer(corpus: list[str]):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(corpus, trainer)
     tokenizer = Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|im_end|>",

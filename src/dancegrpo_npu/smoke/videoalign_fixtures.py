@@ -34,11 +34,7 @@ BASE_DIR = "Qwen2-VL-2B-Instruct"  # upstream's hard-coded ./Qwen2-VL-2B-Instruc
 VIDEOALIGN_CKPT_DIR = "videoalign_ckpt"  # the trainers' ./videoalign_ckpt
 STEP = 7
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>"]
 REWARD_TOKENS = ["<|VQ_reward|>", "<|MQ_reward|>", "<|TA_reward|>"]  # upstream adds them at load
-PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 BPE_VOCAB_SIZE = 400
 
 # Qwen2-VL-2B-Instruct's chat template (its chat_template.json).
@@ -134,23 +130,11 @@ CORPUS = [
 
 
 def build_tokenizer():
-    """A Qwen2TokenizerFast over a byte-level BPE trained on a small corpus (reproducible)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
+    """Qwen2's tokenizer over a byte-level BPE trained on a small corpus (reproducible): the
+    Qwen-Image fixtures' builder, at this vocabulary."""
+    from dancegrpo_npu.smoke.qwen_fixtures import build_tokenizer as build_qwen_tokenizer
 
-    bpe = Tokenizer(models.BPE())
-    bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(CORPUS, trainer)
-    return Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|im_end|>",
-                              pad_token="<|endoftext|>", model_max_length=32768,
-                              additional_special_tokens=SPECIAL_TOKENS[1:])
+    return build_qwen_tokenizer(CORPUS, BPE_VOCAB_SIZE)
 
 
 def target_modules(model, exclude) -> list[str]:
@@ -169,6 +153,8 @@ def build(dest: Path) -> tuple[Path, Path]:
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
+
+    from dancegrpo_npu.smoke.qwen_fixtures import SPECIAL_TOKENS
 
     dest = Path(dest)
     base, ckpt = dest / BASE_DIR, dest / VIDEOALIGN_CKPT_DIR

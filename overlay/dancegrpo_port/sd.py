@@ -146,6 +146,13 @@ def check_arguments(args, config) -> None:
     hooks.refuse(argument_problem(args, config))
 
 
+def latents_dtype(mixed_precision: str):
+    """The initial latents' dtype: upstream's bfloat16 under mixed precision (autocast casts them
+    for the UNet), float32 without it, where upstream's bfloat16 latents meet the float32 UNet
+    and the first call stops ("mat1 and mat2 must have the same dtype")."""
+    return torch.float32 if mixed_precision == "no" else torch.bfloat16
+
+
 def accelerator_options() -> dict:
     """Accelerator keyword arguments from the run's device: the CPU run is accelerate's cpu=True
     (else it takes the NPU or GPU it finds); the process group is the port's, already up."""

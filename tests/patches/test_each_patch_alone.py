@@ -27,26 +27,27 @@ WITHOUT = {
     "0018-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
     "0019-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
     "0020-sd-unet-checkpoint.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
+    "0021-sd-latents-without-mixed-precision.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
     # refused before the run starts, by the trainer's own parser (run.script_parser)
-    "0021-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
-    "0022-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
-    "0023-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
-    "0024-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
-    "0025-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
-    "0026-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
-    "0027-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
+    "0022-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
+    "0023-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
+    "0024-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0025-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
+    "0026-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
+    "0027-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
+    "0028-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
 }
 # Group 11, after the trainers' own groups, touches every trainer; its FLUX smoke is run as group 4's
 LATER_WITHOUT = {
     # the suite's torch takes ReduceOp.AVG on gloo; torch 2.7.1's refuses it (tests/smoke/test_torch_line.py)
-    "0036-gloo-loss-average.patch": None,
+    "0037-gloo-loss-average.patch": None,
 }
 
 # Group 12 changes VideoAlign (fastvideo/models/videoalign), the video trainers' reward, which no
 # FLUX smoke loads: the tree without it builds and keeps the Flux trainers, and upstream's
 # VideoVLMRewardInference on it stops loading a tiny VideoAlign checkpoint on the CPU with this.
 VIDEO_WITHOUT = {
-    "0037-videoalign-on-every-device.patch": "FlashAttention2 has been toggled on, but it cannot be used",
+    "0038-videoalign-on-every-device.patch": "FlashAttention2 has been toggled on, but it cannot be used",
 }
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
@@ -55,23 +56,23 @@ VIDEO_WITHOUT = {
 # smoke does without it is this (measured; docs/port.md), and for 0024 tested in
 # tests/smoke/test_smoke_wan.py::test_without_the_fsdp_patch_the_ranks_train_separate_copies.
 WAN_WITHOUT = {
-    "0028-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
-    "0029-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
-    "0030-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
+    "0029-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
+    "0030-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
+    "0031-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
 # this (in CI the trees whose smoke fails; the rest extended).
 QWEN_WITHOUT = {
-    "0031-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
-    "0032-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
-    "0033-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
+    "0032-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
+    "0033-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
+    "0034-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
     # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
-    "0034-preprocess-qwenimage.patch": None,
-    "0035-preprocess-qwenimage-edit.patch": None,
+    "0035-preprocess-qwenimage.patch": None,
+    "0036-preprocess-qwenimage-edit.patch": None,
 }
-QWEN_IN_CI = ("0031-qwenimage-real-rope.patch",)
+QWEN_IN_CI = ("0032-qwenimage-real-rope.patch",)
 
 # The patches after the foundation that change the Stable Diffusion trainer (its own, and its rows
 # of the concern patches): what the SD smoke (2 steps, 1 rank) does on the tree without each
@@ -80,10 +81,11 @@ SD_WITHOUT = {
     "0018-images-dir.patch": None,  # the rewards are scored from memory: no JPEG goes to ./images_same
     "0019-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
     "0020-sd-unet-checkpoint.patch": "the trainer wrote no checkpoint",  # upstream's go to ./my_checkpoints
-    "0021-hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
-    "0023-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
-    "0024-attention-from-device.patch": None,  # no torch_npu: diffusers' GEGLU takes torch's path
-    "0026-rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
+    "0021-sd-latents-without-mixed-precision.patch": None,  # the smoke runs upstream's bf16: the same latents
+    "0022-hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
+    "0024-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "0025-attention-from-device.patch": None,  # no torch_npu: diffusers' GEGLU takes torch's path
+    "0027-rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
 }
 
 
@@ -121,11 +123,11 @@ CONCERN_WITHOUT = {
     "0017-resume-assert.patch": None,
     "0018-images-dir.patch": None,
     "0019-wandb-disabled.patch": None,
-    "0021-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
-    "0023-allow-tf32-hf32.patch": None,
-    "0025-batched-rollout.patch": None,  # upstream's loop, one generation at a time
-    "0026-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
-    "0036-gloo-loss-average.patch": None,
+    "0022-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
+    "0024-allow-tf32-hf32.patch": None,
+    "0026-batched-rollout.patch": None,  # upstream's loop, one generation at a time
+    "0027-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
+    "0037-gloo-loss-average.patch": None,
 }
 
 
@@ -283,7 +285,7 @@ def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(proje
     from dancegrpo_npu.smoke import runner as smoke
 
     diffusers_035_python()
-    apply_worktree(project, without=("0025-batched-rollout.patch",), force=True)
+    apply_worktree(project, without=("0026-batched-rollout.patch",), force=True)
     options = smoke.SmokeOptions(trainer=trainer, steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)

@@ -63,7 +63,7 @@ WAN_WITHOUT = {
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
-# this (in CI the trees whose smoke fails; the rest extended).
+# this (extended: CI runs the Qwen-Image smokes on the full series).
 QWEN_WITHOUT = {
     "0032-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
     "0033-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
@@ -72,7 +72,7 @@ QWEN_WITHOUT = {
     "0035-preprocess-qwenimage.patch": None,
     "0036-preprocess-qwenimage-edit.patch": None,
 }
-QWEN_IN_CI = ("0032-qwenimage-real-rope.patch",)
+QWEN_IN_CI = ()  # the Qwen-Image smokes of CI run the full series; the trees without a patch are extended
 
 # The patches after the foundation that change the Stable Diffusion trainer (its own, and its rows
 # of the concern patches): what the SD smoke (2 steps, 1 rank) does on the tree without each

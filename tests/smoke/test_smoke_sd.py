@@ -9,7 +9,7 @@ The slow tests share their runs (each distinct run once, ``SdRuns``):
   weights after training: DDP);
 - the same again: ``compare`` exits 0 and clip_frac_first is 0 on every step (two --rng cpu
   --record runs aligned; the float32 recompute reproduces the rollout);
-- one 1-rank strict run of 2 prompts an epoch at upstream's bf16, its rollout batch of 2 scored
+- (extended) one 1-rank strict run of 2 prompts an epoch at upstream's bf16, its rollout batch of 2 scored
   at once from memory; its GRPO health shows the bf16 recompute missing the rollout;
   (extended) the same scored one image at a time (--reward_batch_size 1): ``compare`` exits 0;
 - (extended) a run killed after its second checkpoint resumes with ``launch --resume`` and ends
@@ -90,6 +90,7 @@ def test_two_cpu_rng_runs_are_aligned(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI keeps SD's 2-rank smoke and its alignment
 @pytest.mark.upstream
 def test_upstreams_bf16_recompute_misses_the_rollout(runs):
     """At upstream's bf16 autocast the training pass recomputes the sampled log-probs only to
@@ -99,6 +100,7 @@ def test_upstreams_bf16_recompute_misses_the_rollout(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI keeps SD's 2-rank smoke and its alignment
 @pytest.mark.upstream
 def test_one_rank_a_rollout_batch_scored_at_once(runs):
     result = passed(runs(nproc=1, extra=TWO_PROMPTS))

@@ -112,6 +112,7 @@ def test_one_rank_strict(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI keeps the FLUX trainer's resumes (tests/patches/test_resume.py)
 @pytest.mark.upstream
 def test_a_killed_run_resumes_exactly(runs, capsys):
     """Resume comes to Wan through the seam: 3 steps on 1 rank with --rng cpu --record, a
@@ -127,6 +128,7 @@ def test_a_killed_run_resumes_exactly(runs, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI keeps Wan2.1's 2-rank equal-weights smoke, which the patch is for
 @pytest.mark.upstream
 def test_without_the_fsdp_patch_the_ranks_train_separate_copies(runs):
     failed = runs(tree="without-fsdp", steps=1, generations=2)  # one update already parts the copies

@@ -99,19 +99,7 @@ def test_the_sd_table_names_every_later_patch_that_changes_the_sd_trainer():
 @pytest.mark.upstream
 @pytest.mark.parametrize("patch", list(SD_WITHOUT))
 def test_the_tree_without_a_patch_runs_the_sd_smoke(project, patch):
-    from dancegrpo_npu.engine.apply import apply_worktree
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.smoke import runner as smoke
-
-    apply_worktree(project, without=(patch,), force=True)
-    options = smoke.SmokeOptions(trainer="sd", steps=2, device="cpu")
-    expected = SD_WITHOUT[patch]
-    if expected is None:
-        assert len(smoke.run_smoke(project, options).steps) == 2
-    else:
-        with pytest.raises(DancegrpoError) as failed:
-            smoke.run_smoke(project, options)
-        assert expected in str(failed.value), failed.value
+    assert_smoke_without(project, patch, SD_WITHOUT[patch], trainer="sd", steps=2)
 
 
 # A concern patch spans every trainer it touches; `apply --without` takes it out of each.  The
@@ -146,6 +134,23 @@ def test_the_table_names_every_patch_after_the_foundation():
     assert after_foundation() == list(WITHOUT) + list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(LATER_WITHOUT) + list(VIDEO_WITHOUT)
 
 
+def assert_smoke_without(project, patch: str, expected: str | None, **options) -> None:
+    """The smoke of ``options`` on the tree without ``patch``: it passes, every step of it run
+    (``expected`` None), or it stops with an error saying ``expected``."""
+    from dancegrpo_npu.engine.apply import apply_worktree
+    from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke import runner as smoke
+
+    apply_worktree(project, without=(patch,), force=True)
+    options = smoke.SmokeOptions(device="cpu", **options)
+    if expected is None:
+        assert len(smoke.run_smoke(project, options).steps) == options.steps
+    else:
+        with pytest.raises(DancegrpoError) as failed:
+            smoke.run_smoke(project, options)
+        assert expected in str(failed.value), failed.value
+
+
 @pytest.fixture(scope="module")
 def project(upstream_source, tmp_path_factory):
     from dancegrpo_npu.engine.fetch import fetch
@@ -175,20 +180,7 @@ def test_the_tree_without_it_builds(project, patch):
 @pytest.mark.parametrize("patch", [pytest.param(p, marks=() if v else pytest.mark.extended)
                                    for p, v in {**WITHOUT, **LATER_WITHOUT}.items()])
 def test_the_tree_without_it_builds_and_runs_the_smoke(project, patch):
-    from dancegrpo_npu.engine.apply import apply_worktree
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.smoke import runner as smoke
-
-    apply_worktree(project, without=(patch,), force=True)
-    options = smoke.SmokeOptions(steps=1, device="cpu")
-    expected = {**WITHOUT, **LATER_WITHOUT}[patch]
-    if expected is None:
-        result = smoke.run_smoke(project, options)
-        assert len(result.steps) == 1
-    else:
-        with pytest.raises(DancegrpoError) as failed:
-            smoke.run_smoke(project, options)
-        assert expected in str(failed.value), failed.value
+    assert_smoke_without(project, patch, {**WITHOUT, **LATER_WITHOUT}[patch], steps=1)
 
 
 @pytest.mark.upstream
@@ -213,20 +205,8 @@ def test_the_tree_without_a_wan_or_qwen_patch_builds_and_keeps_the_flux_trainers
 def test_the_tree_without_a_qwen_patch_runs_the_qwenimage_smoke(project, patch):
     from depset_035 import diffusers_035_python
 
-    from dancegrpo_npu.engine.apply import apply_worktree
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.smoke import runner as smoke
-
     diffusers_035_python()
-    apply_worktree(project, without=(patch,), force=True)
-    options = smoke.SmokeOptions(trainer="qwenimage", steps=1, device="cpu")
-    expected = QWEN_WITHOUT[patch]
-    if expected is None:
-        assert len(smoke.run_smoke(project, options).steps) == 1
-    else:
-        with pytest.raises(DancegrpoError) as failed:
-            smoke.run_smoke(project, options)
-        assert expected in str(failed.value), failed.value
+    assert_smoke_without(project, patch, QWEN_WITHOUT[patch], trainer="qwenimage", steps=1)
 
 
 def test_the_concern_table_names_every_patch_that_spans_the_trainers():
@@ -251,23 +231,12 @@ def touched(patch: str) -> set[str]:
 @pytest.mark.parametrize("trainer", OTHER_TRAINERS)
 @pytest.mark.parametrize("patch", list(CONCERN_WITHOUT))
 def test_the_tree_without_a_concern_patch_runs_every_trainer(project, patch, trainer):
-    from dancegrpo_npu.engine.apply import apply_worktree
-    from dancegrpo_npu.errors import DancegrpoError
-    from dancegrpo_npu.smoke import runner as smoke
-
     if trainer != "flux-lora":
         from depset_035 import diffusers_035_python
 
         diffusers_035_python()
-    apply_worktree(project, without=(patch,), force=True)
-    options = smoke.SmokeOptions(trainer=trainer, steps=3 if trainer == "qwenimage-edit" else 1, device="cpu")
-    expected = CONCERN_WITHOUT[patch]
-    if expected is None:
-        assert smoke.run_smoke(project, options).steps
-    else:
-        with pytest.raises(DancegrpoError) as failed:
-            smoke.run_smoke(project, options)
-        assert expected in str(failed.value), failed.value
+    steps = 3 if trainer == "qwenimage-edit" else 1
+    assert_smoke_without(project, patch, CONCERN_WITHOUT[patch], trainer=trainer, steps=steps)
 
 
 @pytest.mark.slow

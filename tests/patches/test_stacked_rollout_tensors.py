@@ -66,6 +66,13 @@ watch = Watch()
 tamper = sys.argv[1] == "tamper"
 '''
 
+# The end of the SD, Flux and Wan snippets: what the watch saw, as one JSON line.
+REPORT = '''
+out["changed"] = watch.changed()
+out["with_grad"] = watch.with_grad()
+print("RESULT " + json.dumps(out))
+'''
+
 SD = WATCH + '''
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 import fastvideo.models.stable_diffusion.pipeline_with_logprob as P
@@ -136,10 +143,7 @@ for j in range(2):
     if tamper:
         samples["next_latents"][:, j].mul_(2.0)
 out["trained"] = all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in unet.parameters() if p.requires_grad)
-out["changed"] = watch.changed()
-out["with_grad"] = watch.with_grad()
-print("RESULT " + json.dumps(out))
-'''
+''' + REPORT
 
 FLUX = WATCH + '''
 import os, types
@@ -209,10 +213,7 @@ for i in range(G):
         if tamper:
             samples["latents"][i:i + 1, j].mul_(2.0)
 out["trained"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in transformer.parameters())
-out["changed"] = watch.changed()
-out["with_grad"] = watch.with_grad()
-print("RESULT " + json.dumps(out))
-'''
+''' + REPORT
 
 WAN = WATCH + '''
 import os, types
@@ -277,10 +278,7 @@ for i in range(G):
         if tamper:
             samples["latents"][i:i + 1, j].mul_(2.0)
 out["trained"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in transformer.parameters())
-out["changed"] = watch.changed()
-out["with_grad"] = watch.with_grad()
-print("RESULT " + json.dumps(out))
-'''
+''' + REPORT
 
 # FLUX.1-dev's shapes shrunk as the smoke's fixtures shrink them (src/dancegrpo_npu/smoke/tiny_models.py)
 TINY_FLUX = {"patch_size": 1, "in_channels": 64, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,

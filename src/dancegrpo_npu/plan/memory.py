@@ -342,6 +342,14 @@ def _layer_saved(layer: tuple, text_tokens: int) -> tuple[int, int]:
     return 0, layer[1] * p  # conv_in, down, up: a convolution's input
 
 
+def _largest_phase_and_reserve(phases: dict, train_note: str, options) -> list:
+    """The plan's last two rows: the largest phase's activations (the phases do not overlap;
+    ``train_note`` says what the train phase holds) and the runtime reserve."""
+    largest = max(phases, key=phases.get)
+    label = f"activations, largest phase: {largest}" + (f" ({train_note})" if largest == "train" else "")
+    return [(label, phases[largest]), ("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes)]
+
+
 def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
     """The activations of a rollout batch's VAE decode (tiled: one tile at a time; a ``tile`` of
     None decodes whole, as Wan's VAE) and of its HPS reward's ViT, in bytes (``a``: the
@@ -401,13 +409,8 @@ def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
                                          for i, c in enumerate(channels))
     rollout = recipe.sample_batch_size * g * (largest_layer + skips * a) + trajectory
     decode, reward = _decode_and_reward(recipe, model, a)
-    phases = {"rollout": rollout, "train": train, "decode": decode, "reward": reward}
-    largest = max(phases, key=phases.get)
-    label = f"activations, largest phase: {largest}"
-    if largest == "train":
-        label += f" (UNet batch {recipe.train_batch_size * g_train}, no checkpointing)"
-    parts.append((label, phases[largest]))
-    parts.append(("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes))
+    parts += _largest_phase_and_reserve({"rollout": rollout, "train": train, "decode": decode, "reward": reward},
+                                        f"UNet batch {recipe.train_batch_size * g_train}, no checkpointing", options)
     return Estimate(tuple(parts), 0, 0, 0)
 
 
@@ -468,13 +471,8 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     g = recipe.guidance_batch
     train = g * (kept * (per_block + scores(1)) + ckpt * tokens * d * a + per_block + scores(1)) + trajectory
     decode, reward = _decode_and_reward(recipe, model, a)
-    phases = {"rollout": rollout, "train": train, "decode": decode, "reward": reward}
-    largest = max(phases, key=phases.get)
-    label = f"activations, largest phase: {largest}"
-    if largest == "train":
-        label += f" ({ckpt} of {model.blocks} blocks checkpointed)"
-    parts.append((label, phases[largest]))
-    parts.append(("runtime reserve (an assumption, --reserve; in the total)", options.reserve_bytes))
+    parts += _largest_phase_and_reserve({"rollout": rollout, "train": train, "decode": decode, "reward": reward},
+                                        f"{ckpt} of {model.blocks} blocks checkpointed", options)
     rank0_host: tuple[tuple[str, int], ...] = ()
     if recipe.ema and options.ema and not options.lora_rank:
         full = params * 4  # get_model_state_dict(full_state_dict=True, cpu_offload=True): fp32, on rank 0

@@ -17,9 +17,12 @@ def samples_per_step(args) -> int:
 
 
 def accumulation_problem(args) -> str | None:
-    samples = samples_per_step(args)
+    # A trainer that trains on a selection of its samples (HunyuanVideo's best-of-n) says how many.
+    samples = getattr(args, "trained_samples", None) or samples_per_step(args)
     if samples % args.gradient_accumulation_steps:
-        return (f"{samples} samples per step (--train_batch_size{' x --num_generations' if args.use_group else ''}) "
+        what = "trained" if getattr(args, "trained_samples", None) else "per step"
+        return (f"{samples} samples {what} (--train_batch_size{' x --num_generations' if args.use_group else ''}"
+                f"{', --bestofn' if what == 'trained' else ''}) "
                 f"is not a multiple of --gradient_accumulation_steps {args.gradient_accumulation_steps}: the last "
                 "samples of each step would never reach the optimizer")
     return None

@@ -47,6 +47,10 @@ READER_ENV = "FORCE_QWENVL_VIDEO_READER"  # upstream's: "torchvision" or "decord
 PYAV = "pyav"
 KEYS = ("VQ", "MQ", "TA", "Overall")  # what VideoVLMRewardInference.reward returns per sample
 UPSTREAM_VALUE = -1.0  # what upstream's trainers score a sample whose reward raised
+# Where upstream reads VideoAlign, relative to the directory the trainer runs in (hard-coded
+# there; the trainers' --videoalign_ckpt and --videoalign_base_model, with these defaults).
+CKPT = "./videoalign_ckpt"
+BASE_MODEL = "./Qwen2-VL-2B-Instruct"
 
 
 class RewardError(RuntimeError):
@@ -55,6 +59,15 @@ class RewardError(RuntimeError):
     def __init__(self, reward: str, sample: str, cause: str):
         self.reward, self.sample, self.cause = reward, sample, cause
         super().__init__(f"{reward} reward failed on sample {sample}: {cause}")
+
+
+def add_arguments(parser) -> None:
+    """The trainers' flags for VideoAlign's files."""
+    parser.add_argument("--videoalign_ckpt", type=str, default=CKPT,
+                        help="the VideoAlign checkpoint (model_config.json, checkpoint-*/) (default: %(default)s)")
+    parser.add_argument("--videoalign_base_model", type=str, default=BASE_MODEL,
+                        help="the Qwen2-VL-2B-Instruct VideoAlign is trained from: its processor and base weights "
+                        "(default: %(default)s)")
 
 
 # ---- the device and the attention --------------------------------------------------------------

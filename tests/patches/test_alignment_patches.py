@@ -28,9 +28,9 @@ pytest.importorskip("diffusers")
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
-SEAM = ("0010-seam-train-grpo-flux.patch", "0011-seam-train-grpo-flux-lora.patch")
+SEAM = ("0011-seam-train-grpo-flux.patch", "0012-seam-train-grpo-flux-lora.patch")
 # they call the seam's rollout module; resume-assert takes out the lines above the seam's resume call
-ON_THE_SEAM = ("0026-batched-rollout.patch", "0027-rewards-in-batches.patch", "0017-resume-assert.patch")
+ON_THE_SEAM = ("0029-batched-rollout.patch", "0030-rewards-in-batches.patch", "0019-resume-assert.patch")
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 

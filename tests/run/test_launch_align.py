@@ -11,6 +11,7 @@ import pytest
 from recorded_runs import index
 from synthetic_tree import make_project, trust_synthetic_tree
 
+from dancegrpo_npu import trainers
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.project import find_project
 
@@ -69,7 +70,7 @@ def test_flags_become_the_contracts_trainer_arguments(project, capsys):
         (["flux", "--record-steps", "0,2"], "'0' is not a step"),
         (["flux", "--record-steps", "5-2"], "'5-2' is not a step"),
         (["flux", "--record-steps", ""], "--record-steps '': '' is not understood"),
-        (["preprocess", "--record"], "--record: only the GRPO trainers (flux, flux-lora, wan, qwenimage, qwenimage-edit, sd) draw noise and record"),
+        (["preprocess", "--record"], f"--record: only the GRPO trainers ({', '.join(trainers.aligning())}) draw noise and record"),
         (["flux", "--record", "--", "--record"], "--record given after -- as well as launch's alignment options"),
         (["flux", "--rng", "cpu", "--no-upstream-defaults"], "--rng cpu: the launch sets no --seed"),
         (["flux", "--replay", "nosuch"], "no run 'nosuch'"),

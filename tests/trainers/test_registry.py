@@ -145,7 +145,7 @@ def plugged(monkeypatch):
 
 @pytest.mark.parametrize("verb", [["launch"], ["smoke"], ["plan"], ["doctor"]])
 def test_a_new_row_is_in_every_verbs_help(plugged, verb, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "400")  # argparse would wrap a hyphenated name
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse would wrap a hyphenated name
     with pytest.raises(SystemExit) as e:
         main([*verb, "--help"])
     assert e.value.code == 0

@@ -148,16 +148,20 @@ def unmoved(start: dict, end: dict, budget: DecayBudget) -> tuple[str, ...]:
                  if not bool(((end[name].float() - start[name].float()).abs() > budget.bound(start[name], end[name])).any()))
 
 
-def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
-    from diffusers import FluxTransformer2DModel
+def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget,
+                          model_class: str = "FluxTransformer2DModel") -> CheckpointCheck:
+    """Upstream's ``checkpoint-<step>-0`` loaded with diffusers' ``model_class`` (the class the
+    released weights load with), against the fixture's ``transformer``."""
+    import diffusers
 
+    cls = getattr(diffusers, model_class)
     path = outputs / f"checkpoint-{step}-0"
     if not path.is_dir():
         raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
-    trained = FluxTransformer2DModel.from_pretrained(str(path)).state_dict()
-    start = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
+    trained = cls.from_pretrained(str(path)).state_dict()
+    start = cls.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
     changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
-    return CheckpointCheck(path, "FluxTransformer2DModel.from_pretrained", changed, total, biggest, decay, budget.updates,
+    return CheckpointCheck(path, f"{model_class}.from_pretrained", changed, total, biggest, decay, budget.updates,
                            unmoved(start, trained, budget))
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import importlib
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.trainers import flux, qwenimage, sd, wan
+from dancegrpo_npu.trainers import flux, hunyuan, qwenimage, sd, wan
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
 
 __all__ = ["REGISTRY", "Bench", "BenchPreset", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
            "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
            "trainers", "unknown"]
 
-FAMILIES = (flux, wan, qwenimage, sd)
+FAMILIES = (flux, wan, qwenimage, sd, hunyuan)
 REGISTRY: dict[str, TrainerSpec] = {spec.name: spec for family in FAMILIES for spec in family.ROWS}
 
 

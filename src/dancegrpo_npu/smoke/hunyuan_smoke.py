@@ -1,0 +1,90 @@
+"""The HunyuanVideo smoke: upstream's recipe shrunk, on tiny models, with the VideoAlign reward.
+
+``train_grpo_hunyuan.py`` runs the FLUX trainer's loop: steps 1..--max_train_steps, and
+``checkpoint-<step>-0`` saved at the *start* of a step whose number is a multiple of
+--checkpointing_steps (it holds the weights of the step before).  The smoke passes the FLUX
+smoke's checks on what the run wrote (metrics.jsonl; the last checkpoint loads with diffusers'
+``HunyuanVideoTransformer3DModel.from_pretrained``, the class the released weights load with,
+and moved further than weight decay alone moves it) and, at more than one rank, that every rank
+holds the same weights (--weights_digest).
+
+The reward is VideoAlign's, a tiny Qwen2-VL checkpoint laid out as upstream loads it
+(smoke.videoalign_fixtures), scoring each video as decoded (the port's default; upstream's mp4
+read back with --reward_from_mp4).  Videos are 5 frames of 64x64 (2 latent frames of 8x8).
+"""
+
+from __future__ import annotations
+
+import time
+
+from dancegrpo_npu.smoke.checks import check_full_checkpoint, check_training_moved, read_metrics
+
+
+def trainer_args(built, steps: int, generations: int, checkpointing_steps: int | None = None) -> tuple[str, ...]:
+    """Upstream's recipe (finetune_hunyuan_grpo.sh) shrunk: ``steps`` steps of 5 frames at 64x64,
+    4 sampling steps, ``generations`` a prompt all trained (best-of-n of all of them), one update
+    a step, on the tiny HunyuanVideo and the tiny VideoAlign."""
+    return (
+        "--seed", "42",
+        "--model_type", "hunyuan_hf",
+        "--pretrained_model_name_or_path", str(built.model_dir),
+        "--vae_model_path", str(built.model_dir),
+        "--data_json_path", str(built.data_json),
+        "--gradient_checkpointing",
+        "--train_batch_size", "1",
+        "--sp_size", "1",
+        "--train_sp_batch_size", "1",
+        "--dataloader_num_workers", "0",
+        "--gradient_accumulation_steps", str(generations),
+        "--max_train_steps", str(steps),
+        "--learning_rate", "1e-3",
+        "--mixed_precision", "bf16",
+        "--checkpointing_steps", str(checkpointing_steps or steps),
+        "--allow_tf32",
+        "--cfg", "0.0",
+        "--h", "64", "--w", "64", "--t", "5",
+        "--sampling_steps", "4",
+        "--eta", "0.25",
+        "--lr_warmup_steps", "0",
+        "--fps", "8",
+        "--sampler_seed", "1237",
+        "--max_grad_norm", "1.0",
+        "--weight_decay", "0.0001",
+        "--num_generations", str(generations),
+        "--shift", "5",
+        "--use_group",
+        "--use_videoalign",
+        "--videoalign_ckpt", str(built.videoalign_ckpt),
+        "--videoalign_base_model", str(built.videoalign_base),
+        "--timestep_fraction", "0.6",
+        "--use_same_noise",
+        "--bestofn", str(generations),
+        "--vq_coef", "1.0",
+        "--mq_coef", "0.0",
+        "--weights_digest",
+    )  # fmt: skip
+
+
+def fixtures(project, spec):
+    """The tiny HunyuanVideo pipeline, its dataset and the tiny VideoAlign (built once, reused)."""
+    from dancegrpo_npu.smoke.fixtures import PROMPTS
+    from dancegrpo_npu.smoke.hunyuan_fixtures import build_hunyuan_fixtures
+
+    return build_hunyuan_fixtures(project.build_dir / f"fixtures-{spec.name}", PROMPTS, tree=project.workdir)
+
+
+def run(project, options, spec, start: float):
+    """The smoke of the row ``spec`` (smoke.runner calls it)."""
+    from dancegrpo_npu.smoke import runner, trained
+
+    built = fixtures(project, spec)
+    args = trainer_args(built, options.steps, options.generations, options.checkpointing_steps)
+    args += tuple(options.extra_args)
+    record = runner._ran(runner._launch(project, options, args))
+    steps = read_metrics(record.run_dir, options.steps)
+    equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
+    check = check_full_checkpoint(record.run_dir / "outputs", built.model_dir, options.steps,
+                                  runner.decay_budget(args, options.steps), spec.smoke.model_class)
+    check_training_moved(check)
+    return runner.SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
+

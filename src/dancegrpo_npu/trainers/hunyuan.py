@@ -1,0 +1,56 @@
+"""HunyuanVideo (text-to-video) and SkyReels-V1-I2V (image-to-video): upstream's GRPO trainers with
+the VideoAlign reward, and their embeddings preprocessing, on the FLUX dependency set."""
+
+from __future__ import annotations
+
+from dancegrpo_npu.trainers.common import PREPROCESS_PATH_FLAGS, TRAIN_PATH_FLAGS, dataset_input, preprocess_defaults, \
+    weights_input
+from dancegrpo_npu.trainers.spec import Input, Smoke, TrainerSpec
+
+# Where upstream's trainers read VideoAlign (hard-coded there, relative to the run directory; the
+# port's --videoalign_ckpt and --videoalign_base_model, with these defaults, relative to the tree).
+VIDEOALIGN_DEFAULTS = (("--videoalign_ckpt", "videoalign_ckpt"), ("--videoalign_base_model", "Qwen2-VL-2B-Instruct"))
+VIDEOALIGN_FLAGS = ("--videoalign_ckpt", "--videoalign_base_model")
+VIDEOALIGN_INPUTS = (
+    Input(flag="--videoalign_ckpt", kind="directory",
+          what="VideoAlign checkpoint (KwaiVGI/VideoAlign-RewardModel: model_config.json, checkpoint-*/)"),
+    Input(flag="--videoalign_base_model", kind="model",
+          what="Qwen2-VL-2B-Instruct, VideoAlign's base model and processor"),
+)
+
+ROWS = (
+    TrainerSpec(
+        name="hunyuan", relpath="fastvideo/train_grpo_hunyuan.py",
+        help="GRPO of HunyuanVideo (text-to-video, VideoAlign reward)", title="HunyuanVideo",
+        defaults=VIDEOALIGN_DEFAULTS, path_flags=(*TRAIN_PATH_FLAGS, *VIDEOALIGN_FLAGS),
+        required_inputs=(
+            weights_input("HunyuanVideo weights (hunyuanvideo-community/HunyuanVideo, diffusers layout)"),
+            Input(flag="--vae_model_path", kind="vae", what="HunyuanVideo VAE weights"),
+            dataset_input("preprocess-hunyuan"),
+            *VIDEOALIGN_INPUTS,
+        ),
+        output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_hunyuan_grpo*.sh", dataset="hunyuan",
+        preprocess="preprocess-hunyuan", aligns=True,
+        smoke=Smoke(title="HunyuanVideo GRPO (5 frames, VideoAlign)", label="HunyuanVideo",
+                    run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
+                    model_class="HunyuanVideoTransformer3DModel"),
+        plan_model="hunyuan", offload_flag="--use_cpu_offload",
+        no_lora="upstream's HunyuanVideo trainer has no LoRA option",
+        no_bench=("bench has no HunyuanVideo preset yet: a launch's metrics.jsonl holds the phase times of each step, "
+                  "and `plan hunyuan` the memory"),
+    ),
+    # upstream scripts/preprocess/preprocess_hunyuan_rl_embeddings.sh (commit 15cc71d5), without its
+    # copy of the tokenizers into the text encoders' folders (the port reads them where they are)
+    TrainerSpec(
+        name="preprocess-hunyuan", relpath="fastvideo/data_preprocess/preprocess_hunyuan_embeddings.py",
+        help="HunyuanVideo's RL-embeddings dataset from a prompt file", title="HunyuanVideo",
+        defaults=preprocess_defaults("data/HunyuanVideo", "./assets/video_prompts.txt", ("--model_type", "hunyuan_hf")),
+        path_flags=PREPROCESS_PATH_FLAGS,
+        required_inputs=(Input(flag="--model_path", kind="pipeline",
+                               what="HunyuanVideo weights (hunyuanvideo-community/HunyuanVideo)"),
+                         Input(flag="--prompt_dir", kind="file",
+                               what="prompt file (upstream's is assets/video_prompts.txt: "
+                                    "`dancegrpo-npu fetch --with-assets`)")),
+        output_in_run_dir=False, dataset="hunyuan",
+    ),
+)

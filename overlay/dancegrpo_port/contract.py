@@ -10,7 +10,8 @@ What is defined here, and nowhere else:
 - ``DEVICE_KINDS`` / ``DEVICE_CHOICES``: where a run trains (``auto`` picks one of the kinds), and
   the environment variables that choose it (``DEVICE_ENV``) and strict mode (``STRICT_ENV``).
 - ``RNG_CHOICES``: ``--rng`` (upstream's device draws, or one CPU generator for every device).
-- ``PHASES``: the phases of a GRPO step that metrics.jsonl times (``time_<phase>``).
+- ``PHASES``: the phases of a GRPO step that metrics.jsonl times (``time_<phase>``);
+  ``OPTIONAL_PHASES`` those it times only where a trainer has them.
 - ``HEALTH_KEYS``: the GRPO health figures of every metrics.jsonl line.
 - ``RECORDS_FORMAT``, ``REPLAY_FIT``, ``MODULE_GROUPS``: the ``records/`` format, what a replay
   must share with the run it replays, and the models whose module outputs are recorded, in the
@@ -36,6 +37,9 @@ STRICT_ENV = "DANCEGRPO_NPU_STRICT"  # 1: stop at the first op that would leave 
 RNG_CHOICES = ("device", "cpu")
 
 PHASES = ("rollout", "decode", "reward", "train")
+# Phases only some trainers have, timed (time_<phase>) where the trainer enters them: "condition",
+# the step's conditioning made by another model (SkyReels-I2V's first frame, from FLUX).
+OPTIONAL_PHASES = ("condition",)
 
 # Over every rank's samples; a figure with nothing to go over is None (JSON null).  grad_norm,
 # which upstream logs already, is read beside them.

@@ -113,6 +113,10 @@ class Feature:
         """Around the reward of a rollout batch."""
         return nullcontext()
 
+    def conditioning(self, model):
+        """Around the step's conditioning made by another model (SkyReels-I2V's first frame)."""
+        return nullcontext()
+
     # -------------------------------------------------------------- the update
 
     def rewards_gathered(self, rewards) -> None:

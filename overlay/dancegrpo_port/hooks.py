@@ -20,6 +20,7 @@ Call points, in the order a run makes them::
                                      --resume_from_checkpoint loads the state: checkpoints.py)
       data_pass_begin()              a trainer of several passes: before a pass's DataLoader iterator
       step_begin(step)
+        with conditioning(model): ...  a conditioning another model makes (SkyReels-I2V's first frame)
         rollout_begin(samples, latent_shape, sampling_steps, same_noise)
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
           initial_latents(shape, device, dtype) / sde_noise(like, index)   the noise source
@@ -282,6 +283,12 @@ def image_file(path: str) -> str:
 def rewarding(model):
     """Around the reward of a rollout batch."""
     return _around("rewarding", model)
+
+
+def conditioning(model):
+    """Around the step's conditioning made by another model: SkyReels-I2V's first frame, from
+    its FLUX pipeline (metrics.jsonl: time_condition)."""
+    return _around("conditioning", model)
 
 
 # ---------------------------------------------------------------- the update

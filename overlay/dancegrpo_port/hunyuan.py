@@ -28,7 +28,7 @@ import os
 from dancegrpo_port.wan import decode, frames_as_images
 
 __all__ = ["ADV_CLIP_MAX", "CLIP_RANGE", "decode", "frames_as_images", "reward", "reward_videos", "sample_names",
-           "settle", "tokenizer_dir", "trained_samples", "video_paths"]
+           "settle", "tokenizer_dir", "trained_samples", "video_paths", "write_empty_prompt"]
 
 CLIP_RANGE = 1e-4  # upstream's training loop: clip_range = 1e-4
 ADV_CLIP_MAX = 5.0  # upstream's training loop: adv_clip_max = 5.0
@@ -87,3 +87,23 @@ def tokenizer_dir(weights: str, encoder: str, tokenizer: str) -> str:
     if os.path.isfile(os.path.join(encoder_dir, "tokenizer_config.json")):
         return encoder_dir
     return os.path.join(weights, tokenizer)
+
+
+def write_empty_prompt(text_encoder, out_dir: str, autocast) -> None:
+    """The empty prompt's embeddings in ``out_dir`` as upstream's second SkyReels-I2V
+    preprocessing run writes them (over ``assets/empty.txt``, one empty line):
+    ``prompt_embed/0.pt``, ``prompt_attention_mask/0.pt`` and ``videos2caption.json``.  Every
+    rank of that run wrote the same sample 0; here rank 0 writes it once."""
+    import json
+
+    import torch
+
+    for sub in ("prompt_embed", "prompt_attention_mask"):
+        os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+    with torch.inference_mode(), autocast():
+        prompt_embeds, prompt_attention_mask = text_encoder.encode_prompt(prompt=[""])
+    torch.save(prompt_embeds[0], os.path.join(out_dir, "prompt_embed", "0.pt"))
+    torch.save(prompt_attention_mask[0], os.path.join(out_dir, "prompt_attention_mask", "0.pt"))
+    entry = {"prompt_embed_path": "0.pt", "prompt_attention_mask": "0.pt", "caption": ""}
+    with open(os.path.join(out_dir, "videos2caption.json"), "w") as f:
+        json.dump([entry], f, indent=4)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from dancegrpo_port.contract import DEVICE_KINDS, PHASES, parse_steps
+from dancegrpo_port.contract import DEVICE_KINDS, OPTIONAL_PHASES, PHASES, parse_steps
 from dancegrpo_port.feature import Feature
 
 DEVICE_PEAK_KIND = "device allocator"
@@ -91,8 +91,8 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        if name not in PHASES:
-            raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASES)}")
+        if name not in PHASES + OPTIONAL_PHASES:
+            raise ValueError(f"unknown phase {name!r}: the phases are {', '.join(PHASES + OPTIONAL_PHASES)}")
         if self._current is not None:
             # a nested phase would reset the outer one's peak and count its time twice
             raise RuntimeError(f"phase {name!r} entered inside phase {self._current!r}: phases do not nest")
@@ -104,7 +104,7 @@ class PhaseTimer:
             with torch.profiler.record_function(name):
                 yield
                 self._sync()  # inside the range, so the trace's range covers the device work
-            self._seconds[name] += time.perf_counter() - start
+            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
             peak = self._peak(was_reset)
             if peak is not None:
                 self._peaks[name] = max(peak, self._peaks.get(name, 0))
@@ -113,9 +113,9 @@ class PhaseTimer:
 
     def step_metrics(self) -> dict:
         """This step's figures for metrics.jsonl, then a fresh step.  A phase not entered
-        has time 0.0 and no peak."""
-        metrics = {f"time_{p}": self._seconds[p] for p in PHASES}
-        metrics["peak_memory_bytes"] = {p: self._peaks[p] for p in PHASES if p in self._peaks}
+        has time 0.0 and no peak; an optional phase not entered has neither."""
+        metrics = {f"time_{p}": self._seconds[p] for p in PHASES + OPTIONAL_PHASES if p in self._seconds}
+        metrics["peak_memory_bytes"] = {p: self._peaks[p] for p in PHASES + OPTIONAL_PHASES if p in self._peaks}
         metrics["peak_memory_kind"] = self.peak_memory_kind
         self._reset()
         return metrics
@@ -220,6 +220,9 @@ class PhaseTimes(Feature):
 
     def rewarding(self, model):
         return self.timer.phase("reward")
+
+    def conditioning(self, model):
+        return self.timer.phase("condition")
 
     def training(self):
         return self.timer.phase("train")

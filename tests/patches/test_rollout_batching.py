@@ -28,7 +28,7 @@ BATCHED = (*ALIGNED, "--sample_batch_size", str(G), "--profile_steps", "2")
 PHASES = ("rollout", "decode", "reward", "train")
 
 
-ROLLOUT_PATCHES = ("0029-batched-rollout.patch", "0030-rewards-in-batches.patch")
+ROLLOUT_PATCHES = ("0030-batched-rollout.patch", "0031-rewards-in-batches.patch")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ The slow tests share their runs (each distinct run once, ``WanRuns``):
 - the same with --sample_batch_size 4: ``compare`` against the first exits 0 and
   clip_frac_first is 0 on every step of both (two --rng cpu --record runs aligned);
 - one 1-rank strict run of 1 step;
-- the tree without the FSDP patch (``apply --without 0033-wan-fsdp.patch``) at 2 ranks: the
+- the tree without the FSDP patch (``apply --without 0034-wan-fsdp.patch``) at 2 ranks: the
   smoke refuses it, because the ranks end with different weights (upstream's bug);
 - a bad --sample_batch_size is refused by the trainer at start, in one line.
 
@@ -36,7 +36,7 @@ torch = pytest.importorskip("torch")
 
 G = 4
 ALIGNED = ("--rng", "cpu", "--record")
-FSDP_PATCH = "0033-wan-fsdp.patch"
+FSDP_PATCH = "0034-wan-fsdp.patch"
 
 
 def options(nproc=2, steps=2, generations=G, extra=(), align=()) -> smoke.SmokeOptions:

@@ -145,7 +145,7 @@ EVENTS = frozenset(name for name, value in vars(Feature).items() if callable(val
 # the events whose first answer (not None) is the result; upstream's draw when none answers
 ANSWERS = ("initial_latents", "sde_noise", "timestep_perms")
 # the events that are context managers, entered for every feature
-CONTEXTS = ("sampling", "model_call", "decoding", "rewarding", "training")
+CONTEXTS = ("sampling", "model_call", "decoding", "rewarding", "conditioning", "training")
 
 
 def check_feature(feature) -> None:

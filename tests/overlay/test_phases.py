@@ -289,3 +289,20 @@ def test_the_seams_contexts_are_the_phases(monkeypatch):
                          ("exit", "train")]
     assert seen[0][1][-1] == ("enter", "train") and seen[1][1][-1] == ("enter", "train")
     assert hooks.step_end(3, loss=0.5) == {"step": 3, "loss": 0.5, "time_decode": 1.0}
+
+
+def test_the_condition_phase_is_timed_only_where_a_trainer_enters_it(monkeypatch):
+    """SkyReels-I2V's first frame (the seam's conditioning): time_condition and its peak in that
+    trainer's steps; no key at all in the others'."""
+    from dancegrpo_port import hooks
+
+    timer = phases.PhaseTimer("cpu")
+    monkeypatch.setattr(hooks, "_FEATURES", [])
+    hooks.install([phases.PhaseTimes(timer)])
+    with hooks.conditioning(None):
+        time.sleep(0.02)
+    with_first_frame = timer.step_metrics()
+    assert with_first_frame["time_condition"] >= 0.02 and "condition" in with_first_frame["peak_memory_bytes"]
+    without = timer.step_metrics()
+    assert "time_condition" not in without and "condition" not in without["peak_memory_bytes"]
+    assert without["time_rollout"] == 0.0  # the fixed phases are there either way

@@ -20,16 +20,21 @@ import time
 from dancegrpo_npu.smoke.checks import check_full_checkpoint, check_training_moved, read_metrics
 
 
-def trainer_args(built, steps: int, generations: int, checkpointing_steps: int | None = None) -> tuple[str, ...]:
-    """Upstream's recipe (finetune_hunyuan_grpo.sh) shrunk: ``steps`` steps of 5 frames at 64x64,
-    4 sampling steps, ``generations`` a prompt all trained (best-of-n of all of them), one update
-    a step, on the tiny HunyuanVideo and the tiny VideoAlign."""
-    return (
+def trainer_args(built, steps: int, generations: int, checkpointing_steps: int | None, spec) -> tuple[str, ...]:
+    """Upstream's recipe (finetune_hunyuan_grpo.sh; finetune_skyreels_i2v.sh with the row's
+    ``first_frame``) shrunk: ``steps`` steps of 5 frames at 64x64, 4 sampling steps, one update a
+    step, on the tiny models and the tiny VideoAlign.  HunyuanVideo trains every generation
+    (best-of-n of all of them) on VideoAlign's VQ; SkyReels-I2V samples with CFG 5.0 against the
+    empty prompt, from a first frame the tiny FLUX makes, on MQ."""
+    skyreels = spec.smoke.param("first_frame")
+    model_dir, data_json = ((built.skyreels_model_dir, built.skyreels_data_json) if skyreels
+                            else (built.model_dir, built.data_json))
+    common = (
         "--seed", "42",
         "--model_type", "hunyuan_hf",
-        "--pretrained_model_name_or_path", str(built.model_dir),
-        "--vae_model_path", str(built.model_dir),
-        "--data_json_path", str(built.data_json),
+        "--pretrained_model_name_or_path", str(model_dir),
+        "--vae_model_path", str(model_dir),
+        "--data_json_path", str(data_json),
         "--gradient_checkpointing",
         "--train_batch_size", "1",
         "--sp_size", "1",
@@ -44,33 +49,48 @@ def trainer_args(built, steps: int, generations: int, checkpointing_steps: int |
         "--cfg", "0.0",
         "--h", "64", "--w", "64", "--t", "5",
         "--sampling_steps", "4",
-        "--eta", "0.25",
         "--lr_warmup_steps", "0",
         "--fps", "8",
         "--sampler_seed", "1237",
         "--max_grad_norm", "1.0",
         "--weight_decay", "0.0001",
         "--num_generations", str(generations),
-        "--shift", "5",
         "--use_group",
         "--use_videoalign",
         "--videoalign_ckpt", str(built.videoalign_ckpt),
         "--videoalign_base_model", str(built.videoalign_base),
         "--timestep_fraction", "0.6",
+        "--weights_digest",
+    )  # fmt: skip
+    if skyreels:
+        return common + (
+            "--reference_model_path", str(built.flux_dir),
+            "--empty_embeddings_dir", str(built.skyreels_empty_dir),
+            "--eta", "0.3",
+            "--shift", "7",
+            "--cfg_infer", "5.0",
+            "--init_same_noise",
+        )  # fmt: skip
+    return common + (
+        "--eta", "0.25",
+        "--shift", "5",
         "--use_same_noise",
         "--bestofn", str(generations),
         "--vq_coef", "1.0",
         "--mq_coef", "0.0",
-        "--weights_digest",
     )  # fmt: skip
 
 
 def fixtures(project, spec):
-    """The tiny HunyuanVideo pipeline, its dataset and the tiny VideoAlign (built once, reused)."""
-    from dancegrpo_npu.smoke.fixtures import PROMPTS
+    """The tiny HunyuanVideo and SkyReels-I2V pipelines, their datasets, the tiny FLUX and the tiny
+    VideoAlign (built once for both rows, reused)."""
+    from dancegrpo_npu.run.depsets import python_for
+    from dancegrpo_npu.smoke.fixtures import build_fixtures
     from dancegrpo_npu.smoke.hunyuan_fixtures import build_hunyuan_fixtures
 
-    return build_hunyuan_fixtures(project.build_dir / f"fixtures-{spec.name}", PROMPTS, tree=project.workdir)
+    prompts = build_fixtures(project.build_dir / "fixtures").prompts  # the FLUX smoke's prompts
+    return build_hunyuan_fixtures(project.build_dir / "fixtures-hunyuan", prompts,
+                                  python_for(spec.depset, needed_by=spec.name), project.workdir)
 
 
 def run(project, options, spec, start: float):
@@ -78,12 +98,13 @@ def run(project, options, spec, start: float):
     from dancegrpo_npu.smoke import runner, trained
 
     built = fixtures(project, spec)
-    args = trainer_args(built, options.steps, options.generations, options.checkpointing_steps)
+    args = trainer_args(built, options.steps, options.generations, options.checkpointing_steps, spec)
     args += tuple(options.extra_args)
     record = runner._ran(runner._launch(project, options, args))
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
-    check = check_full_checkpoint(record.run_dir / "outputs", built.model_dir, options.steps,
+    model_dir = built.skyreels_model_dir if spec.smoke.param("first_frame") else built.model_dir
+    check = check_full_checkpoint(record.run_dir / "outputs", model_dir, options.steps,
                                   runner.decay_budget(args, options.steps), spec.smoke.model_class)
     check_training_moved(check)
     return runner.SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)

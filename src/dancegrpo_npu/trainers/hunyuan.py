@@ -33,11 +33,37 @@ ROWS = (
         preprocess="preprocess-hunyuan", aligns=True,
         smoke=Smoke(title="HunyuanVideo GRPO (5 frames, VideoAlign)", label="HunyuanVideo",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
-                    model_class="HunyuanVideoTransformer3DModel"),
+                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),)),
         plan_model="hunyuan", offload_flag="--use_cpu_offload",
         no_lora="upstream's HunyuanVideo trainer has no LoRA option",
         no_bench=("bench has no HunyuanVideo preset yet: a launch's metrics.jsonl holds the phase times of each step, "
                   "and `plan hunyuan` the memory"),
+    ),
+    TrainerSpec(
+        name="skyreels-i2v", relpath="fastvideo/train_grpo_skyreels_i2v.py",
+        help="GRPO of SkyReels-V1-I2V (image-to-video; FLUX makes each step's first frame; VideoAlign reward)",
+        title="SkyReels-V1-I2V",
+        defaults=(*VIDEOALIGN_DEFAULTS, ("--empty_embeddings_dir", "data/empty")),
+        path_flags=(*TRAIN_PATH_FLAGS, *VIDEOALIGN_FLAGS, "--reference_model_path", "--empty_embeddings_dir"),
+        required_inputs=(
+            weights_input("SkyReels-V1-I2V weights (xzyhku/SkyReels-V1-I2V, diffusers layout)"),
+            Input(flag="--vae_model_path", kind="vae", what="SkyReels-V1-I2V VAE weights"),
+            dataset_input("preprocess-skyreels-i2v"),
+            Input(flag="--reference_model_path", kind="pipeline",
+                  what="FLUX.1-dev pipeline that makes each step's first frame (black-forest-labs/FLUX.1-dev)"),
+            Input(flag="--empty_embeddings_dir", kind="directory",
+                  what="the empty prompt's embeddings: run `dancegrpo-npu launch preprocess-skyreels-i2v` first"),
+            *VIDEOALIGN_INPUTS,
+        ),
+        output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_skyreels_i2v*.sh", dataset="skyreels-i2v",
+        preprocess="preprocess-skyreels-i2v", aligns=True,
+        smoke=Smoke(title="SkyReels-I2V GRPO (5 frames, a FLUX first frame, CFG, VideoAlign)", label="SkyReels-I2V",
+                    run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-skyreels-i2v",
+                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),)),
+        plan_model="skyreels-i2v", offload_flag="--use_cpu_offload",
+        no_lora="upstream's SkyReels-I2V trainer has no LoRA option",
+        no_bench=("bench has no SkyReels-I2V preset yet: a launch's metrics.jsonl holds the phase times of each step "
+                  "(time_condition: the first frame), and `plan skyreels-i2v` the memory"),
     ),
     # upstream scripts/preprocess/preprocess_hunyuan_rl_embeddings.sh (commit 15cc71d5), without its
     # copy of the tokenizers into the text encoders' folders (the port reads them where they are)
@@ -52,5 +78,25 @@ ROWS = (
                                what="prompt file (upstream's is assets/video_prompts.txt: "
                                     "`dancegrpo-npu fetch --with-assets`)")),
         output_in_run_dir=False, dataset="hunyuan",
+    ),
+)
+
+ROWS += (
+    # upstream scripts/preprocess/preprocess_skyreels_rl_embeddings.sh (commit 15cc71d5): the
+    # HunyuanVideo script over the prompts, then over assets/empty.txt into data/empty; here one
+    # run writes both (--empty_output_dir), reading the tokenizers where they are.
+    TrainerSpec(
+        name="preprocess-skyreels-i2v", relpath="fastvideo/data_preprocess/preprocess_hunyuan_embeddings.py",
+        help="SkyReels-V1-I2V's RL-embeddings dataset from a prompt file, and the empty prompt's embeddings",
+        title="SkyReels-V1-I2V",
+        defaults=preprocess_defaults("data/SkyReels-I2V", "./assets/consist-id.txt", ("--model_type", "hunyuan_hf"),
+                                     ("--empty_output_dir", "data/empty")),
+        path_flags=(*PREPROCESS_PATH_FLAGS, "--empty_output_dir"),
+        required_inputs=(Input(flag="--model_path", kind="pipeline",
+                               what="SkyReels-V1-I2V weights (xzyhku/SkyReels-V1-I2V)"),
+                         Input(flag="--prompt_dir", kind="file",
+                               what="prompt file (upstream's is assets/consist-id.txt: "
+                                    "`dancegrpo-npu fetch --with-assets`)")),
+        output_in_run_dir=False, dataset="skyreels-i2v",
     ),
 )

@@ -1,6 +1,7 @@
 """Fixtures built by a child process of another dependency set's interpreter, swapped in whole.
 
-The Wan2.1 and Qwen-Image fixtures need diffusers 0.35, the tool runs on 0.32: the tool starts
+The Wan2.1 and Qwen-Image fixtures need diffusers 0.35, the tool runs on 0.32 (and the HunyuanVideo
+ones import the patched upstream tree, which the tool never imports): the tool starts
 ``python -m MODULE STAGING ARGS...`` in that set's interpreter, which writes everything into a
 staging directory beside ``dest``; the stamp (what the build depended on) is written last, and
 the staging directory replaces ``dest`` in one rename.  A directory whose stamp matches is reused.
@@ -17,9 +18,11 @@ from pathlib import Path
 STAMP_NAME = "fixtures.stamp.json"
 
 
-def build_in_child(dest: Path, want: str, python: str, module: str, args: list[str], what: str) -> Path:
+def build_in_child(dest: Path, want: str, python: str, module: str, args: list[str], what: str,
+                   hint: str = "run ./scripts/bootstrap.sh --deps-only --with diffusers-0.35 (docs/dependencies.md)") -> Path:
     """``dest`` (absolute) holding a build stamped ``want``: reused when current, else built by
-    ``python -m module STAGING *args``.  ``what`` names the fixtures in errors."""
+    ``python -m module STAGING *args``.  ``what`` names the fixtures in errors, ``hint`` says
+    what to do when the build fails (by default: install the diffusers-0.35 set)."""
     from dancegrpo_npu.errors import DancegrpoError
 
     dest = Path(os.path.abspath(dest))
@@ -39,8 +42,7 @@ def build_in_child(dest: Path, want: str, python: str, module: str, args: list[s
                               env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise DancegrpoError(f"building the {what} fixtures with {python} failed: {last}",
-                                 "run ./scripts/bootstrap.sh --deps-only --with diffusers-0.35 (docs/dependencies.md)")
+            raise DancegrpoError(f"building the {what} fixtures with {python} failed: {last}", hint)
         (staging / STAMP_NAME).write_text(want + "\n")
         if dest.exists():
             shutil.rmtree(dest)

@@ -203,6 +203,7 @@ class StrictDtypeMode(TorchDispatchMode):
                 isinstance(leaf, torch.Tensor)
                 and leaf.dtype in FORBIDDEN_DTYPES
                 and (self.device_type is None or leaf.device.type == self.device_type)
+                and not (_host_side_depth and leaf.device.type == "cpu")
             ):
                 violation = Violation(str(func), leaf.dtype, str(leaf.device), where_now(self.tracker))
                 if self.raise_on_violation:
@@ -225,6 +226,22 @@ def strict_mode(raise_on_violation: bool = True, device_type: str | None = None)
 
 
 _process_wide: contextlib.ExitStack | None = None
+_host_side_depth = 0
+
+
+@contextlib.contextmanager
+def host_side():
+    """A block that runs on the host whatever the run's device - a model built on the CPU
+    before it is moved (VideoAlign's load adds its reward tokens' embeddings there, with a
+    complex eigendecomposition): its CPU tensors are host tensors, which the NPU's rule allows.
+    On a CPU run strict mode cannot tell them from the device's otherwise; device tensors made
+    inside are checked as ever."""
+    global _host_side_depth
+    _host_side_depth += 1
+    try:
+        yield
+    finally:
+        _host_side_depth -= 1
 
 
 def enable_strict_mode(device_type: str | None = None) -> None:

@@ -61,6 +61,15 @@ class RewardError(RuntimeError):
         super().__init__(f"{reward} reward failed on sample {sample}: {cause}")
 
 
+def built_on_host():
+    """Around VideoAlign's load: the model is built on the CPU and moved to the device after, on
+    every device, so strict mode takes the load's CPU tensors for host tensors
+    (``strict_mode.host_side``)."""
+    from dancegrpo_port.strict_mode import host_side
+
+    return host_side()
+
+
 def add_arguments(parser) -> None:
     """The trainers' flags for VideoAlign's files."""
     parser.add_argument("--videoalign_ckpt", type=str, default=CKPT,

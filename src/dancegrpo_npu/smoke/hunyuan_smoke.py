@@ -69,7 +69,8 @@ def trainer_args(built, steps: int, generations: int, checkpointing_steps: int |
             "--eta", "0.3",
             "--shift", "7",
             "--cfg_infer", "5.0",
-            "--init_same_noise",
+            # each generation its own initial latent (upstream's recipe shares one with --init_same_noise), as
+            # for HunyuanVideo below
         )  # fmt: skip
     return common + (
         "--eta", "0.25",

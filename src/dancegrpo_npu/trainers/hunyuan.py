@@ -31,9 +31,9 @@ ROWS = (
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_hunyuan_grpo*.sh", dataset="hunyuan",
         preprocess="preprocess-hunyuan", aligns=True,
-        smoke=Smoke(title="HunyuanVideo GRPO (5 frames, VideoAlign)", label="HunyuanVideo",
+        smoke=Smoke(title="HunyuanVideo GRPO (5 frames)", label="HunyuanVideo",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
-                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),)),
+                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
         plan_model="hunyuan", offload_flag="--use_cpu_offload",
         no_lora="upstream's HunyuanVideo trainer has no LoRA option",
         no_bench=("bench has no HunyuanVideo preset yet: a launch's metrics.jsonl holds the phase times of each step, "
@@ -57,9 +57,9 @@ ROWS = (
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_skyreels_i2v*.sh", dataset="skyreels-i2v",
         preprocess="preprocess-skyreels-i2v", aligns=True,
-        smoke=Smoke(title="SkyReels-I2V GRPO (5 frames, a FLUX first frame, CFG, VideoAlign)", label="SkyReels-I2V",
+        smoke=Smoke(title="SkyReels-I2V GRPO (5 frames from a FLUX first frame, CFG 5)", label="SkyReels-I2V",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-skyreels-i2v",
-                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),)),
+                    model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),
         plan_model="skyreels-i2v", offload_flag="--use_cpu_offload",
         no_lora="upstream's SkyReels-I2V trainer has no LoRA option",
         no_bench=("bench has no SkyReels-I2V preset yet: a launch's metrics.jsonl holds the phase times of each step "

@@ -39,6 +39,7 @@ class Smoke:
     arguments: str = ""  # "module:function" (fixtures, hps, max_train_steps, generations, spec) -> args
     model_class: str = ""  # the diffusers class the checkpoint loads back with
     sampling_steps: int = 4  # the smoke's sampling steps (its first line says them)
+    reward: str = "HPSv2"  # the smoke's reward model (its first line says it)
     # per-trainer values the family's smoke functions read (``param``)
     params: tuple[tuple[str, object], ...] = ()
 

@@ -138,3 +138,31 @@ def test_a_rank_that_died_without_a_traceback_is_named_not_torchruns_wrapper(tmp
     (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(code=code, traceback=traceback))
     detail = failure_detail(tmp_path)
     assert (detail["log"], detail["error"]) == ("logs/console.log", error)
+
+
+# What rank 0 says when rank 1 stopped under it while it waited in a collective (recorded from a
+# 2-rank smoke whose rank 1's reward raised, shortened).
+PEER_GONE = (
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "fastvideo/train_grpo_hunyuan.py", line 361, in train_one_step\n'
+    "[rank0]:     gathered_vq_reward = gather_tensor(samples[\"vq_rewards\"])\n"
+    "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+    "[127.0.0.1]:58034. This is typically caused by a remote worker crashing.\n"
+)
+CAUSE = (
+    "[rank1]: Traceback (most recent call last):\n"
+    '[rank1]:   File "fastvideo/train_grpo_hunyuan.py", line 280, in sample_reference_model\n'
+    "[rank1]: dancegrpo_port.videoalign.RewardError: VideoAlign reward failed on sample 0 of rank 1: RuntimeError: boom\n"
+)
+
+
+def test_the_rank_that_stopped_first_is_the_cause_not_the_rank_it_left_waiting(tmp_path):
+    for rank, text in (("0", PEER_GONE), ("1", CAUSE)):
+        d = tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / rank
+        d.mkdir(parents=True)
+        (d / "stderr.log").write_text(text)
+    detail = failure_detail(tmp_path)
+    assert detail["log"] == "logs/torchrun/none_x/attempt_0/1/stderr.log"
+    assert detail["error"].startswith("dancegrpo_port.videoalign.RewardError: VideoAlign reward failed on sample 0")
+    (tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / "1" / "stderr.log").write_text("")
+    assert "Connection closed by peer" in failure_detail(tmp_path)["error"]  # alone, it is what there is

@@ -102,20 +102,31 @@ def _read(path: Path) -> list[str] | None:
         return None
 
 
+# What a rank says when it stopped because another rank died under it, in a collective: gloo's
+# and NCCL's/HCCL's words for a peer that went away.  Not the run's cause when another rank says more.
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker|Broken pipe|"
+                        r"DistBackendError|NCCL communicator was aborted|HCCL.*(?:timeout|abort)", re.IGNORECASE)
+
+
 def failure_detail(run_dir: Path) -> dict:
-    """Where a failed run says why: the first rank stderr with a traceback, else the console.
+    """Where a failed run says why: the first rank stderr with a traceback (a rank whose error is
+    only that a peer went away yields to one that says more: the rank that stopped first, whose
+    exit closed the collective the others waited in), else the console.
 
     {"log": the file, relative to the run, "tail": its last lines as a terminal shows them,
     "error": the exception line (see ``error_line``)}.
     """
+    found = []
     for path in rank_logs(run_dir):
         if path.name != "stderr.log":
             continue
         lines = _read(path) or []
         # a traceback, an exception line, or the trainer's argparse refusal ("x.py: error: ...")
         if any(_TRACEBACK in line or "Error" in line or _ERROR_LINE.match(line.strip()) for line in lines):
-            return {"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
-                    "error": error_line(lines)}
+            found.append({"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
+                          "error": error_line(lines)})
+    if found:
+        return next((f for f in found if not _PEER_GONE.search(f["error"])), found[0])
     lines = _read(run_dir / "logs" / "console.log") or []
     error = error_line(lines)
     if "ChildFailedError" in error:  # torchrun's own exception says only that a rank failed

@@ -100,7 +100,7 @@ def write_empty_prompt(text_encoder, out_dir: str, autocast) -> None:
 
     for sub in ("prompt_embed", "prompt_attention_mask"):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
-    with torch.inference_mode(), autocast():
+    with torch.inference_mode(), autocast(torch.float16):  # the script's: upstream's autocast("cuda")
         prompt_embeds, prompt_attention_mask = text_encoder.encode_prompt(prompt=[""])
     torch.save(prompt_embeds[0], os.path.join(out_dir, "prompt_embed", "0.pt"))
     torch.save(prompt_attention_mask[0], os.path.join(out_dir, "prompt_attention_mask", "0.pt"))

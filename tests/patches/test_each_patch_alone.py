@@ -61,9 +61,11 @@ HUNYUAN_WITHOUT = {
 }
 # The SkyReels-I2V patches of group 14: the tree without each builds and keeps the Flux trainers.
 SKYREELS_WITHOUT = {
-    "0046-skyreels-paths-as-arguments.patch": "--reference_model_path",
-    "0047-skyreels-first-frame-placement.patch": "--flux_placement is not a flag of",
+    # refused before the run starts, by the trainer's own parser (run.script_parser)
+    "0046-skyreels-paths-as-arguments.patch": "--empty_embeddings_dir is not a flag of",
+    "0047-skyreels-first-frame-placement.patch": None,  # the smoke runs upstream's placement, the default
     "0048-preprocess-skyreels-empty-prompt.patch": None,  # the smoke builds its embeddings itself
+    "0049-skyreels-cfg-float16-embeddings.patch": "Unexpected floating ScalarType in at::autocast::prioritize",
 }
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
@@ -277,6 +279,16 @@ def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(proje
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)
     assert "this trainer sampled a batch of 1 (its rollout is not batched" in str(failed.value), failed.value
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.upstream
+@pytest.mark.parametrize("trainer, patch", [*(("hunyuan", p) for p in HUNYUAN_WITHOUT),
+                                            *(("skyreels-i2v", p) for p in SKYREELS_WITHOUT)])
+def test_the_tree_without_a_video_patch_runs_its_smoke(project, trainer, patch):
+    require_video_extra()
+    assert_smoke_without(project, patch, {**HUNYUAN_WITHOUT, **SKYREELS_WITHOUT}[patch], trainer=trainer, steps=1)
 
 
 LOAD_VIDEOALIGN = """

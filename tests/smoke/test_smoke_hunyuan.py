@@ -1,8 +1,9 @@
-"""``dancegrpo-npu smoke --trainer hunyuan``: upstream's HunyuanVideo trainer on a tiny HunyuanVideo
-(the repo-local ``hunyuan_hf`` transformer, ``AutoencoderKLHunyuanVideo``) with the tiny VideoAlign
-reward (smoke.hunyuan_fixtures, smoke.videoalign_fixtures).
+"""``dancegrpo-npu smoke --trainer hunyuan`` and ``--trainer skyreels-i2v``: upstream's HunyuanVideo
+and SkyReels-I2V trainers on a tiny HunyuanVideo (the repo-local ``hunyuan_hf`` transformer; 32
+input channels for SkyReels), ``AutoencoderKLHunyuanVideo``, the tiny VideoAlign reward and, for
+SkyReels' first frame, the tiny FLUX pipeline (smoke.hunyuan_fixtures, smoke.videoalign_fixtures).
 
-The slow tests share their runs (each distinct run once, ``HunyuanRuns``):
+The slow tests share their runs (each distinct run once, ``HunyuanRuns``), for each trainer:
 
 - one 2-rank strict run with --rng cpu --record: the smoke passes (metrics, upstream's checkpoint
   loads with diffusers' HunyuanVideoTransformer3DModel.from_pretrained and moved, every rank holds
@@ -11,8 +12,9 @@ The slow tests share their runs (each distinct run once, ``HunyuanRuns``):
 - (extended) one 1-rank run of 4 generations sampled 4 at a time, and the same one at a time:
   ``compare`` exits 0 and clip_frac_first is 0;
 - a reward that raises stops the run in one line naming VideoAlign and the sample: the video
-  reader (upstream's torchvision reader asked for, on a torchvision without read_video), and the
-  reward model's forward on rank 1 only (every rank ends: none waits in a collective);
+  reader (upstream's torchvision reader asked for, on a torchvision without read_video;
+  HunyuanVideo), and the reward model's forward on rank 1 only (SkyReels-I2V; every rank ends:
+  none waits in a collective);
 - (extended) a run killed after its second checkpoint resumes with ``launch --resume`` and ends
   as the uninterrupted run, every record bit-equal.
 """
@@ -63,10 +65,13 @@ if os.environ.get("RANK") == "1":
 '''
 
 
-def options(nproc=2, steps=2, generations=G, extra=(), align=True, **kw) -> smoke.SmokeOptions:
+TRAINERS = ("hunyuan", "skyreels-i2v")
+
+
+def options(trainer="hunyuan", nproc=2, steps=2, generations=G, extra=(), align=True, **kw) -> smoke.SmokeOptions:
     from dancegrpo_npu.run.align_flags import AlignOptions
 
-    return smoke.SmokeOptions(nproc=nproc, trainer="hunyuan", device="cpu", steps=steps, generations=generations,
+    return smoke.SmokeOptions(nproc=nproc, trainer=trainer, device="cpu", steps=steps, generations=generations,
                               extra_args=tuple(extra), align=AlignOptions(rng="cpu", record=True) if align else AlignOptions(),
                               **kw)
 
@@ -95,35 +100,39 @@ def runs(patched_tree):
 
 @pytest.mark.slow
 @pytest.mark.upstream
-def test_two_ranks_strict_every_rank_holds_the_same_weights(runs):
-    result = passed(runs())
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_two_ranks_strict_every_rank_holds_the_same_weights(runs, trainer):
+    result = passed(runs(trainer=trainer))
     assert [s.step for s in result.steps] == [1, 2] and all(s.grad_norm > 0 for s in result.steps)
     assert result.checkpoint.loaded_with == "HunyuanVideoTransformer3DModel.from_pretrained"
     assert result.checkpoint.path.name == "checkpoint-2-0"
     assert result.checkpoint.updates == 1 and result.checkpoint.changed > 0
     assert result.equal_weights and result.equal_weights > 0
     assert sorted(p.name for p in (result.run_dir / "weights").iterdir()) == ["rank0.json", "rank1.json"]
-    assert len(list((result.run_dir / "videos").glob("hunyuan_*.mp4"))) == 2 * G  # each rank's last step
-    assert len(list((result.run_dir / "images").glob("hunyuan_*.png"))) == 2 * G  # their first frames
+    prefix = "hunyuan" if trainer == "hunyuan" else "skyreels"
+    assert len(list((result.run_dir / "videos").glob(f"{prefix}_*.mp4"))) == 2 * G  # each rank's last step
+    assert len(list((result.run_dir / "images").glob(f"{prefix}_*.png"))) == 2 * G  # their first frames
 
 
 @pytest.mark.slow
 @pytest.mark.upstream
-def test_two_cpu_rng_runs_are_aligned(runs):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_two_cpu_rng_runs_are_aligned(runs, trainer):
     from dancegrpo_npu.cli import main
 
-    one, two = passed(runs()), passed(runs(again=1))
+    one, two = passed(runs(trainer=trainer)), passed(runs(trainer=trainer, again=1))
     assert main(["compare", str(one.run_dir), str(two.run_dir)]) == 0
 
 
 @pytest.mark.slow
 @pytest.mark.extended  # CI keeps the 2-rank smoke and its alignment
 @pytest.mark.upstream
-def test_a_batched_rollout_is_aligned_with_one_at_a_time(runs):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_batched_rollout_is_aligned_with_one_at_a_time(runs, trainer):
     from dancegrpo_npu.cli import main
 
-    batched = passed(runs(nproc=1, generations=4, extra=("--sample_batch_size", "4")))
-    one_at_a_time = passed(runs(nproc=1, generations=4))
+    batched = passed(runs(trainer=trainer, nproc=1, generations=4, extra=("--sample_batch_size", "4")))
+    one_at_a_time = passed(runs(trainer=trainer, nproc=1, generations=4))
     assert main(["compare", str(batched.run_dir), str(one_at_a_time.run_dir)]) == 0
     for m in metrics(batched.run_dir) + metrics(one_at_a_time.run_dir):
         assert m["clip_frac_first"] == 0.0, m
@@ -152,18 +161,20 @@ def test_a_reward_forward_that_raises_on_one_rank_ends_every_rank(runs, tmp_path
     """Rank 1's forward raises; rank 0's rewards are fine and it goes on to gather the step's
     rewards: torchrun ends it when rank 1 stops, and the run is failed with rank 1's line."""
     (tmp_path / "sitecustomize.py").write_text(BREAK_FORWARD)
-    failed = runs(align=False, env=(("PYTHONPATH", str(tmp_path)),))
+    failed = runs(trainer="skyreels-i2v", align=False, env=(("PYTHONPATH", str(tmp_path)),))
     assert_failed_on_the_reward(failed, 1, "RuntimeError: the reward model's forward failed (the test broke it)")
 
 
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.upstream
-def test_a_killed_run_resumes_exactly(runs, capsys):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_killed_run_resumes_exactly(runs, trainer, capsys):
     """3 steps on 1 rank with --rng cpu --record, a checkpoint after each, killed once checkpoint 2
     is complete; `launch --resume` continues it and it ends as the uninterrupted run."""
     from dataclasses import replace
 
-    ref = passed(runs(nproc=1, steps=3, checkpointing_steps=1))
-    cut = replace(options(nproc=1, steps=3, checkpointing_steps=1), env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
+    ref = passed(runs(trainer=trainer, nproc=1, steps=3, checkpointing_steps=1))
+    cut = replace(options(trainer=trainer, nproc=1, steps=3, checkpointing_steps=1),
+                  env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
     assert_a_cut_run_resumes_exactly(runs.project, ref, cut, capsys)

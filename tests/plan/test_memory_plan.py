@@ -389,6 +389,9 @@ UPSTREAM_RECIPES = {
     "wan": (8, 512, 512, 1, 12, 20, 1.0, False),
     # SD: its sizes in fastvideo/config_sd/dgx.py:hpsv2 (the script's --config); no checkpointing
     "sd": (8, 512, 512, 1, 16, 50, 0.0, False),
+    # the video trainers: 4 nodes x 8, 53 frames (the trainers' --selective_checkpointing default, 1.0)
+    "hunyuan": (32, 480, 480, 53, 24, 16, 1.0, False),
+    "skyreels-i2v": (32, 400, 640, 53, 8, 16, 1.0, False),
 }
 
 

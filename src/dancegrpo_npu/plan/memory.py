@@ -86,6 +86,9 @@ class Options:
     attention_scores: bool = False  # the attention backend materialises the S x S scores (CPU math path)
     reserve_bytes: int = 3 * GiB
     ema: bool = True  # the recipe's --use_ema applies (the LoRA trainer's recipe has none)
+    # where a model's first-frame pipeline lives (--flux_placement): "upstream" (on the device while
+    # it runs, on the host between steps), "device" (kept there), "offload" (one of its models at a time)
+    first_frame: str = "upstream"
 
 
 def bench_on_cpu() -> "Options":
@@ -111,6 +114,14 @@ class Model:
     # config key}, and the flag that takes "FLAG.KEY=VALUE" overrides (the launch lines)
     config_fields: tuple[tuple[str, str], ...] = ()
     config_flag: str = ""
+    # parameters counted on a meta-device build of the class ({"dual_block", "single_block", "root"}),
+    # where the config formulas below do not describe it (HunyuanVideo's token refiner)
+    counted: dict | None = None
+    # a reward other than HPSv2: {"name", "parameters", "bytes", "tokens", "width"} (VideoAlign)
+    reward: dict | None = None
+    # a second pipeline every rank holds for the step's conditioning (SkyReels' FLUX.1-dev:
+    # {"name", "bytes", "flag", "parameters": {model: count}}), placed by Options.first_frame
+    first_frame: dict | None = None
 
     @property
     def unet(self) -> bool:
@@ -139,6 +150,8 @@ class Model:
         patch = self.transformer.get("patch_size")
         if isinstance(patch, list):
             return self.transformer["in_channels"] * patch[0] * patch[1] * patch[2]
+        if "patch_size_t" in self.transformer:  # HunyuanVideo: the trajectory holds the 16 noise channels
+            return self.transformer["out_channels"] * patch * patch * self.transformer["patch_size_t"]
         return self.transformer["in_channels"]
 
 
@@ -186,6 +199,8 @@ def _wan_block(d: int, ffn: int) -> int:
 def block_parameters(model: Model) -> list[int]:
     cfg, d = model.transformer, model.hidden
     h = cfg["attention_head_dim"]
+    if model.counted:
+        return [model.counted["dual_block"]] * cfg["num_layers"] + [model.counted["single_block"]] * cfg["num_single_layers"]
     if model.cross_attention:
         return [_wan_block(d, cfg["ffn_dim"])] * cfg["num_layers"]
     return [_dual_stream_block(d, h)] * cfg["num_layers"] + [_single_stream_block(d, h)] * cfg.get("num_single_layers", 0)
@@ -194,6 +209,8 @@ def block_parameters(model: Model) -> list[int]:
 def root_parameters(model: Model) -> int:
     """Everything outside the blocks: input projections, time (and guidance, text) embedders, output."""
     cfg, d = model.transformer, model.hidden
+    if model.counted:
+        return model.counted["root"]
     if model.cross_attention:  # Wan: patch embedding, time and text embedders, the time projection, output
         patch = cfg["patch_size"][0] * cfg["patch_size"][1] * cfg["patch_size"][2]
         embedders = _linear(cfg["freq_dim"], d) + _linear(d, d) + _linear(d, 6 * d) + _linear(cfg["text_dim"], d) + _linear(d, d)
@@ -360,10 +377,31 @@ def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
     latent_pixels = (tile_h // 8) * (tile_w // 8)
     decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
                                          + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
+    decode *= min(recipe.frames, vae.get("tile_frames", 1))  # a video's tile of frames at once
+    if model.reward:  # VideoAlign: one video at a time, forward only (a layer's tokens x width, a few at once)
+        return decode, model.reward["tokens"] * model.reward["width"] * a * 8
     hps = model.hps
     patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
     reward = recipe.sample_batch_size * (patches * hps["width"] * 4 * 24 + (hps["width"] // hps["head_width"]) * patches**2 * 4)
     return decode, reward
+
+
+def reward_part(model: Model) -> tuple[str, int]:
+    """The reward model a rank holds: HPSv2 in fp32, or the model's own (VideoAlign, bf16)."""
+    if model.reward:
+        return f"{model.reward['name']} reward (bf16)", model.reward["parameters"] * model.reward["bytes"]
+    return "HPSv2 reward (fp32)", model.hps["parameters"] * 4
+
+
+def vae_part(model: Model, a: int) -> tuple[str, int]:
+    size = model.vae.get("bytes", a)
+    return "VAE" + (" (bf16)" if size == 2 else " (fp32)"), model.vae["parameters"] * size
+
+
+def first_frame_bytes(model: Model) -> tuple[int, int]:
+    """(the whole first-frame pipeline, its largest model), in bytes."""
+    counts = model.first_frame["parameters"].values()
+    return sum(counts) * model.first_frame["bytes"], max(counts) * model.first_frame["bytes"]
 
 
 def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
@@ -386,8 +424,8 @@ def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     ]
     if a == 2:
         parts.append(("autocast's bf16 copy of the weights", 2 * params))
-    parts.append(("HPSv2 reward (fp32)", model.hps["parameters"] * 4))
-    parts.append(("VAE" + (" (bf16)" if a == 2 else " (fp32)"), model.vae["parameters"] * a))
+    parts.append(reward_part(model))
+    parts.append(vae_part(model, a))
     if model.text_encoder:
         parts.append(("text encoder" + (" (bf16)" if a == 2 else " (fp32)"), model.text_encoder["parameters"] * a))
 
@@ -456,8 +494,17 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
         gathered = (GATHERED_BLOCKS * largest_block + root_parameters(model)) * a + largest_block * a
         parts.append((f"FSDP gathered blocks ({GATHERED_BLOCKS} + root, bf16) and a block's gradients", gathered))
 
-    parts.append(("HPSv2 reward (fp32)", model.hps["parameters"] * 4))
-    parts.append(("VAE" + (" (bf16)" if a == 2 else " (fp32)"), model.vae["parameters"] * a))
+    parts.append(reward_part(model))
+    parts.append(vae_part(model, a))
+    phases: dict[str, int] = {}
+    if model.first_frame:
+        whole, largest = first_frame_bytes(model)
+        name = model.first_frame["name"]
+        if options.first_frame == "device":
+            parts.append((f"{name} (bf16), kept on the device", whole))
+        else:  # on the device only while it makes the first frame: that phase's size
+            phases["condition"] = whole if options.first_frame == "upstream" else largest
+            host += whole  # its host copy, on every rank
 
     def scores(batch: int) -> int:
         return batch * heads * tokens * tokens * 4 if options.attention_scores else 0
@@ -471,8 +518,8 @@ def estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     g = recipe.guidance_batch
     train = g * (kept * (per_block + scores(1)) + ckpt * tokens * d * a + per_block + scores(1)) + trajectory
     decode, reward = _decode_and_reward(recipe, model, a)
-    parts += _largest_phase_and_reserve({"rollout": rollout, "train": train, "decode": decode, "reward": reward},
-                                        f"{ckpt} of {model.blocks} blocks checkpointed", options)
+    phases.update({"rollout": rollout, "train": train, "decode": decode, "reward": reward})
+    parts += _largest_phase_and_reserve(phases, f"{ckpt} of {model.blocks} blocks checkpointed", options)
     rank0_host: tuple[tuple[str, int], ...] = ()
     if recipe.ema and options.ema and not options.lora_rank:
         full = params * 4  # get_model_state_dict(full_state_dict=True, cpu_offload=True): fp32, on rank 0
@@ -510,6 +557,9 @@ def alternatives(model: Model, recipe: Recipe, options: Options) -> list[Choice]
         ("LoRA rank 64", lora, recipe),
         ("LoRA rank 64, selective checkpointing 1.0", lora, full_ckpt),
     ]
+    if model.first_frame:  # where the first-frame pipeline lives: upstream's moves, kept on the device, offloaded
+        candidates[1:1] = [(f"{model.first_frame['flag']} {where}", replace(options, first_frame=where), recipe)
+                           for where in ("device", "offload") if where != options.first_frame]
     if options.lora_rank:  # asked for LoRA already: not a remedy to offer again at another rank
         candidates = [c for c in candidates if not c[0].startswith("LoRA")]
     if model.parallel != "fsdp":  # FSDP's offload is no option of a trainer without FSDP

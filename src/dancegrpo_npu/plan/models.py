@@ -61,12 +61,13 @@ def model_of(name: str) -> Model:
         cfg = _config(data, "vae")
         vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
     config = data["recipe"].get("config", {})
-    denoiser = data["unet"] if "unet" in data else _config(data, "transformer")
-    return Model(name, name, denoiser, vae, data["hps"],
+    denoiser = data["unet"] if "unet" in data else {**_config(data, "transformer"), **data.get("transformer_overrides", {})}
+    return Model(name, name, denoiser, vae, data.get("hps"),
                  reference_image_tokens=data.get("reference_image_tokens", False),
                  parallel=data.get("parallel", "fsdp"), text_encoder=data.get("text_encoder"),
                  checkpointing=data.get("checkpointing", True),
-                 config_fields=tuple(config.get("fields", {}).items()), config_flag=config.get("flag", ""))
+                 config_fields=tuple(config.get("fields", {}).items()), config_flag=config.get("flag", ""),
+                 counted=data.get("counted"), reward=data.get("reward"), first_frame=data.get("first_frame"))
 
 
 def load(name: str, tree: Path | None) -> tuple[Model, Recipe, int, str]:

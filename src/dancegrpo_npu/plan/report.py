@@ -37,6 +37,8 @@ def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int)
     spec = trainers.get(model.trainer)
     trainer, extra = spec.name, []
     opts, recipe = choice.options, choice.recipe
+    if model.first_frame and opts.first_frame != "upstream":
+        extra.append(f"{model.first_frame['flag']} {opts.first_frame}")
     if opts.cpu_offload:
         if spec.offload_flag is None:
             return f"(none: {NO_OFFLOAD})"
@@ -89,7 +91,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         + (f"{recipe.prompts} prompts x " if recipe.prompts > 1 else "")
         + f"{recipe.generations} generations, "
         f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
-        + (f"{recipe.frames} frame{'s' if recipe.frames > 1 else ''}, " if not model.unet and model.cross_attention else "")
+        + (f"{recipe.frames} frame{'s' if recipe.frames > 1 else ''}, " if not model.unet and (model.cross_attention or recipe.frames > 1) else "")
         + (f"selective checkpointing {recipe.selective_checkpointing}" if model.checkpointing else "no activation checkpointing")
         + (f", train batch {recipe.train_batch_size}, accumulation {recipe.accumulation}" if recipe.train_batch_size > 1 else "")
         + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
@@ -101,7 +103,10 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     lines += [f"  {what:<72} {_gib(size):>7}" for what, size in asked.estimate.parts]
     lines.append(f"  {'total':<72} {_gib(asked.estimate.total):>7}")
     if asked.estimate.host_bytes_per_rank:
-        lines.append(f"  {'host memory (CPU offload), per node of ' + str(min(ranks_per_node, options.world_size)) + ' ranks':<72} "
+        held = "CPU offload" if options.cpu_offload else ""
+        if model.first_frame and options.first_frame != "device":
+            held += ("; " if held else "") + f"the {model.first_frame['name']} between steps"
+        lines.append(f"  {'host memory (' + held + '), per node of ' + str(min(ranks_per_node, options.world_size)) + ' ranks':<72} "
                      f"{_gib(asked.estimate.host_bytes_per_rank * min(ranks_per_node, options.world_size)):>7}")
     if asked.estimate.rank0_host:
         lines += [f"  {'rank 0 host memory: ' + what:<72} {_gib(size):>7}" for what, size in asked.estimate.rank0_host]

@@ -77,6 +77,7 @@ def test_preprocess_hunyuan_writes_the_fixtures_dataset_without_touching_the_wei
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI keeps preprocess-hunyuan, the same script
 @pytest.mark.upstream
 def test_preprocess_skyreels_writes_the_empty_prompt_in_the_same_run(patched_tree, hunyuan, tmp_path):
     fixtures, prompts = hunyuan

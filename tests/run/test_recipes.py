@@ -72,6 +72,21 @@ def test_a_named_recipe_at_another_world_size_is_scaled_too(project, tmp_path):
     assert arg(plan, "--max_grad_norm") == "1.0"  # the rest is that script's
 
 
+def test_a_trainer_whose_batch_is_a_ranks_runs_the_recipe_as_it_is_at_any_world_size(project, tmp_path, monkeypatch):
+    """HunyuanVideo's best-of-n and advantages are a rank's (its prompt's generations): scaling the
+    prompts a rank takes would mix prompts in one best-of-n; the row says so (per_rank_batch)."""
+    from dataclasses import replace
+
+    from dancegrpo_npu import trainers
+
+    row = replace(trainers.get("flux"), per_rank_batch="a rank's batch")
+    monkeypatch.setitem(trainers.REGISTRY, "flux", row)
+    plan = plan_of(project, tmp_path, LaunchSpec("flux", nproc_per_node=4))
+    assert plan.recipe.name == "8gpus" and plan.recipe_scaling is None
+    assert (arg(plan, "--train_batch_size"), arg(plan, "--gradient_accumulation_steps")) == ("2", "12")
+    assert trainers.get("hunyuan").per_rank_batch and trainers.get("skyreels-i2v").per_rank_batch
+
+
 def test_scaling_keeps_the_accumulation_a_divisor_of_the_samples_per_step():
     recipe = recipes.Recipe("r", None, "t.py", 1, 8, (("--train_batch_size", "2"), ("--num_generations", "12"),
                                                      ("--use_group", None), ("--gradient_accumulation_steps", "12")))
@@ -93,10 +108,10 @@ def test_the_dry_run_lists_every_value_that_differs_from_the_script(project, cap
         "#   --data_json_path %s/data/rl_embeddings/flux/videos2caption.json (script: "
         "data/rl_embeddings/videos2caption.json; this model's own dataset, resolved in the patched tree "
         "(`launch preprocess` writes it))" % tree,
-        f"#   --hps_open_clip_ckpt {tree}/hps_ckpt/open_clip_pytorch_model.bin (not in the script; the port's reward "
-        "files; upstream reads ./hps_ckpt)",
-        f"#   --hps_ckpt {tree}/hps_ckpt/HPS_v2.1_compressed.pt (not in the script; the port's reward files; upstream "
-        "reads ./hps_ckpt)",
+        f"#   --hps_open_clip_ckpt {tree}/hps_ckpt/open_clip_pytorch_model.bin (not in the script; the port's flag for "
+        "a path upstream hard-codes (in the working directory))",
+        f"#   --hps_ckpt {tree}/hps_ckpt/HPS_v2.1_compressed.pt (not in the script; the port's flag for a path upstream "
+        "hard-codes (in the working directory))",
         "#   --seed 1 (script: 7; given after --)",
         f"#   --output_dir {project.runs_dir}/" + out.split(f"--output_dir {project.runs_dir}/")[1].split(" ")[0]
         + " (script: data/outputs/grpo; the run's own outputs/)",

@@ -210,8 +210,10 @@ def scale(recipe: Recipe, world_size: int) -> Scaling:
     return Scaling(recipe, world_size, tuple(changes), before, after)
 
 
-def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str) -> tuple[Recipe, Scaling | None]:
-    """The recipe named, else the one for this world size, else the nearest one (scaled)."""
+def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str,
+           scalable: bool = True) -> tuple[Recipe, Scaling | None]:
+    """The recipe named, else the one for this world size, else the nearest one (scaled, unless
+    the trainer's batch is per rank: ``scalable`` False)."""
     names = ", ".join(f"{r.name} ({r.world_size} ranks)" for r in recipes)
     if not recipes:
         raise DancegrpoError(
@@ -230,7 +232,7 @@ def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str
         import math
 
         recipe = min(recipes, key=lambda r: (abs(math.log(r.world_size / world_size)), r.world_size))
-    if recipe.world_size == world_size or "--train_batch_size" not in recipe.values():
+    if recipe.world_size == world_size or not scalable or "--train_batch_size" not in recipe.values():
         # a recipe without the batch flags keeps its batch per rank elsewhere (the SD configuration's
         # sample.batch_size is per GPU): it runs at any world size as it is
         return recipe, None
@@ -265,7 +267,8 @@ def plan_recipe(spec, info, tree: Path):
     if info.recipe_glob is None or not spec.upstream_defaults:
         return None, (), None
     found = recipes_for(tree, info.relpath, info.recipe_glob)
-    recipe, scaling = choose(found, spec.recipe, spec.nproc_per_node * spec.nnodes, info.name)
+    recipe, scaling = choose(found, spec.recipe, spec.nproc_per_node * spec.nnodes, info.name,
+                             scalable=not info.per_rank_batch)
     changes = dict(scaling.changes) if scaling else {}
     return recipe, tuple((flag, changes.get(flag, value)) for flag, value in recipe.args), scaling
 
@@ -280,7 +283,8 @@ def recipe_notes(spec, info, recipe, scaling, script_args) -> tuple[str, ...]:
     user = {flag for flag, _, _ in split_flags(spec.args)}
     reasons = {flag: f"scaled to world size {scaling.world_size}" for flag, _ in scaling.changes} if scaling else {}
     reasons.update({flag: "resolved in the patched tree" for flag in info.path_flags})
-    reasons.update({flag: "the port's reward files; upstream reads ./hps_ckpt" for flag, _ in info.defaults})
+    reasons.update({flag: "the port's flag for a path upstream hard-codes (in the working directory)"
+                    for flag, _ in info.defaults})
     reasons["--output_dir"] = "the run's own outputs/"
     if info.dataset is not None:  # run.datasets: each model's dataset in its own directory
         from dancegrpo_npu.run.datasets import model

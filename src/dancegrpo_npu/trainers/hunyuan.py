@@ -35,6 +35,8 @@ ROWS = (
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
         plan_model="hunyuan", offload_flag="--use_cpu_offload",
+        per_rank_batch=("best-of-n and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
+                        "is on each rank at any world size"),
         no_lora="upstream's HunyuanVideo trainer has no LoRA option",
         no_bench=("bench has no HunyuanVideo preset yet: a launch's metrics.jsonl holds the phase times of each step, "
                   "and `plan hunyuan` the memory"),
@@ -61,6 +63,8 @@ ROWS = (
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-skyreels-i2v",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),
         plan_model="skyreels-i2v", offload_flag="--use_cpu_offload",
+        per_rank_batch=("the first frame and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
+                        "is on each rank at any world size"),
         no_lora="upstream's SkyReels-I2V trainer has no LoRA option",
         no_bench=("bench has no SkyReels-I2V preset yet: a launch's metrics.jsonl holds the phase times of each step "
                   "(time_condition: the first frame), and `plan skyreels-i2v` the memory"),

@@ -27,7 +27,7 @@ import os
 # each video's first frame as an image (the records, ./images).
 from dancegrpo_port.wan import decode, frames_as_images
 
-__all__ = ["ADV_CLIP_MAX", "CLIP_RANGE", "decode", "frames_as_images", "reward", "reward_videos", "sample_names",
+__all__ = ["ADV_CLIP_MAX", "CLIP_RANGE", "add_reward_arguments", "decode", "frames_as_images", "reward", "reward_videos", "sample_names",
            "settle", "tokenizer_dir", "trained_samples", "video_paths", "write_empty_prompt"]
 
 CLIP_RANGE = 1e-4  # upstream's training loop: clip_range = 1e-4
@@ -66,6 +66,13 @@ def video_paths(prefix: str, rank: int, batch_idx) -> list[str]:
 def sample_names(rank: int, batch_idx) -> list[str]:
     """How a reward error names a sample: its rank and its index in the rank's step."""
     return [f"{int(i)} of rank {rank}" for i in batch_idx]
+
+
+def add_reward_arguments(parser) -> None:
+    parser.add_argument(
+        "--reward_from_mp4", action="store_true", default=False,
+        help="score each video read back from the mp4 written with export_to_video (upstream's way: the reward then "
+        "depends on the video encoder); default: the frames as decoded, in memory")
 
 
 def reward_videos(args, videos, prefix: str, rank: int, batch_idx) -> list:

@@ -159,7 +159,7 @@ def hunyuan_fixtures_at(dest: Path) -> HunyuanFixtures:
         vae_dir=dest / "pipeline" / "vae", videoalign_ckpt=dest / VIDEOALIGN_CKPT_DIR,
         videoalign_base=dest / BASE_DIR, skyreels_model_dir=sky / "pipeline",
         skyreels_data_json=sky / "rl_embeddings" / "videos2caption.json", skyreels_empty_dir=sky / "empty",
-        flux_dir=sky / "flux")
+        flux_dir=sky / "first_frame_flux")
 
 
 def params_sha256(python: str, tree: Path) -> str:
@@ -325,9 +325,9 @@ def _main(argv: list[str]) -> int:
     scratch = dest / ".scratch"
     dest.mkdir(parents=True)
     with torch.random.fork_rng(devices=[]):
-        build_pipeline(16, scratch / "hunyuan").save_pretrained(str(fixtures.model_dir))
+        build_pipeline(16, scratch / "t2v").save_pretrained(str(fixtures.model_dir))
         build_pipeline(32, scratch / "skyreels").save_pretrained(str(fixtures.skyreels_model_dir))
-        tiny_models.build_flux_pipeline(clip_bpe_path(), scratch / "flux").save_pretrained(str(fixtures.flux_dir))
+        tiny_models.build_flux_pipeline(clip_bpe_path(), scratch / "first_frame").save_pretrained(str(fixtures.flux_dir))
         _encode_datasets(fixtures.model_dir, scratch / "encode", [(prompts, fixtures.data_json.parent)])
         _encode_datasets(fixtures.skyreels_model_dir, scratch / "encode",
                          [(prompts, fixtures.skyreels_data_json.parent), ([""], fixtures.skyreels_empty_dir)])

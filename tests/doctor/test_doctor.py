@@ -389,7 +389,8 @@ def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(pa
     from dancegrpo_npu.doctor import trainers
 
     project = patched_tree.project
-    assert trainers.installed(project, dict(os.environ)) == ["flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit", "sd"]
+    assert trainers.installed(project, dict(os.environ)) == ["flux", "flux-lora", "wan", "qwenimage", "qwenimage-edit", "sd",
+                                                             "hunyuan", "skyreels-i2v"]
     opts = DoctorOptions(skip=("matmul", "all_reduce", "disk"), trainers=("wan", "qwenimage"))
     c = by_name(run_checks(project, opts))["weights"]
     assert c.status == FAIL and c.detail.startswith("wan: ") and " | qwenimage: " in c.detail
@@ -398,6 +399,9 @@ def test_doctor_checks_each_trainers_inputs_and_dependency_set_as_launch_does(pa
     c = by_name(run_checks(project, DoctorOptions(skip=opts.skip, trainers=("wan",), environ=gone)))["weights"]
     assert c.status == FAIL and "diffusers-0.35" in c.detail and "bootstrap.sh" in c.detail
     assert "wan" not in trainers.installed(project, gone)
+    c = by_name(run_checks(project, DoctorOptions(skip=opts.skip, trainers=("hunyuan", "skyreels-i2v"))))["weights"]
+    assert c.status == FAIL and c.detail.startswith("hunyuan: ") and " | skyreels-i2v: " in c.detail
+    assert "HunyuanVideo weights" in c.detail and "SkyReels-V1-I2V weights" in c.detail and "VideoAlign" in c.detail
 
 
 def test_dancegrpo_device_is_doctors_default_device(project, monkeypatch):

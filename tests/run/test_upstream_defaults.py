@@ -95,6 +95,8 @@ def test_recipe_names_come_from_the_file_names(patched_tree):
         ("wan", 1, 8, "finetune_wan_2_1_grpo.sh"),
         ("qwenimage", 1, 8, "finetune_qwenimage_grpo.sh"),
         ("qwenimage-edit", 1, 8, "finetune_qwenimage_edit_grpo.sh"),
+        ("hunyuan", 4, 8, "finetune_hunyuan_grpo.sh"),
+        ("skyreels-i2v", 4, 8, "finetune_skyreels_i2v.sh"),
     ],
 )
 def test_a_launch_of_the_scripts_world_size_passes_its_values(patched_tree, scripts, script, nnodes, nproc,
@@ -120,9 +122,11 @@ def test_a_launch_of_the_scripts_world_size_passes_its_values(patched_tree, scri
             assert got[got.index(expected[i - 1]) + 1] == str((tree / word).resolve())
         else:
             assert word in got, word
-    # the differences the plan lists are only paths, the run's outputs and the port's reward files
+    # the differences the plan lists are only paths, the run's outputs and the port's flags for
+    # paths upstream hard-codes (the reward files)
     for note in plan.recipe_notes:
-        assert "resolved in the patched tree" in note or "the run's own outputs" in note or "reward files" in note
+        assert ("resolved in the patched tree" in note or "the run's own outputs" in note
+                or "the port's flag for a path upstream hard-codes" in note), note
 
 
 def test_preprocess_defaults_match_upstreams_script(patched_tree):

@@ -22,12 +22,17 @@ Noise (``--rng``, ``--replay``)
             for each sample b = 0..B-1:
               without --init_same_noise: randn((1, 16, h/8, w/8))     its initial latents
               randn((S, tokens, 64))                                   its SDE noise, steps 0..S-1
+            the conditioning's draws, where a trainer has one (SkyReels-I2V's first frame:
+              its FLUX pipeline's initial latents, then the VAE's sample), in the order the
+              pipelines draw them
+            with best-of-n (HunyuanVideo): randperm(K)                 the order of the K kept
             for each sample b = 0..B-1: randperm(S - 1)                its timestep permutation
           The draws are then cast to the dtype upstream uses (bfloat16 initial latents,
           float32 SDE noise) and moved to the device.  A sample's noise does not depend on
           how the rollout is batched.
-  replay  ``noise.init``, ``noise.sde`` and ``noise.perms`` of a recorded run, cast and moved
-          the same way.
+  replay  ``noise.init``, ``noise.sde``, ``noise.perms`` and ``noise.order`` (best-of-n's) of a
+          recorded run, cast and moved the same way.  A conditioning's draws are not recorded:
+          under --replay they are the device's, as upstream's (SkyReels-I2V's first frame).
 
 Records (``--record``, ``--record_steps``, ``--record_modules``): see ``alignment_records``;
 with DANCEGRPO_MSPROBE also msprobe's own dumps of the same calls: ``alignment_msprobe``.
@@ -138,7 +143,7 @@ class Noise:
         self._clear()
 
     def _clear(self):
-        self.init = self.sde = self.perms = None  # float32 / int64, on the CPU
+        self.init = self.sde = self.perms = self.order = None  # float32 / int64, on the CPU
         self.same = False
         self.batch = None
         self._init_parts = []
@@ -147,7 +152,7 @@ class Noise:
         self.step, self.keep = step, keep
         self._clear()
         if self.mode == "replay":
-            self.init, self.sde, self.perms = records.load_noise(self.replay_dir, step, self.rank)
+            self.init, self.sde, self.perms, self.order = records.load_noise(self.replay_dir, step, self.rank)
 
     def begin_rollout(self, num_samples: int, latent_shape, sampling_steps: int, same_noise: bool,
                       sde_shape=None) -> None:
@@ -218,10 +223,29 @@ class Noise:
             self.perms = perms.clone()
         return perms
 
+    def selection_order(self, n: int, device) -> torch.Tensor:
+        if self.mode == "device":
+            order = torch.randperm(n, device=device)
+        elif self.mode == "cpu":
+            order = torch.randperm(n, generator=self.generator)
+        else:
+            if self.order is None:
+                raise RuntimeError(f"--replay {self.replay_dir}: step {self.step} has no noise.order "
+                                   f"(best-of-n's order; record the run again with this port)")
+            order = self.order
+            _same_shape("best-of-n order", order, (n,))
+            order = order.clone()
+        if self.keep:
+            self.order = order.to("cpu")
+        return order.to(device)
+
+    def condition_generator(self):
+        return self.generator  # --rng cpu's; None (the device's draws) otherwise
+
     def recorded(self) -> dict:
         """This step's noise as the record keeps it: as drawn, float32 (int64 permutations)."""
         init = torch.cat(self._init_parts) if self.mode == "device" and self._init_parts else self.init
-        out = {"noise.init": init, "noise.sde": self.sde, "noise.perms": self.perms}
+        out = {"noise.init": init, "noise.sde": self.sde, "noise.perms": self.perms, "noise.order": self.order}
         return {k: v.contiguous() for k, v in out.items() if v is not None}
 
 
@@ -322,6 +346,12 @@ class Alignment(Feature):
 
     def timestep_perms(self, batch_size: int, n: int):
         return self.run.noise.timestep_perms(batch_size, n)
+
+    def selection_order(self, n: int, device):
+        return self.run.noise.selection_order(n, device)
+
+    def condition_generator(self):
+        return self.run.noise.condition_generator()
 
     def model_call(self, name: str, module):
         return capture_modules(self.run, name, module)

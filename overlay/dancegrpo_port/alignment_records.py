@@ -9,7 +9,7 @@ Layout (the trainer's working directory is the run directory)::
 
 Tensors of a step file (B samples on the rank, S sampling steps, T trained timesteps a
 sample; float32 unless said): noise.init (1 or B, 16, h/8, w/8), noise.sde (B, S, tokens, 64),
-noise.perms int64 (B, S-1), latents (B, S+1, tokens, 64), log_probs (B, S), images uint8
+noise.perms int64 (B, S-1), noise.order int64 (K,) (best-of-n's order of the K kept), latents (B, S+1, tokens, 64), log_probs (B, S), images uint8
 (B, h, w, 3), rewards (B,), advantages (B,), train.log_prob / train.old_log_prob /
 train.ratio / train.loss (B, T), grad_norm (K,) one per optimizer step.
 
@@ -38,6 +38,7 @@ from dancegrpo_port.contract import RECORDS_FORMAT as FORMAT
 from dancegrpo_port.contract import REPLAY_FIT, format_steps
 
 NOISE = ("noise.init", "noise.sde", "noise.perms")
+OPTIONAL_NOISE = ("noise.order",)  # best-of-n's order: only a trainer with best-of-n draws it
 ROWS_PER_PAIR = ("train.log_prob", "train.old_log_prob", "train.ratio", "train.loss")
 WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 
@@ -53,9 +54,12 @@ def tensor_shapes(path) -> dict:
 
 
 def load_noise(root, step: int, rank: int):
-    """(init, sde, perms) of a recorded step, on the CPU."""
+    """(init, sde, perms, order) of a recorded step, on the CPU; order None where the trainer
+    has no best-of-n."""
     with safe_open(str(step_path(root, step, rank)), framework="pt") as f:
-        return tuple(f.get_tensor(name) for name in NOISE)
+        names = set(f.keys())
+        return tuple(f.get_tensor(name) if name in names or name in NOISE else None
+                     for name in (*NOISE, *OPTIONAL_NOISE))
 
 
 def replay_problem(root, fields: dict, rank: int, samples: int, max_step: int) -> str | None:

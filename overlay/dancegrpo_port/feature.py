@@ -13,7 +13,8 @@ Three kinds of event, as hooks.py calls them:
 - notices (``step_begin``, ``sampled``, ...): every feature's method is called; no result;
 - contexts (``sampling``, ``model_call``, ``decoding``, ``rewarding``, ``training``): every
   feature's context manager is entered around the trainer's code (the base's does nothing);
-- answers (``initial_latents``, ``sde_noise``, ``timestep_perms``: the noise source): the
+- answers (``initial_latents``, ``sde_noise``, ``timestep_perms``, ``selection_order``,
+  ``condition_generator``: the noise source): the
   first feature that returns something other than None answers; when none does, the draw is
   upstream's.  ``checkpoint_load`` passes the step to start after from feature to feature.
 
@@ -130,6 +131,14 @@ class Feature:
         """The noise source's timestep permutations, or None."""
         return None
 
+    def selection_order(self, n: int, device):
+        """The noise source's shuffle of the samples best-of-n keeps, or None."""
+        return None
+
+    def condition_generator(self):
+        """The generator a conditioning model draws with, or None (the device's, as upstream)."""
+        return None
+
     def training(self):
         """Around the whole training loop of the step."""
         return nullcontext()
@@ -143,7 +152,7 @@ class Feature:
 
 EVENTS = frozenset(name for name, value in vars(Feature).items() if callable(value) and not name.startswith("_"))
 # the events whose first answer (not None) is the result; upstream's draw when none answers
-ANSWERS = ("initial_latents", "sde_noise", "timestep_perms")
+ANSWERS = ("initial_latents", "sde_noise", "timestep_perms", "selection_order", "condition_generator")
 # the events that are context managers, entered for every feature
 CONTEXTS = ("sampling", "model_call", "decoding", "rewarding", "conditioning", "training")
 

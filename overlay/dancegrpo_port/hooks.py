@@ -20,8 +20,9 @@ Call points, in the order a run makes them::
                                      --resume_from_checkpoint loads the state: checkpoints.py)
       data_pass_begin()              a trainer of several passes: before a pass's DataLoader iterator
       step_begin(step)
-        with conditioning(model): ...  a conditioning another model makes (SkyReels-I2V's first frame)
         rollout_begin(samples, latent_shape, sampling_steps, same_noise)
+        with conditioning(model): ...  a conditioning another model makes (SkyReels-I2V's first
+                                     frame), drawing with condition_generator()
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
           initial_latents(shape, device, dtype) / sde_noise(like, index)   the noise source
           with sampling(): ... with model_call("transformer", transformer): ...
@@ -29,7 +30,8 @@ Call points, in the order a run makes them::
           with decoding(vae): ...    decoded(images, batch_idx); image_file(path)
           with rewarding(model): ...
         rewards_gathered(rewards)    every rank's rewards of the step (metrics.jsonl: reward_mean)
-        advantages(rewards, advantages); timestep_perms(samples, n)
+        advantages(rewards, advantages); selection_order(n, device)  (best-of-n)
+        timestep_perms(samples, n)
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
       step_end(step, **figures)      after the step's time is taken (upstream's loss, grad norm, step
                                      time, lr): records, health, times, metrics.jsonl
@@ -306,6 +308,19 @@ def advantages(rewards, advantages) -> None:
 
 def timestep_perms(batch_size: int, n: int):
     return _answer("timestep_perms", batch_size, n)
+
+
+def selection_order(n: int, device):
+    """The shuffle of the samples best-of-n keeps (HunyuanVideo's trainer): upstream draws
+    ``torch.randperm(n, device=device)``."""
+    return _answer("selection_order", n, device)
+
+
+def condition_generator():
+    """The generator a conditioning model's draws take (SkyReels-I2V's first frame: its FLUX
+    pipeline's initial latents and the VAE's sample): None, upstream's draws on the device,
+    unless the noise source gives one (--rng cpu's)."""
+    return _answer("condition_generator")
 
 
 def training(items):

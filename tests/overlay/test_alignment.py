@@ -276,6 +276,81 @@ def test_replay_hands_out_the_recorded_noise_and_records_the_same(rng, same, tmp
     assert index["replayed_from"] == str(tmp_path / "a" / "records")
 
 
+# ------------------------------------------- best-of-n's order and a conditioning's draws
+
+
+def video_step(step: int, args, keep: int = 2) -> dict:
+    """A step as the HunyuanVideo and SkyReels-I2V seams call it: the rollout's noise, the first
+    frame's draws on condition_generator(), best-of-n's order of the ``keep`` kept, then the
+    kept samples' timestep permutations."""
+    hooks.step_begin(step)
+    B, S = upstream_args.samples_per_step(args), args.sampling_steps
+    hooks.rollout_begin(B, (16, 4, 4), S, False)
+    hooks.rollout_batch(torch.arange(B))
+    init = hooks.initial_latents((B, 16, 4, 4), device="cpu", dtype=torch.bfloat16)
+    frame = torch.randn((1, 16, 4, 4), generator=hooks.condition_generator())  # as diffusers' randn_tensor
+    hooks.advantages(torch.arange(B, dtype=torch.float32), torch.zeros(B))
+    order = hooks.selection_order(keep, "cpu")
+    perms = hooks.timestep_perms(keep, S - 1)
+    hooks.step_end(step)
+    return {"init": init, "frame": frame, "order": order, "perms": perms}
+
+
+def test_cpu_draws_a_first_frame_and_best_of_n_order_after_the_rollouts_noise():
+    args = make_args()
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    start(args, rank=1, world_size=2)
+    got = video_step(1, args, keep=3)
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator is not drawn from
+    g = torch.Generator("cpu").manual_seed(42 * 1000 + 1)
+    for _ in range(4):
+        torch.randn((1, 16, 4, 4), generator=g), torch.randn((4, TOKENS, 64), generator=g)
+    assert torch.equal(got["frame"], torch.randn((1, 16, 4, 4), generator=g))
+    assert torch.equal(got["order"], torch.randperm(3, generator=g))
+    assert torch.equal(got["perms"], torch.stack([torch.randperm(3, generator=g) for _ in range(3)]))
+
+
+def test_device_draws_best_of_n_order_and_first_frame_as_upstream():
+    args = make_args(rng="device")
+    start(args, rank=0, world_size=1)
+    assert hooks.condition_generator() is None  # diffusers then draws on the device, as upstream
+    torch.manual_seed(3)
+    got = video_step(1, args)
+    torch.manual_seed(3)
+    init = torch.randn((4, 16, 4, 4), dtype=torch.bfloat16)
+    frame = torch.randn((1, 16, 4, 4))
+    order = torch.randperm(2, device="cpu")
+    assert torch.equal(got["init"], init) and torch.equal(got["frame"], frame) and torch.equal(got["order"], order)
+    hooks.install([])
+    assert hooks.condition_generator() is None  # without a run: upstream's
+
+
+def test_best_of_n_order_is_recorded_and_replayed(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    args = make_args(rng="cpu", record=True)
+    start(args, rank=0, world_size=1)
+    source = video_step(1, args, keep=2)
+    tensors = load_file(tmp_path / "a" / "records" / "step_000001" / "rank_0.safetensors")
+    assert torch.equal(tensors["noise.order"], source["order"]) and tensors["noise.order"].dtype == torch.int64
+    monkeypatch.chdir(tmp_path / "b")
+    args = make_args(rng="cpu", record=True, replay=str(tmp_path / "a" / "records"))
+    start(args, rank=0, world_size=1)
+    replayed = video_step(1, args, keep=2)
+    assert torch.equal(replayed["order"], source["order"]) and torch.equal(replayed["perms"], source["perms"])
+    # a record without best-of-n (the image trainers') cannot drive one: said, not guessed
+    monkeypatch.chdir(tmp_path / "a")
+    args = make_args(rng="cpu", record=True, record_steps="2")
+    start(args, rank=0, world_size=1)
+    fake_step(1, args), fake_step(2, args)
+    args = make_args(rng="cpu", replay=str(tmp_path / "a" / "records"))
+    start(args, rank=0, world_size=1)
+    hooks.step_begin(2)
+    with pytest.raises(RuntimeError, match="step 2 has no noise.order"):
+        hooks.selection_order(2, "cpu")
+
+
 # ---------------------------------------------------------------- arguments
 
 

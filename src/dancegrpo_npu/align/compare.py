@@ -33,7 +33,7 @@ from dancegrpo_npu.rundirs.records import (
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import writing
 
-NOISE = ("noise.init", "noise.sde", "noise.perms")
+NOISE = ("noise.init", "noise.sde", "noise.perms", "noise.order")  # noise.order: best-of-n's (HunyuanVideo)
 # stage -> (tensor, metric label, tolerance name); latents are per sampling step, below
 SIMPLE = {
     "log_probs": ("log_probs", "max abs error", "log_probs_abs"),

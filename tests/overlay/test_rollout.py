@@ -141,6 +141,34 @@ def test_batched_decode_of_a_real_vae_is_one_at_a_time_decode():
     assert torch.equal(batch, alone)
 
 
+class JointAttentionOutput(torch.nn.Module):
+    """What a joint attention does after its attention (Qwen-Image's, HunyuanVideo's double
+    blocks): the output split into the video and the text tokens, each slice projected."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.to_out = torch.nn.ModuleList([torch.nn.Linear(dim, dim), torch.nn.Dropout(0.0)])
+        self.to_add_out = torch.nn.Linear(dim, dim)
+
+    def forward(self, joint: torch.Tensor, text: int):
+        return self.to_out[0](joint[:, :-text]), self.to_add_out(joint[:, -text:])
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_a_batch_of_projections_is_each_sample_alone_with_contiguous_inputs(contiguous):
+    """rollout.contiguous_projections: with it a batch projects as its samples do alone; without
+    it (the reason for it) a bfloat16 Linear on the batch's strided slice rounds otherwise."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(JointAttentionOutput()).to(torch.bfloat16)
+    joint = torch.randn(4, 256 + 20, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        alone = [torch.cat(parts) for parts in zip(*(block[0](joint[i : i + 1], 20) for i in range(4)))]
+        with rollout.contiguous_projections(block, contiguous):
+            batch = block[0](joint, 20)
+    assert all(torch.equal(a, b) for a, b in zip(alone, batch)) == contiguous
+    assert not block[0].to_out[0]._forward_pre_hooks  # the hooks go when the rollout ends
+
+
 # ---------------------------------------------------------------- rewards
 
 

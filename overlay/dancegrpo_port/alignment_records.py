@@ -34,11 +34,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dancegrpo_port.contract import MODULE_GROUPS as MODULE_PREFIXES
+from dancegrpo_port.contract import OPTIONAL_RECORD_NOISE as OPTIONAL_NOISE
+from dancegrpo_port.contract import RECORD_NOISE as NOISE
 from dancegrpo_port.contract import RECORDS_FORMAT as FORMAT
 from dancegrpo_port.contract import REPLAY_FIT, format_steps
 
-NOISE = ("noise.init", "noise.sde", "noise.perms")
-OPTIONAL_NOISE = ("noise.order",)  # best-of-n's order: only a trainer with best-of-n draws it
 ROWS_PER_PAIR = ("train.log_prob", "train.old_log_prob", "train.ratio", "train.loss")
 WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 
@@ -57,9 +57,9 @@ def load_noise(root, step: int, rank: int):
     """(init, sde, perms, order) of a recorded step, on the CPU; order None where the trainer
     has no best-of-n."""
     with safe_open(str(step_path(root, step, rank)), framework="pt") as f:
-        names = set(f.keys())
-        return tuple(f.get_tensor(name) if name in names or name in NOISE else None
-                     for name in (*NOISE, *OPTIONAL_NOISE))
+        present = set(f.keys())
+        return (*(f.get_tensor(name) for name in NOISE),
+                *(f.get_tensor(name) if name in present else None for name in OPTIONAL_NOISE))
 
 
 def replay_problem(root, fields: dict, rank: int, samples: int, max_step: int) -> str | None:

@@ -16,6 +16,8 @@ What is defined here, and nowhere else:
 - ``RECORDS_FORMAT``, ``REPLAY_FIT``, ``MODULE_GROUPS``: the ``records/`` format, what a replay
   must share with the run it replays, and the models whose module outputs are recorded, in the
   order a step calls them.
+- ``RECORD_NOISE``, ``OPTIONAL_RECORD_NOISE``: the noise tensors of a step's record (a replay
+  reads them), and those only some trainers draw.
 - ``MSPROBE_ENV``, ``MSPROBE_TASKS``: msprobe dumps beside the module records.
 - ``CHECKPOINT_DIR``, ``CHECKPOINT_MANIFEST``, ``CHECKPOINT_FORMAT``, ``CHECKPOINT_FIT``,
   ``CHECKPOINT_FAULT_ENV``: resume checkpoints (``dancegrpo_port/checkpoints.py``): where they are
@@ -49,6 +51,8 @@ HEALTH_KEYS = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min
 RECORDS_FORMAT = 1
 REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
 MODULE_GROUPS = ("transformer", "vae", "reward")
+RECORD_NOISE = ("noise.init", "noise.sde", "noise.perms")
+OPTIONAL_RECORD_NOISE = ("noise.order",)  # best-of-n's order: only a trainer with best-of-n (HunyuanVideo) draws it
 
 MSPROBE_ENV = "DANCEGRPO_MSPROBE"
 MSPROBE_TASKS = ("statistics", "tensor")

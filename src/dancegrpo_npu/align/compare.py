@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
 from dancegrpo_npu.align.modules import flag_standing_out, module_checks
-from dancegrpo_npu.contract import parse_step_spec
+from dancegrpo_npu.contract import OPTIONAL_RECORD_NOISE, RECORD_NOISE, parse_step_spec
 from dancegrpo_npu.rundirs.records import (
     RunRecords,
     check_comparable,
@@ -33,7 +33,7 @@ from dancegrpo_npu.rundirs.records import (
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import writing
 
-NOISE = ("noise.init", "noise.sde", "noise.perms", "noise.order")  # noise.order: best-of-n's (HunyuanVideo)
+NOISE = (*RECORD_NOISE, *OPTIONAL_RECORD_NOISE)
 # stage -> (tensor, metric label, tolerance name); latents are per sampling step, below
 SIMPLE = {
     "log_probs": ("log_probs", "max abs error", "log_probs_abs"),

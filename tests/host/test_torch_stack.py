@@ -23,7 +23,7 @@ from dancegrpo_npu.host import torch_stack
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = ROOT / "scripts" / "bootstrap.sh"
 
-# CANN -> (default pins, --torch 2.7 pins), from Ascend's table (TorchNPU 7.2.0 ... 26.1.1)
+# CANN -> (default pins, --torch 2.7 pins), from Ascend's table (TorchNPU 7.2.0 ... 26.2.0)
 EXPECTED = {
     "8.3.RC1": ("torch==2.8.0 torchvision==0.23.0 torch-npu==2.8.0", "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1"),
     "8.5.0": ("torch==2.9.0 torchvision==0.24.0 torch-npu==2.9.0",
@@ -34,10 +34,20 @@ EXPECTED = {
               "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post10"),
     "9.1.1": ("torch==2.10.0 torchvision==0.25.0 torch-npu==2.10.0.post6",
               "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post10"),
+    "9.2.0": ("torch==2.10.0 torchvision==0.25.0 torch-npu==2.10.0.post7",
+              "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post11"),
+}
+# CANNs no row lists that get a row all the same, with one warning: (pins as above, the row used,
+# inside the range Ascend declares for TorchNPU 26.0.x-26.2.x, CANN 8.5.x-9.2.x)
+UNTABLED = {
+    "9.3.0": (EXPECTED["9.2.0"], "TorchNPU 26.2.0 (CANN 9.2.0)", False),
+    "9.2.1": (EXPECTED["9.2.0"], "TorchNPU 26.2.0 (CANN 9.2.0)", True),
+    "8.5.1": (EXPECTED["8.5.0"], "TorchNPU 7.3.0 (CANN 8.5.0)", True),
 }
 # where each CANN puts itself
 LAYOUT = {"8.3.RC1": "ascend-toolkit/latest", "8.5.0": "cann", "9.0.0": "cann-9.0.0", "9.1.0": "cann",
-          "9.1.1": "cann", "8.2.RC1": "ascend-toolkit/latest", "8.1.RC1": "ascend-toolkit/latest", "9.2.0": "cann"}
+          "9.1.1": "cann", "8.2.RC1": "ascend-toolkit/latest", "8.1.RC1": "ascend-toolkit/latest", "9.2.0": "cann", "9.2.1": "cann", "9.3.0": "cann-9.3.0",
+          "8.5.1": "cann", "8.4.0": "cann"}
 
 
 def ascend_host(tmp_path: Path, version: str) -> dict[str, str]:
@@ -97,14 +107,68 @@ def test_a_cann_without_a_supported_wheel_is_refused_in_one_line_naming_the_rows
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"bootstrap.sh: error: CANN {version} (")
-    assert "upgrade CANN to 8.3.RC1 or later (rows that list one: CANN 9.1.x, 9.1.0, 9.0.0, 8.5.0, 8.3.RC1)" in line
+    assert "upgrade CANN to 8.3.RC1 or later (rows that list one: CANN 9.2.0, 9.1.x, 9.1.0, 9.0.0, 8.5.0, 8.3.RC1)" \
+        in line
 
 
-def test_a_cann_newer_than_the_table_is_refused_with_how_to_force(tmp_path):
-    proc = print_torch(ascend_host(tmp_path, "9.2.0"))
+@pytest.mark.parametrize("version", sorted(UNTABLED))
+def test_a_cann_newer_than_the_table_or_inside_the_declared_range_gets_a_row_and_one_warning(tmp_path, version):
+    """A table of releases trails the next release: a CANN newer than its newest row installs
+    that row's pair, and so does one between rows inside the range Ascend declares, with one
+    warning line saying so."""
+    (default, line_27), row, inside = UNTABLED[version]
+    env = ascend_host(tmp_path, version)
+    for args, pins in (((), default), (("--torch", "2.7"), line_27)):
+        proc = print_torch(env, *args)
+        assert (proc.returncode, proc.stdout) == (0, pins + "\n"), proc.stderr
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("bootstrap.sh: warning:")]
+        assert len(warnings) == 1, proc.stderr
+        warning = warnings[0]
+        table = torch_stack.load_table()
+        assert f"CANN {version} is " in warning and f"as read on {table.read}" in warning and row in warning
+        assert ("it is inside the CANN range" if inside else "it is outside the CANN range") in warning
+        assert "TorchNPU 26.0.x-26.2.x (8.5.x-9.2.x)" in warning
+        assert "DANCEGRPO_TORCH='torch==X torchvision==Y torch-npu==Z' with DANCEGRPO_TORCH_UNCHECKED=1" in warning
+    # a pair of the row used may be forced without DANCEGRPO_TORCH_UNCHECKED, another may not
+    forced = print_torch({**env, "DANCEGRPO_TORCH": line_27})
+    assert (forced.returncode, forced.stdout) == (0, line_27 + "\n"), forced.stderr
+    other = print_torch({**env, "DANCEGRPO_TORCH": "torch==2.7.1 torchvision==0.22.1 torch-npu==2.7.1.post8"})
+    assert other.returncode == 2 and "does not list torch_npu 2.7.1.post8" in other.stderr
+
+
+def test_a_cann_between_rows_outside_the_declared_range_is_refused_with_how_to_force(tmp_path):
+    proc = print_torch(ascend_host(tmp_path, "8.4.0"))
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
-    assert "CANN 9.2.0" in proc.stderr and "not in Ascend's table as read on 2026-12-01" in proc.stderr
+    assert "CANN 8.4.0" in proc.stderr and "not in Ascend's table as read on" in proc.stderr
     assert "DANCEGRPO_TORCH_UNCHECKED=1" in proc.stderr
+
+
+@pytest.mark.parametrize("version", ["9.2.0", *sorted(UNTABLED)])
+def test_doctor_agrees_with_bootstrap(tmp_path, version, monkeypatch):
+    """doctor's CANN check on the pair bootstrap installs: PASS on a CANN of the table, WARN with
+    bootstrap's warning on one it is not in, and its fix for a missing torch_npu is bootstrap's pair."""
+    from types import SimpleNamespace
+
+    from dancegrpo_npu.doctor import checks
+
+    env = ascend_host(tmp_path, version)
+    root = tmp_path / "Ascend" / LAYOUT[version]
+    env["ASCEND_HOME_PATH"] = str(root.parent if root.name == "latest" else root)
+    proc = print_torch(env)
+    assert proc.returncode == 0, proc.stderr
+    pins = dict(p.split("==") for p in proc.stdout.split())
+    warning = next((ln[len("bootstrap.sh: warning: "):] for ln in proc.stderr.splitlines()
+                    if ln.startswith("bootstrap.sh: warning: ")), None)
+    monkeypatch.setitem(sys.modules, "torch_npu", SimpleNamespace(__version__=pins["torch-npu"]))
+    facts = checks.Facts(torch=SimpleNamespace(__version__=pins["torch"] + "+cpu"), npu=True)
+    opts = checks.DoctorOptions(environ=env, driver_file=tmp_path / "none")
+    check = checks.check_cann(facts, opts)
+    if warning is None:
+        assert check.status == checks.PASS and "is a wheel of this CANN's row" in check.detail, check
+    else:
+        assert check.status == checks.WARN and warning in check.detail, check
+    fix = checks.stack_pair(env)
+    assert fix.startswith(f"install torch=={pins['torch']} torch-npu=={pins['torch-npu']} "), fix
 
 
 def test_an_ascend_host_without_a_cann_version_file_is_refused(tmp_path):

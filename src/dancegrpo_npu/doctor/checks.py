@@ -212,6 +212,9 @@ def check_cann(facts: Facts, opts: DoctorOptions) -> Check:
     if problem:
         return Check("cann", FAIL, f"{detail}; torch {torch_version} with torch_npu {npu_version}: {problem}",
                      stack_pair(opts.environ, _line_of(torch_version)))
+    untabled = torch_stack.untabled_warning(table, cann)
+    if untabled:  # bootstrap installed this pair with the same warning
+        return Check("cann", WARN, f"{detail}; torch_npu {npu_version} is a wheel of the row used for it: {untabled}")
     return Check("cann", PASS, f"{detail}; torch_npu {npu_version} is a wheel of this CANN's row")
 
 

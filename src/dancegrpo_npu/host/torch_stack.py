@@ -20,8 +20,13 @@ On an Ascend host the choice follows the host's CANN, read from the toolkit's ow
 - torch is the version the wheel is built for, and its CPU build (torch_npu refuses a torch
   that brings CUDA); torchvision is the one built with that torch.
 
-A CANN older than every row that lists a supported line (torch 2.7.1 and later) is refused, so
-is a forced pair that no row of the host's CANN lists (unless ``DANCEGRPO_TORCH_UNCHECKED=1``).
+A table of releases always trails the next release, so a CANN that no row lists is not refused
+when it is newer than the table's newest row, or inside the CANN range Ascend declares its
+releases compatible with (``declared_compatibility``): it takes the row of the newest CANN older
+than it, with one warning line (the table's date, the row used, whether the CANN is inside the
+declared range, how to force another pair).  A CANN older than every row that lists a supported
+line (torch 2.7.1 and later) is refused, so is a forced pair that no row used for the host's CANN
+lists (unless ``DANCEGRPO_TORCH_UNCHECKED=1``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,20 @@ class Row:
     release: str  # TorchNPU release
     cann: str  # "9.1.0", or "9.1.x" for every 9.1 release
     wheels: tuple[str, ...]  # torch_npu versions, newest first
+    source: str = ""  # where the row was read
+    read: str = ""  # the day it was read
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The CANN versions Ascend declares a span of its releases compatible with."""
+    releases: str  # "26.0.x-26.2.x"
+    cann_from: str  # "8.5": the oldest CANN of the range, every patch release of it included
+    cann_to: str  # "9.2"
+    source: str
+
+    def covers(self, version: str) -> bool:
+        return cann_key(self.cann_from)[:2] <= cann_key(version)[:2] <= cann_key(self.cann_to)[:2]
 
 
 @dataclass(frozen=True)
@@ -70,7 +89,8 @@ class Table:
     cpu_index: str
     off_ascend: dict[str, Line]
     source: str
-    read: str
+    read: str  # the newest day a row was read: the table's date
+    declared: Declared | None = None
 
     def line_of(self, wheel: str) -> Line | None:
         return next((line for line in self.lines.values() if line.torch == base_version(wheel)), None)
@@ -100,9 +120,13 @@ def load_table(path: Path = TABLE_FILE) -> Table:
     data = json.loads(path.read_text())
     lines = {name: Line(name=name, **fields) for name, fields in data["lines"].items()}
     off = {arch: Line(name=arch, who="", **fields) for arch, fields in data["off_ascend"].items()}
-    rows = tuple(Row(release=r["release"], cann=r["cann"], wheels=tuple(r["wheels"])) for r in data["rows"])
+    rows = tuple(Row(release=r["release"], cann=r["cann"], wheels=tuple(r["wheels"]), source=r["source"],
+                     read=r["read"]) for r in data["rows"])
+    declared = data.get("declared_compatibility")
     return Table(rows=rows, lines=lines, default_line=data["default_line"], cpu_index=data["cpu_index"],
-                 off_ascend=off, source=data["source"], read=data["read"])
+                 off_ascend=off, source=data["source"], read=max(r.read for r in rows),
+                 declared=Declared(releases=declared["releases"], cann_from=declared["cann_from"],
+                                   cann_to=declared["cann_to"], source=declared["source"]) if declared else None)
 
 
 def base_version(version: str) -> str:
@@ -122,6 +146,21 @@ def cann_matches(row_cann: str, version: str) -> bool:
 def _major_minor(version: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", version)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def cann_key(version: str) -> tuple[int, int, int, int]:
+    """A CANN version's order: '8.3.RC1' < '8.3.0' < '9.1.1' < '9.1.x' (every 9.1) < '9.2.0'."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\w+))?", version.strip())
+    if not m:
+        return (0, 0, 0, 0)
+    patch = (m.group(3) or "0").lower()
+    if patch == "x":
+        return (int(m.group(1)), int(m.group(2)), 1 << 20, 0)
+    rc = re.fullmatch(r"rc(\d+)", patch)
+    if rc:
+        return (int(m.group(1)), int(m.group(2)), -1, int(rc.group(1)))
+    digits = re.match(r"\d+", patch)
+    return (int(m.group(1)), int(m.group(2)), int(digits.group(0)) if digits else 0, 0)
 
 
 # ---------------------------------------------------------------- where CANN is
@@ -218,12 +257,30 @@ def _rows_text(table: Table, rows: list[Row]) -> str:
 
 
 def usable_rows(table: Table, cann: Cann) -> list[Row]:
-    """The rows of this CANN that list a wheel of a supported line; refuses a CANN without one."""
+    """The rows used for this CANN: those that list it with a wheel of a supported line, or for a
+    CANN no row lists, the row of the newest older CANN (see :func:`untabled_warning`); refuses a
+    CANN without one."""
+    return _resolve(table, cann)[0]
+
+
+def untabled_warning(table: Table, cann: Cann) -> str | None:
+    """The one warning line for a CANN that no row lists but that gets a row all the same, else None."""
+    return _resolve(table, cann)[1]
+
+
+def _resolve(table: Table, cann: Cann) -> tuple[list[Row], str | None]:
     rows = rows_for(table, cann.version)
     usable = [r for r in rows if _supported(table, r)]
     if usable:
-        return usable
+        return usable, None
     working = [r for r in table.rows if _supported(table, r)]
+    if not rows:
+        host = cann_key(cann.version)
+        older = [r for r in working if cann_key(r.cann) < host]
+        newer_than_table = host > max(cann_key(r.cann) for r in table.rows)
+        inside = table.declared is not None and table.declared.covers(cann.version)
+        if older and (newer_than_table or inside):
+            return [older[0]], _warning(table, cann, older[0], newer_than_table, inside)
     oldest = working[-1].cann
     lines = ", ".join(f"torch {line.torch}" for line in sorted(table.lines.values(), key=lambda l: _version_key(l.torch)))
     if rows:
@@ -240,6 +297,22 @@ def usable_rows(table: Table, cann: Cann) -> list[Row]:
         f"CANN {cann.version} ({cann.info_file}): {listed}, no wheel of a line the port supports ({lines})",
         f"upgrade CANN to {oldest} or later (rows that list one: CANN {', '.join(r.cann for r in working)})",
         exit_code=2)
+
+
+def _warning(table: Table, cann: Cann, row: Row, newer_than_table: bool, inside: bool) -> str:
+    where = ("newer than Ascend's table" if newer_than_table else "not in Ascend's table")
+    declared = table.declared
+    if declared is None:
+        range_text = "Ascend declares no CANN range for its releases in the table"
+    else:
+        span = f"{declared.cann_from}.x-{declared.cann_to}.x"
+        range_text = (f"it is {'inside' if inside else 'outside'} the CANN range Ascend declares for TorchNPU "
+                      f"{declared.releases} ({span})")
+        if not inside:
+            range_text += ", so look for a newer TorchNPU release"
+    return (f"CANN {cann.version} is {where} as read on {table.read}: using the row of the newest older CANN, "
+            f"TorchNPU {row.release} (CANN {row.cann}); {range_text}; to install another pair set "
+            f"DANCEGRPO_TORCH='torch==X torchvision==Y torch-npu==Z' with {UNCHECKED_ENV}=1")
 
 
 def choose_line(table: Table, cann: Cann, line: str | None) -> Choice:
@@ -272,7 +345,8 @@ def _choice(table: Table, cann: Cann, row: Row, wheel: str, line: Line, note: st
     why = (f"CANN {cann.version} (from {cann.info_file}) is the TorchNPU {row.release} row (CANN {row.cann}) of "
            f"Ascend's table read {table.read}; torch {line.name} line ({reasons}): "
            f"torch_npu {wheel}, torch {line.torch} (CPU build), torchvision {line.torchvision}")
-    return Choice(torch=line.torch, torchvision=line.torchvision, torch_npu=wheel, why=why, index=table.cpu_index)
+    return Choice(torch=line.torch, torchvision=line.torchvision, torch_npu=wheel, why=why, index=table.cpu_index,
+                  warning=untabled_warning(table, cann))
 
 
 def parse_spec(spec: str) -> dict[str, str]:
@@ -301,6 +375,11 @@ def pair_problem(table: Table, cann: Cann, torch: str, npu_version: str | None) 
     if base_version(torch) != base_version(wheel):
         return f"torch_npu {wheel} is built for torch {base_version(wheel)}, not torch {torch}"
     rows = rows_for(table, cann.version)
+    if not rows:
+        try:
+            rows = usable_rows(table, cann)  # the row an untabled CANN gets
+        except DancegrpoError:
+            rows = []
     if not any(wheel in r.wheels for r in rows):
         listed = _rows_text(table, rows) if rows else "none"
         return f"Ascend's table does not list torch_npu {wheel} for CANN {cann.version} (its rows: {listed})"
@@ -314,7 +393,7 @@ def choose_forced(table: Table, cann: Cann, spec: str, environ) -> Choice:
                     why=f"forced by DANCEGRPO_TORCH on CANN {cann.version} (from {cann.info_file})",
                     index=table.cpu_index)
     if problem is None:
-        return choice
+        return Choice(**{**choice.__dict__, "warning": _quiet(lambda: untabled_warning(table, cann))})
     if environ.get(UNCHECKED_ENV, "").strip() in ("1", "true", "yes"):
         return Choice(**{**choice.__dict__, "warning": f"{problem}: installing it anyway ({UNCHECKED_ENV}=1); "
                                                       "torch_npu may fail at import"})
@@ -322,6 +401,13 @@ def choose_forced(table: Table, cann: Cann, spec: str, environ) -> Choice:
     raise DancegrpoError(f"DANCEGRPO_TORCH={spec!r}: {problem}",
                          f"use a pair of this CANN's rows ({', '.join(dict.fromkeys(good))}), or set "
                          f"{UNCHECKED_ENV}=1 to install it anyway", exit_code=2)
+
+
+def _quiet(warning) -> str | None:
+    try:
+        return warning()
+    except DancegrpoError:  # a refused CANN: the pair was forced, the refusal is the table's, not the run's
+        return None
 
 
 def choose(environ, line: str | None = None, machine: str | None = None, table: Table | None = None) -> Choice:

@@ -10,6 +10,7 @@ import pytest
 from synthetic_upstream import add_commit, make_archive, make_project, make_upstream, refused, run_git, setup, snapshot
 
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.engine.apply import apply_worktree
 from dancegrpo_npu.engine.fetch import fetch
 from dancegrpo_npu.engine.lock import Lock, load_lock, save_lock, sha256_file
 from dancegrpo_npu.engine.status import inspect
@@ -78,20 +79,74 @@ def test_with_assets_and_adding_them_later(tmp_path):
     assert load_fetched(WorkTree(s2.tree)).with_assets
 
 
-def test_source_missing_large_assets_blob(tmp_path):
-    """Like the mirror here: the blob of an asset is absent; code-only fetch still works."""
-    up = make_upstream(tmp_path / "up", files={"README.md": "x\n", "assets/big.txt": "big\n" * 1000})
+def _assets_upstream_lacking_one(tmp_path):
+    """Like the mirror here, which lacks assets/prompts.txt: one asset's blob is absent."""
+    up = make_upstream(tmp_path / "up", files={"README.md": "x\n", "fastvideo/train.py": TRAIN,
+                                                "assets/big.txt": "big\n" * 1000, "assets/video_prompts.txt": "a fox\n"})
     blob = run_git(up.path, "rev-parse", f"{up.commit}:assets/big.txt").decode().strip()
     os.unlink(up.path / ".git" / "objects" / blob[:2] / blob[2:])
-    project = make_project(tmp_path / "project", up)
-    refused(fetch, "fetch without --with-assets", project, source=up.url(), with_assets=True)
-    _nothing_left(project)
+    return up, make_project(tmp_path / "project", up)
+
+
+def test_source_missing_an_assets_blob_fetches_the_rest_of_assets(tmp_path):
+    up, project = _assets_upstream_lacking_one(tmp_path)
+    out = fetch(project, source=up.url(), with_assets=True)
+    assert out.action == "fetched" and out.left_out == ("assets/big.txt",) and out.fetched.with_assets
+    assert (project.workdir / "assets/video_prompts.txt").read_text() == "a fox\n"
+    assert not (project.workdir / "assets/big.txt").exists()
+    assert inspect(project).exact, inspect(project).differences
+    # the note's advice: upstream's copy put in by hand makes the tree whole, and it still verifies
+    (project.workdir / "assets/big.txt").write_text("big\n" * 1000)
+    assert inspect(project).exact, inspect(project).differences
+
+
+def test_source_missing_an_assets_blob_when_adding_assets_later(tmp_path):
+    up, project = _assets_upstream_lacking_one(tmp_path)
     fetch(project, source=up.url())
     assert (project.workdir / "README.md").exists() and not (project.workdir / "assets").exists()
-    before = snapshot(project.workdir)
-    refused(fetch, r"cannot add assets/: the source lacks 1 of its files \(assets/big.txt\)", project, source=up.url(), with_assets=True)
-    assert snapshot(project.workdir) == before
-    assert inspect(project).exact
+    out = fetch(project, source=up.url(), with_assets=True)
+    assert out.action == "assets added" and out.left_out == ("assets/big.txt",)
+    assert (project.workdir / "assets/video_prompts.txt").exists() and not (project.workdir / "assets/big.txt").exists()
+    assert load_fetched(WorkTree(project.workdir)).with_assets
+    assert inspect(project).exact, inspect(project).differences
+
+
+def test_fetch_cli_names_the_assets_the_source_lacks(tmp_path, capsys):
+    from dancegrpo_npu.cli import main
+
+    up, project = _assets_upstream_lacking_one(tmp_path)
+    assert main(["-C", os.fspath(project.root), "fetch", "--source", up.url(), "--with-assets"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "without 1 file(s) the source lacks: assets/big.txt" in notes[0], notes
+    assert f"show {up.commit[:12]}:assets/big.txt >" in notes[0], notes
+
+
+def test_apply_force_with_an_edit_beside_a_left_out_asset(tmp_path):
+    """An edit in assets/ makes git rebuild assets/' tree, whose left-out file has no blob here."""
+    up, project = _assets_upstream_lacking_one(tmp_path)
+    fetch(project, source=up.url(), with_assets=True)
+    (project.workdir / "assets/video_prompts.txt").write_text("a wolf\n")
+    out = apply_worktree(project, force=True)
+    assert out.saved is not None and "+a wolf" in (out.saved / "local-edits.patch").read_text()
+    assert (project.workdir / "assets/video_prompts.txt").read_text() == "a fox\n"
+    assert inspect(project).exact, inspect(project).differences
+
+
+def test_apply_force_on_a_left_out_asset_put_in_by_hand(tmp_path):
+    """Upstream's copy is not in the clone: no diff of it can be made, and apply cannot write it
+    back; the edit is saved as a copy and the file is left out again, as fetch left it."""
+    up, project = _assets_upstream_lacking_one(tmp_path)
+    fetch(project, source=up.url(), with_assets=True)
+    (project.workdir / "assets/big.txt").write_text("not upstream's\n")
+    run_git(project.workdir, "status")  # git writes the index: the file is no longer marked left out
+    assert not inspect(project).exact
+    out = apply_worktree(project, force=True)
+    assert (out.saved / "files/assets/big.txt").read_text() == "not upstream's\n"
+    assert "Not in this patch" in (out.saved / "local-edits.patch").read_text()
+    assert not (project.workdir / "assets/big.txt").exists()
+    assert run_git(project.workdir, "status", "--porcelain", "--", "assets").decode() == ""
+    assert inspect(project).exact, inspect(project).differences
+    assert apply_worktree(project).noop
 
 
 def _drop_blob(up, rev: str, rel: str) -> None:

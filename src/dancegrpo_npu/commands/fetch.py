@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 from dancegrpo_npu.engine.worktree import display_path, shorten
-from dancegrpo_npu.engine.fetch import fetch
+from dancegrpo_npu.engine.fetch import fetch, missing_assets
 
 
 def register(sub, common) -> None:
@@ -57,9 +57,17 @@ def run(args) -> int:
         "assets added": f"{where}: assets/ checked out",
     }
     print(messages[outcome.action])
-    if outcome.left_out:
+    assets = missing_assets(outcome.left_out)
+    others = [p for p in outcome.left_out if p not in assets]
+    if others:
         print(
-            f"note: the source lacks {len(outcome.left_out)} file(s) the series does not touch; left out of the tree"
-            f" (as assets/ is): {shorten(outcome.left_out, 5)}"
+            f"note: the source lacks {len(others)} file(s) the series does not touch; left out of the tree"
+            f"{'' if f.with_assets else ' (as assets/ is)'}: {shorten(others, 5)}"
+        )
+    if assets:
+        print(
+            f"note: assets/ checked out without {len(assets)} file(s) the source lacks: {shorten(assets, 5)};"
+            f" copy upstream's into the tree from a complete clone (`git -C CLONE show {f.commit[:12]}:{assets[0]}"
+            f" > {where}/{assets[0]}`), or fetch into a new --workdir from a complete --source"
         )
     return 0

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits, target_states
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, rev_parse
+from dancegrpo_npu.vcs.gitutil import TreeEntry, cat_blobs, hash_files, ls_tree, missing_objects, rev_parse
 from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_bytes
 from dancegrpo_npu.engine.lockfile import check_series_against_lock, verify_files
 from dancegrpo_npu.project import Project
@@ -242,7 +242,8 @@ def _stage_and_swap(
         without=left_out,
     )
     checkpoint("staged")
-    commit_journal(wt, staging, ops, record, _prune_dirs(targets, tree), checkpoint)
+    lacking = sorted(p for p, want in targets.items() if want is None and p in tree and p not in built.files)
+    commit_journal(wt, staging, ops, record, _prune_dirs(targets, tree), checkpoint, left_out=lacking)
     return ApplyOutcome(
         False, tuple(op["path"] for op in ops), len(patches), len(overlay), saved, _untracked(edits), left_out, built.moved
     )
@@ -289,10 +290,11 @@ def _targets(wt: WorkTree, tree: dict[str, TreeEntry], built: Built, stage: Path
     targets.update({p: {"link": os.fsdecode(fs.data)} for p, fs in built.files.items() if fs is not None and fs.link})
     targets.update({p: {"blob": b, "exec": built.files[p].executable} for p, b in zip(present, ids)})  # type: ignore[union-attr]
     back = sorted(p for p in restore if p not in targets)
-    blobs = cat_blobs(wt.root, [tree[p].blob for p in back if p in tree])
+    lacking = set(missing_objects(wt.root, sorted({tree[p].blob for p in back if p in tree})))
+    blobs = cat_blobs(wt.root, [tree[p].blob for p in back if p in tree and tree[p].blob not in lacking])
     for p in back:
         entry = tree.get(p)
-        if entry is None:
+        if entry is None or entry.blob in lacking:  # a file fetch left out (the source lacks it): left out again
             targets[p] = None
         elif entry.mode == "120000":
             targets[p] = {"link": blobs[entry.blob].decode("utf-8", "surrogateescape")}

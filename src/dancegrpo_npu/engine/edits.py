@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu.vcs.gitutil import TreeEntry, blob_id, git, hash_data, hash_files, status_paths
+from dancegrpo_npu.vcs.gitutil import TreeEntry, blob_id, git, hash_data, hash_files, ls_tree, missing_objects, status_paths
 from dancegrpo_npu.engine.stage import parent_dirs
 from dancegrpo_npu.engine.worktree import Applied, WorkTree, file_state
 
@@ -142,7 +142,22 @@ def _tree(wt: WorkTree, index: Path, base: str, lines: list[str]) -> str:
     git(wt.root, "read-tree", base, env=env)
     if lines:
         git(wt.root, "update-index", "--add", "--remove", "--replace", "--index-info", input="".join(lines).encode(), env=env)
-    return git(wt.root, "write-tree", env=env).stdout.decode().strip()
+    # --missing-ok: the clone may lack blobs the source lacked (files fetch left out); the
+    # tree names them all the same, as HEAD's does
+    return git(wt.root, "write-tree", "--missing-ok", env=env).stdout.decode().strip()
+
+
+def _without_base(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_rev: str) -> set[str]:
+    """The edited paths whose base is upstream's file and whose blob the clone lacks (a file
+    fetch left out because the source lacks it, later put in the tree by hand): git cannot
+    diff them."""
+    written = set(applied.files) if applied else set()
+    paths = [e.path for e in edits if e.path not in written]
+    if not paths:
+        return set()
+    base = {p: e for p, e in ls_tree(wt.root, head_rev).items() if p in set(paths)}
+    missing = set(missing_objects(wt.root, sorted({e.blob for e in base.values()})))
+    return {p for p, e in base.items() if e.blob in missing}
 
 
 def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_rev: str) -> Path:
@@ -159,7 +174,12 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
             base_lines.append(f"{'100755' if want['exec'] else '100644'} {want['blob']}\t{path}\n")
     removals, additions, copies = [], [], []
     regular: list[tuple[str, bool]] = []  # edited files (path, executable), hashed in one git call
+    undiffable = _without_base(wt, edits, applied, head_rev)
     for e in edits:
+        if e.path in undiffable:  # kept as a copy only
+            if (wt.root / e.path).is_file():
+                copies.append((e.path, (wt.root / e.path).read_bytes()))
+            continue
         full = wt.root / e.path
         have = file_state(full)
         if have is None or have[0] == "dir":
@@ -188,7 +208,13 @@ def save_edits(wt: WorkTree, edits: list[Edit], applied: Applied | None, head_re
             f"Base: upstream {head_rev} + what the last apply wrote (tree {before}).\n"
             f"Edited tree: {after} (its objects are kept in the work tree's .git).\n"
             "Restore: git -C <workdir> apply <this file>   (copies of the files are in files/)\n"
-            "Edits: " + ", ".join(str(e) for e in edits) + "\n\n"
+            "Edits: " + ", ".join(str(e) for e in edits) + "\n"
+            + (
+                "Not in this patch (the clone lacks upstream's copy, which fetch left out, so there is no diff to make;"
+                " the edited files are in files/): " + ", ".join(sorted(undiffable)) + "\n"
+                if undiffable else ""
+            )
+            + "\n"
         )
         (tmp / "local-edits.patch").write_bytes(note.encode("utf-8", "replace") + diff)
         for rel, data in copies:

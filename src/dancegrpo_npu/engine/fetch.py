@@ -11,7 +11,9 @@ only once its commit and every file hash of the lock are verified.  An existing 
 tree at the locked commit is left alone (the applied series too).  When the lock has
 moved, the tree is moved in place with a journal (so ignored run data in it is
 kept), and only if it holds no local edits.  ``assets/`` (large media, prompt files)
-is left out with a sparse checkout unless ``--with-assets``.
+is left out with a sparse checkout unless ``--with-assets``.  Files whose blobs the
+source lacks are left out too, assets/' included: the rest is checked out, and the
+outcome names them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Callable
 from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import (
-    git, is_git_repo, last_error_line, ls_tree, missing_files, missing_objects, rev_parse, sparse_pattern, sparse_patterns_path,
+    git, is_git_repo, last_error_line, ls_tree, missing_files, rev_parse, sparse_pattern, sparse_patterns_path,
 )
 from dancegrpo_npu.engine.lock import Lock, load_lock, sha256_file
 from dancegrpo_npu.engine.lockfile import verify_files
@@ -178,21 +180,15 @@ def _find_commit(repo: Path, src: Source, commit: str) -> str:
     return commit
 
 
-def set_sparse(repo: Path, rev: str, with_assets: bool, strict: bool = True) -> list[str]:
+def set_sparse(repo: Path, rev: str, with_assets: bool) -> list[str]:
     """Write the sparse-checkout patterns for checking out ``rev``: assets/ left out unless
     ``with_assets``, and every file whose blob the source lacks (mirrors and partial
     clones often lack large files: git would check the commit out with errors and the
-    file missing, which verify would then report as a local deletion).  Returns those.
-    ``strict``: refuse when assets/ is wanted and the source lacks some of it (a tree
-    moved by a rebase leaves those out instead, with the rest of what is missing)."""
+    file missing, which verify would then report as a local deletion).  Returns those,
+    files of assets/ included when it is wanted: the rest of assets/ is checked out, and
+    the outcome names what is not (``missing_assets``)."""
     missing = missing_files(repo, rev)
-    if strict and with_assets and any(p.split("/", 1)[0] == "assets" for p in missing):
-        first = [p for p in missing if p.split("/", 1)[0] == "assets"]
-        raise DancegrpoError(
-            f"cannot check out upstream {rev[:12]} with assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
-            "mirrors often lack large files; fetch without --with-assets, or from a complete source",
-        )
-    left_out = [p for p in missing if with_assets or p.split("/", 1)[0] != "assets"]
+    left_out = [p for p in missing if with_assets or not is_asset(p)]
     sparse = git(repo, "config", "--bool", "core.sparseCheckout", check=False).stdout.decode().strip() == "true"
     if with_assets and not left_out and not sparse:
         return []  # a full checkout, as git makes by default
@@ -202,6 +198,15 @@ def set_sparse(repo: Path, rev: str, with_assets: bool, strict: bool = True) -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(("/*\n" if with_assets else SPARSE_WITHOUT_ASSETS) + "".join(map(sparse_pattern, left_out)))
     return left_out
+
+
+def is_asset(path: str) -> bool:
+    return path.split("/", 1)[0] == "assets"
+
+
+def missing_assets(left_out) -> list[str]:
+    """The files of assets/ among what a fetch left out because the source lacks them."""
+    return [p for p in left_out if is_asset(p)]
 
 
 def _checkout(repo: Path, rev: str, with_assets: bool) -> list[str]:
@@ -328,7 +333,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         if fetched.commit == lock.commit:
             verify_files(wt.root, ls_tree(wt.root, head), lock)
             if with_assets and not fetched.with_assets:
-                return FetchOutcome("assets added", _add_assets(wt, fetched))
+                return FetchOutcome("assets added", *_add_assets(wt, fetched))
             return FetchOutcome("up to date", fetched)
         if not for_rebase:
             refuse_mid_swap(wt.root)  # moving to a lock a rebase is still replacing
@@ -357,7 +362,7 @@ def _update(project: Project, lock: Lock, src: Source, with_assets: bool, checkp
         if blocking:  # a rebase past its commit point moves the tree: keep the edits, as apply --force does
             saved = save_edits(wt, blocking, applied, head)
             checkpoint("edits saved")
-        left_out = set_sparse(wt.root, new_head, fetched.with_assets, strict=not for_rebase)
+        left_out = set_sparse(wt.root, new_head, fetched.with_assets)
         ours = [p for p in (applied.files if applied else {}) if p not in tree]  # files apply created
         ops = [{"path": p, "want": None} for p in sorted(ours, key=lambda p: -p.count("/"))]
         dirs = sorted(parent_dirs(ours), key=lambda d: -d.count("/"))
@@ -396,18 +401,13 @@ def move_for_rebase(project: Project, source: str | None = None, checkpoint=_no_
     return _update(project, lock, source, False, checkpoint, lambda line: None, for_rebase=True)
 
 
-def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
+def _add_assets(wt: WorkTree, fetched: Fetched) -> tuple[Fetched, tuple[str, ...]]:
+    """Check assets/ out into a tree fetched without it: what the source has of it (the files
+    it lacks are left out, and returned with the other files left out)."""
     if fetched.kind == "archive":
         raise DancegrpoError("the work tree was made from an archive without assets/", "move it away and run `dancegrpo-npu fetch --with-assets`")
-    assets = {p: e for p, e in ls_tree(wt.root, fetched.head).items() if p.startswith("assets/")}
-    missing = set(missing_objects(wt.root, [e.blob for e in assets.values()]))
-    if missing:
-        first = sorted(p for p, e in assets.items() if e.blob in missing)
-        raise DancegrpoError(
-            f"cannot add assets/: the source lacks {len(first)} of its files ({', '.join(first[:3])})",
-            "mirrors often lack large files; work without --with-assets, or fetch from a complete source",
-        )
-    if set_sparse(wt.root, fetched.head, True):  # other files the source lacks stay left out
+    left_out = set_sparse(wt.root, fetched.head, True)
+    if left_out:  # files the source lacks (of assets/ too) stay left out
         proc = git(wt.root, "sparse-checkout", "reapply", check=False)
     else:
         proc = git(wt.root, "sparse-checkout", "disable", check=False)
@@ -415,4 +415,4 @@ def _add_assets(wt: WorkTree, fetched: Fetched) -> Fetched:
         raise DancegrpoError(f"cannot add assets/: {last_error_line(proc.stderr)}", "re-run fetch --with-assets")
     updated = Fetched(fetched.commit, fetched.head, fetched.source, fetched.kind, True, fetched.archive_sha256)
     write_json(wt.fetched_path, updated.to_json())
-    return updated
+    return updated, tuple(left_out)

@@ -270,12 +270,15 @@ def commit_journal(
     prune_dirs: list[str],
     checkpoint: Checkpoint,
     checkout: Fetched | None = None,
+    left_out: list[str] | None = None,
 ) -> None:
     """Write the journal (the commit point), then carry it out.
 
     ``ops``: [{"path", "want"}] where want is {"blob", "exec"}, {"link"} or None (absent);
     ``applied``: the new applied.json (None: remove it); ``checkout``: move HEAD there
-    (fetch to a new locked commit) and record it as fetched.json."""
+    (fetch to a new locked commit) and record it as fetched.json; ``left_out``: upstream
+    files the ops remove because the clone lacks their blobs, marked left out of the
+    checkout again (as fetch left them)."""
     journal = {
         "staging": staging.name if staging else None,
         "ops": ops,
@@ -283,6 +286,8 @@ def commit_journal(
         "prune_dirs": prune_dirs,
         "checkout": checkout.to_json() if checkout else None,
     }
+    if left_out:
+        journal["left_out"] = left_out
     write_json(wt.journal_path, journal)
     checkpoint("journal written")
     roll_forward(wt, checkpoint)
@@ -323,6 +328,9 @@ def roll_forward(wt: WorkTree, checkpoint: Checkpoint = _no_checkpoint) -> bool:
             (wt.root / rel).rmdir()
         except OSError:
             pass
+    if journal.get("left_out"):  # absent as fetch left them: git status must not call them deleted
+        git(wt.root, "update-index", "--skip-worktree", "--", *journal["left_out"])
+        checkpoint("left out")
     if journal.get("checkout"):
         moved = Fetched(**journal["checkout"])
         proc = git(wt.root, "checkout", "-q", "-f", "--detach", moved.head, check=False)

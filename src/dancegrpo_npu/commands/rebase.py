@@ -83,6 +83,6 @@ def run(args) -> int:
     else:
         result = abort_rebase(project)
     print(result.report, end="")
-    if result.status == "stopped":
-        raise DancegrpoError(result.message, None)
+    if result.status == "stopped" or result.message:
+        raise DancegrpoError(result.message, result.hint)
     return 0

@@ -22,6 +22,7 @@ from dancegrpo_npu.engine.lock import Lock, dump_lock, parse_lock
 from dancegrpo_npu.rebase.queue import (
     all_paths, bump_last_update, context_lines, diff_between, entries, files_at, index_abbrev, patch_text, today,
 )
+from dancegrpo_npu.rebase.imports import check_trainer_imports
 from dancegrpo_npu.rebase.report import describe, short
 from dancegrpo_npu.engine.rebase_state import (
     DONE_REF, ONTO_REF, ORIG_TREE_REF, REBASED_TREE_REF, RebasePaths, RebaseState, checkpoint, keep_orig, project_changes, save_state, swap_in,
@@ -304,8 +305,9 @@ def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, e
     return "\n".join(lines) + "\n"
 
 
-def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, str]:
-    """From ``finishing`` to ``done``: returns the final state and the summary report.
+def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, str, str]:
+    """From ``finishing`` to ``done``: returns the final state, the summary report and the one
+    line of a trainer import that fails in the moved tree ("" when none).
 
     Raises DancegrpoError (after saving a ``stopped`` state and its report) when the
     project changed meanwhile, an overlay path collides, or verification fails;
@@ -345,9 +347,9 @@ def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
     paths.report.write_text(report, encoding="utf-8")
     state = save_state(paths, replace(state, phase="swapping", orig_tree=orig_tree(main, project.workdir, state)))
     checkpoint("swap:begin")
-    state, notes = complete(project, paths, state, main)
+    state, notes, problem = complete(project, paths, state, main)
     report += "".join(line + "\n" for line in notes)
-    return state, report
+    return state, report, problem
 
 
 def orig_tree(main: Git, workdir: Path, state: RebaseState) -> str:
@@ -388,10 +390,11 @@ def applied_names(applied) -> list[str]:
     return [name for name, _ in applied.patches] if applied else []
 
 
-def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, list[str]]:
+def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, list[str], str]:
     """Past the commit point: swap the staged files in, keep the previous series and tree,
-    move the work tree to the new commit with the new series applied, clean up.  Every
-    step is safe to re-run (``--continue`` after a kill); returns notes for the report."""
+    move the work tree to the new commit with the new series applied, import every trainer's
+    script in it (``rebase.imports``), clean up.  Every step is safe to re-run (``--continue``
+    after a kill); returns notes for the report and the one line of a failed import ("")."""
     if state.phase == "swapping":
         swap_in(project, paths.staged, paths.backup)
         state = save_state(paths, replace(state, phase="done"))
@@ -406,6 +409,9 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
             f"previous tree: commit {short(state.orig_tree)} ({ORIG_TREE_REF}), kept until the next rebase;"
             f" what the rebase changed in the patched tree: git -C {display_path(project.workdir)} diff {ORIG_TREE_REF} {REBASED_TREE_REF}"
         ]
+    imports = check_trainer_imports(project.workdir, load_series(project.patches_dir), main, state.old_commit,
+                                    overlay_files(project.overlay_dir))
+    notes[-1:-1] = imports.lines()
     smoke = smoke_advice(project, state)
     if smoke:
         notes.append(smoke)
@@ -416,7 +422,7 @@ def complete(project: Project, paths: RebasePaths, state: RebaseState, main: Git
     main.run("update-ref", "-d", ONTO_REF, check=False)
     checkpoint("done:tree")
     remove_tree(paths.state_dir)
-    return state, notes
+    return state, notes, imports.problem()
 
 
 def move_worktree(project: Project, source: str | None = None) -> list[str]:

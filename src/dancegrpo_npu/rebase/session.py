@@ -61,8 +61,20 @@ def run_loop(project: Project, paths: RebasePaths, state: RebaseState, main: Git
         checkpoint(f"patch:{i + 1}:committed")
         state = save_state(paths, state.with_step(result))
         checkpoint(f"patch:{i + 1}:recorded")
-    state, report = finish(project, paths, state, main)
-    return RebaseResult("done", report)
+    state, report, problem = finish(project, paths, state, main)
+    return done(project, report, problem)
+
+
+def done(project: Project, report: str, problem: str) -> RebaseResult:
+    """A completed rebase; one whose moved tree has a trainer that fails at import is not a
+    silent success: the CLI ends with that line (exit 1)."""
+    if not problem:
+        return RebaseResult("done", report)
+    return RebaseResult(
+        "done", report, "imports", problem,
+        f"fix it in {project.workdir} and save the fix as a patch (`dancegrpo-npu export NAME`); "
+        f"the series before the rebase is kept in {paths_for(project)[1].orig}",
+    )
 
 
 def prepare(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> RebaseState:
@@ -166,8 +178,8 @@ def resume(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
         reset_tree(Git(Path(state.tree)), state.tip)
     if state.phase in ("swapping", "done"):
         report = paths.report.read_text(encoding="utf-8") if paths.report.exists() else "rebase completed\n"
-        state, notes = complete(project, paths, state, main)
-        return RebaseResult("done", report + "".join(line + "\n" for line in notes))
+        state, notes, problem = complete(project, paths, state, main)
+        return done(project, report + "".join(line + "\n" for line in notes), problem)
     if state.phase == "stopped" and state.stop in ("overlay", "verify", "changed"):
         state = replace(state, phase="finishing")
     return run_loop(project, paths, state, main)

@@ -21,8 +21,9 @@ from dancegrpo_npu.vcs.gitcmd import Git, open_workdir_repo
 class RebaseResult:
     status: str  # done | stopped | aborted | nothing | dry-run
     report: str
-    stop: str = ""  # conflict | empty (when stopped)
-    message: str = ""  # one line for the CLI when stopped
+    stop: str = ""  # conflict | empty (when stopped); imports (done, but a trainer fails at import)
+    message: str = ""  # one line for the CLI when stopped, or done with a failed import
+    hint: str | None = None
 
 
 @dataclass(frozen=True)

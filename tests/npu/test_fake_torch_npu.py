@@ -1,5 +1,5 @@
 """The FAKE torch_npu (tests/fakes) behaves like the real wheels it follows (2.7.1.post10,
-2.10.0.post6, 2.10.0.post7; FAKE_TORCH_NPU_EMULATES) where the port depends on it.
+2.10.0.post6, 2.7.1.post11, 2.10.0.post7; FAKE_TORCH_NPU_EMULATES) where the port depends on it.
 
 One test per emulated behaviour; each fails when the fake is changed back to what it was
 (no entry point, any device order accepted, one is_available() rule for every version, a
@@ -269,9 +269,10 @@ def test_is_available_is_device_count_above_0(tmp_path, emulates):
             "0,1": [2, True], "3,2": [0, False], "1,1": [0, False], "0,9": [1, True], "9": [0, False], "": [0, False]}
 
 
-def test_is_available_of_2_10_0_post7_is_the_runtimes_count_unless_hal_based(tmp_path):
-    got = json.loads(run(COUNTS, tmp_path, {"FAKE_TORCH_NPU_EMULATES": "2.10.0.post7"}).stdout.strip().splitlines()[-1])
-    assert got.pop("emulates") == "2.10.0.post7"
+@pytest.mark.parametrize("emulates", ["2.10.0.post7", "2.7.1.post11"])
+def test_is_available_of_the_cann_92_wheels_is_the_runtimes_count_unless_hal_based(tmp_path, emulates):
+    got = json.loads(run(COUNTS, tmp_path, {"FAKE_TORCH_NPU_EMULATES": emulates}).stdout.strip().splitlines()[-1])
+    assert got.pop("emulates") == emulates
     # the runtime's count (assumed: the listed ids that are present, in any order): an NPU is
     # "available" that device_count() does not count
     assert {k.rsplit(" ", 1)[0]: v for k, v in got.items() if k.endswith("hal=None")} == {
@@ -291,12 +292,14 @@ def test_an_unknown_emulated_version_is_refused(tmp_path):
     """
     out = run(code, tmp_path, {"FAKE_TORCH_NPU_EMULATES": "2.7.1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert out.stdout.strip() == ("fake torch_npu: FAKE_TORCH_NPU_EMULATES='2.7.1' is not one of 2.7.1.post10, "
-                                  "2.10.0.post6, 2.10.0.post7")
+                                  "2.10.0.post6, 2.7.1.post11, 2.10.0.post7")
 
 
-@pytest.mark.parametrize("emulates, after", [("2.10.0.post6", "0"), ("2.7.1.post10", "0"), ("2.10.0.post7", "1")])
+@pytest.mark.parametrize("emulates, after", [("2.10.0.post6", "0"), ("2.7.1.post10", "0"), ("2.7.1.post11", "1"),
+                                             ("2.10.0.post7", "1")])
 def test_import_torch_npu_first_leaves_autoload_as_that_version_does(tmp_path, emulates, after):
-    """``import torch_npu`` before torch: 2.10.0.post7 restores the switch at the end of its import."""
+    """``import torch_npu`` before torch: 2.7.1.post11 and 2.10.0.post7 restore the switch at the end of
+    their import."""
     code = "import os, torch_npu; print(os.environ.get('TORCH_DEVICE_BACKEND_AUTOLOAD'))"
     proc = run_snippet(code, tmp_path, [str(FAKES)], {"FAKE_TORCH_NPU_EMULATES": emulates},
                        drop=("DANCEGRPO_", "ASCEND_", "FAKE_TORCH_NPU", "TORCH_DEVICE_BACKEND"))

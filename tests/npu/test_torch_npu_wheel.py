@@ -1,9 +1,9 @@
-"""The torch_npu the project talks to is the real one: the wheels bootstrap installs on CANN 9.1.x,
-read from their sources.
+"""The torch_npu the project talks to is the real one: the wheels bootstrap installs on CANN 9.1.x
+and 9.2.0, read from their sources.
 
-Read: 2.7.1.post10 and 2.10.0.post6 (the wheels of the newest row of Ascend's table, CANN
-9.1.x: MindSpeed-MM's 2.7 line and the default 2.10 line) and 2.10.0.post7 (newer, with another
-``is_available()`` rule).  Each wheel is downloaded with pip once and cached under
+Read: 2.7.1.post10 and 2.10.0.post6 (CANN 9.1.x: MindSpeed-MM's 2.7 line and the default 2.10
+line) and 2.7.1.post11 and 2.10.0.post7 (CANN 9.2.0, the newest row of Ascend's table, with
+another ``is_available()`` rule).  Each wheel is downloaded with pip once and cached under
 build/torch_npu-<version>-wheel (its Python sources, the entry points and the kernel schemas; no
 shared library is unpacked).  Nothing of it is imported: the sources are read with ``ast`` and
 as text.  Checked, for each wheel:
@@ -42,8 +42,8 @@ from conftest import in_ci
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "torch_npu"
 CACHE_ROOT = ROOT / "build"
-# the wheels of Ascend's newest table row for CANN 9.1.x (2.7 and 2.10 lines), and a newer 2.10
-VERSIONS = ("2.7.1.post10", "2.10.0.post6", "2.10.0.post7")
+# the wheels bootstrap installs on CANN 9.1.x and on CANN 9.2.0 (the 2.7 and 2.10 lines of each)
+VERSIONS = ("2.7.1.post10", "2.10.0.post6", "2.7.1.post11", "2.10.0.post7")
 # The Python sources are byte-identical across the wheel's platforms: one wheel stands for all.
 PIP_ARGS = ("--no-deps", "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
             "--implementation", "cp", "--abi", "cp311")

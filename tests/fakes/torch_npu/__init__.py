@@ -9,11 +9,11 @@ keyword and environment variable the project uses, and the behaviours below, aga
 sources of the real wheels this fake follows.
 
 WHICH torch_npu: ``FAKE_TORCH_NPU_EMULATES`` (default 2.10.0.post6) names one of the wheels in
-``VERSION_RULES`` below: 2.7.1.post10 and 2.10.0.post6 (the wheels of the newest row of
-Ascend's table for CANN 9.1.x, the two lines bootstrap installs there) and 2.10.0.post7 (newer, with
-another ``is_available()`` rule); ``__emulates__`` says which one this process emulates.
+``VERSION_RULES`` below: 2.7.1.post10 and 2.10.0.post6 (the two lines bootstrap installs on
+CANN 9.1.x) and 2.7.1.post11 and 2.10.0.post7 (the same lines on CANN 9.2.0, with another
+``is_available()`` rule); ``__emulates__`` says which one this process emulates.
 ``VERSION_RULES`` is the one place that says what differs between them; everything else below
-is the same in all three.  ``__version__`` is ``FAKE_TORCH_NPU_VERSION``, else torch's version
+is the same in all four.  ``__version__`` is ``FAKE_TORCH_NPU_VERSION``, else torch's version
 (doctor compares the two).
 
 EMULATED, as those wheels' sources do it:
@@ -23,7 +23,7 @@ EMULATED, as those wheels' sources do it:
   torch`` imports this package (torch >= 2.5, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), and
   a failing import makes ``import torch`` itself fail ("Failed to load the backend extension:
   torch_npu").  Like the real one it sets ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` while it
-  imports torch and ``_autoload()`` restores the value it found; 2.10.0.post7 also calls
+  imports torch and ``_autoload()`` restores the value it found; 2.7.1.post11 and 2.10.0.post7 also call
   ``_autoload()`` at the end of its own import (``import torch_npu`` before ``import torch``
   leaves the variable as it was, not ``0``).  The dist-info also makes ``importlib.metadata``
   (and diffusers' ``is_torch_npu_available()``) see it as installed;
@@ -43,9 +43,9 @@ EMULATED, as those wheels' sources do it:
   the first other character; empty: none) and counted as ``_device_count_ascend_hal`` does:
   a list that is not strictly ascending gives ``device_count()`` 0, and the list is cut at the
   first id that is not present.  ``is_available()`` follows ``VERSION_RULES``:
-  ``device_count() > 0`` (2.7.1.post10, 2.10.0.post6; 2.10.0.post7 with
+  ``device_count() > 0`` (2.7.1.post10, 2.10.0.post6; 2.7.1.post11 and 2.10.0.post7 with
   ``PYTORCH_HAL_BASED_NPU_CHECK=1``), or ``torch_npu._C._npu_getDeviceCount() > 0``
-  (2.10.0.post7), the CANN runtime's own count.  What the runtime counts for a list that does
+  (2.7.1.post11, 2.10.0.post7), the CANN runtime's own count.  What the runtime counts for a list that does
   not ascend is NOT in the wheel's Python sources: the fake ASSUMES it counts the listed ids
   that are present, in any order, so that for ``3,2`` ``is_available()`` is True while
   ``device_count()`` is 0.  ``get_device_name`` / ``get_device_properties`` raise
@@ -105,6 +105,8 @@ VERSION_RULES = {
                      "symlink_word": "soft chain"},
     "2.10.0.post6": {"is_available": "device_count", "autoload_restored_on_import": False,
                      "symlink_word": "soft chain"},
+    "2.7.1.post11": {"is_available": "runtime_count", "autoload_restored_on_import": True,
+                     "symlink_word": "symbolic link"},
     "2.10.0.post7": {"is_available": "runtime_count", "autoload_restored_on_import": True,
                      "symlink_word": "symbolic link"},
 }

@@ -67,6 +67,10 @@ SKYREELS_WITHOUT = {
     "0048-preprocess-skyreels-empty-prompt.patch": None,  # the smoke builds its embeddings itself
     "0049-skyreels-cfg-float16-embeddings.patch": "Unexpected floating ScalarType in at::autocast::prioritize",
 }
+# Group 15 changes only the preprocessing scripts: the tree without it builds and keeps the Flux trainers.
+PREPROCESS_WITHOUT = {
+    "0050-preprocess-order-by-prompt.patch": None,  # the smoke builds its embeddings itself
+}
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
 # branch after the Flux one in fastvideo/utils/load.py): the FLUX smoke runs none of it, so a FLUX
@@ -150,7 +154,8 @@ def after_foundation() -> list[str]:
 
 def test_the_table_names_every_patch_after_the_foundation():
     assert after_foundation() == (list(WITHOUT) + list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(LATER_WITHOUT)
-                                  + list(VIDEO_WITHOUT) + list(HUNYUAN_WITHOUT) + list(SKYREELS_WITHOUT))
+                                  + list(VIDEO_WITHOUT) + list(HUNYUAN_WITHOUT) + list(SKYREELS_WITHOUT)
+                                  + list(PREPROCESS_WITHOUT))
 
 
 def assert_smoke_without(project, patch: str, expected: str | None, **options) -> None:
@@ -204,7 +209,7 @@ def test_the_tree_without_it_builds_and_runs_the_smoke(project, patch):
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("patch", list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(HUNYUAN_WITHOUT)
-                         + list(SKYREELS_WITHOUT))
+                         + list(SKYREELS_WITHOUT) + list(PREPROCESS_WITHOUT))
 def test_the_tree_without_a_model_patch_builds_and_keeps_the_flux_trainers(project, patch):
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.status import verify_tree

@@ -1,7 +1,7 @@
 """Patches 0004/0014 on the preprocessing script: the PATCHED stock
 preprocess_flux_embedding.py, launched like any run, over the fixture pipeline, writes
-the dataset the fixtures hold - same layout, same tensors - and the tree's LatentDataset
-reads it."""
+the dataset the fixtures hold - same layout, same tensors, the same index in the same order at
+2 ranks as one process writes it - and the tree's LatentDataset reads it."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path
     _, fixtures = launch_preprocessing(patched_tree.project, out, "preprocess-test")
 
     ours = json.loads((out / "videos2caption.json").read_text())
-    theirs = json.loads(fixtures.data_json.read_text())
-    assert sorted(ours, key=lambda e: e["caption"]) == sorted(theirs, key=lambda e: e["caption"])
+    # the fixtures' index is one process's, in the prompts' order: 2 ranks write it byte for byte
+    # (preprocess-order-by-prompt; without it rank 0's share came first)
+    assert [e["caption"] for e in ours] == [e["caption"] for e in json.loads(fixtures.data_json.read_text())]
+    assert (out / "videos2caption.json").read_bytes() == fixtures.data_json.read_bytes()
     # and launch's record of what made it (run.datasets)
     assert json.loads((out / "dataset.json").read_text())["preprocessing"] == "preprocess"
     written = sorted(p.name for p in out.iterdir() if p.name != "dataset.json")

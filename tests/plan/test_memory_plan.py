@@ -264,7 +264,7 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
     from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
 
     for model in ("flux", "qwenimage", "qwenimage-edit", "wan"):
-        for extra in ([], ["--lora-rank", "128"]):
+        for extra in ([], ["--lora-rank", "128"]) if SCRIPTS[model].lora else ([],):  # a row without LoRA: refused
             status = main(["-C", str(patched_tree.project.root), "plan", model, *extra])
             out = capsys.readouterr().out
             assert status == 0, model
@@ -429,3 +429,16 @@ def test_without_a_patched_tree_plan_is_refused_in_one_line(tmp_path, capsys, na
     assert status == 1 and out == "" and "Traceback" not in err
     assert f"plan: {name}'s recipe sizes are upstream's, read from {models.entry(name)['recipe']['script']}" in line
     assert "`dancegrpo-npu fetch && dancegrpo-npu apply`" in line and "--workdir" in line
+
+
+@pytest.mark.upstream
+def test_the_world_size_help_names_no_default_the_recipes_do_not_share(patched_tree):
+    import re
+
+    from dancegrpo_npu.cli import build_parser
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
+    text = next(a.help for a in plan_parser._actions if "--world-size" in a.option_strings)
+    worlds = {models.read_recipe(name, patched_tree.tree)[1] for name in models.names()}
+    assert len(worlds) > 1 and "recipe" in text
+    assert {int(n) for n in re.findall(r"\d+", text)} in (set(), worlds), (text, worlds)

@@ -244,3 +244,31 @@ def test_doctors_disk_check_counts_the_unet():
 
     assert doctor_trainers.resume_checkpoint_bytes(SD) == int(
         859_520_964 * doctor_trainers.RESUME_BYTES_PER_PARAMETER * doctor_trainers.SAVE_MARGIN)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cpu-offload"], "--cpu-offload: sd's trainer has no FSDP CPU offload"),
+    (["--lora-rank", "8"], "--lora-rank 8: upstream's LoRA path (config.use_lora)"),
+])
+def test_options_the_trainer_lacks_are_refused(tmp_path, capsys, argv, says):
+    for root in (_sd_tree(tmp_path / "tree"), REPO):  # refused before the tree is looked for
+        status, out, err = _plan(capsys, root, SD, *argv)
+        [line] = err.strip().splitlines()
+        assert status == 2 and out == "" and says in line, err
+
+
+def test_what_a_trainer_lacks_is_its_rows_not_its_names(tmp_path, capsys, monkeypatch):
+    """A row without an offload flag or a LoRA variant is refused those options, whatever its name;
+    SD's row given them is planned with them."""
+    from dataclasses import replace
+
+    from dancegrpo_npu import trainers
+
+    monkeypatch.setitem(trainers.REGISTRY, "flux", replace(trainers.REGISTRY["flux"], offload_flag=None, lora=None,
+                                                           no_lora="no LoRA in this row"))
+    for argv, says in ((["--cpu-offload"], "has no FSDP CPU offload"), (["--lora-rank", "8"], "no LoRA in this row")):
+        status, out, err = _plan(capsys, REPO, "flux", *argv)
+        assert status == 2 and out == "" and says in err, err
+    monkeypatch.setitem(trainers.REGISTRY, SD, replace(trainers.REGISTRY[SD], offload_flag="--use_cpu_offload"))
+    status, out, err = _plan(capsys, _sd_tree(tmp_path / "tree"), SD, "--cpu-offload")
+    assert "--cpu-offload" not in err and "CPU offload" in out.splitlines()[0], err

@@ -96,3 +96,75 @@ def test_what_fits_as_upstreams_recipe_runs(patched_tree, name, ranks, gib, fits
     model, r, _, _ = models.load(name, patched_tree.tree)
     est = memory.estimate(model, r, memory.Options(world_size=ranks))
     assert memory.fits(est, gib * GiB) == fits, est.total / GiB
+
+
+def _plan(capsys, root, *argv):
+    from dancegrpo_npu.cli import main
+
+    status = main(["-C", str(root), "plan", *argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("argv, together", [
+    (["skyreels-i2v", "--device-memory", "32"], False),  # upstream's 32 ranks, checkpointing 1.0: what was advised
+    (["qwenimage", "--device-memory", "8"], False),
+    (["skyreels-i2v", "--device-memory", "36"], True),
+    (["skyreels-i2v", "--device-memory", "40", "--world-size", "8"], True),
+])
+def test_the_advice_is_a_configuration_that_fits_and_not_the_one_asked(patched_tree, capsys, argv, together):
+    """Where no option fits alone, the refusal names the options that fit together (plan with them
+    added fits) or says that none does; it never advises what was asked."""
+    root = patched_tree.project.root
+    status, _, err = _plan(capsys, root, *argv)
+    [line] = err.strip().splitlines()
+    assert status == 1 and "none of the options fits alone" in line, line
+    if not together:
+        assert "nor together" in line and "use larger cards" in line and "e.g." not in line, line
+        return
+    added = line.split("fit together: ", 1)[1].split(" (", 1)[0].split()
+    assert added and not set(added) & set(argv[1:]), line
+    asked = dict(zip(argv[1::2], argv[2::2]))
+    assert all(asked.get(flag) != value for flag, value in zip(added, added[1:]) if flag.startswith("--")), line
+    status, out, err = _plan(capsys, root, *argv, *added)
+    assert status == 0 and err == "", err
+
+
+@pytest.mark.upstream
+def test_nothing_fitting_says_so(patched_tree, capsys):
+    status, _, err = _plan(capsys, patched_tree.project.root, "skyreels-i2v", "--device-memory", "4")
+    [line] = err.strip().splitlines()
+    assert status == 1 and "none of the options fits alone nor together" in line and "--world-size" not in line
+
+
+@pytest.mark.upstream
+def test_the_flux_placement_is_planned_as_asked(patched_tree, capsys):
+    root = patched_tree.project.root
+    model, recipe, world, _ = models.load("skyreels-i2v", patched_tree.tree)
+    for where in ("upstream", "device", "offload"):
+        status, out, err = _plan(capsys, root, "skyreels-i2v", "--flux-placement", where)
+        assert err == "" or status == 1, err
+        assert out.splitlines()[0].endswith(f"FLUX.1-dev pipeline: {where}"), out.splitlines()[0]
+        total = memory.estimate(model, recipe, memory.Options(world_size=world, first_frame=where)).total
+        assert f"{'total':<72} {total / GiB:>7.1f}" in out
+        others = {f"--flux_placement {w}" for w in ("upstream", "device", "offload") if w != where}
+        labels = {line.split(":")[0].strip() for line in out.split("launch arguments:")[1].splitlines() if ":" in line}
+        assert others <= labels and f"--flux_placement {where}" not in labels, labels
+        asked = next(line for line in out.splitlines() if line.strip().startswith("as asked:"))
+        assert (f"--flux_placement {where}" in asked) == (where != "upstream"), asked
+
+
+def test_a_flux_placement_for_a_trainer_without_a_first_frame_is_refused(capsys):
+    status, out, err = _plan(capsys, models.PACKAGE.parents[1], "hunyuan", "--flux-placement", "device")
+    [line] = err.strip().splitlines()
+    assert status == 2 and out == "" and "--flux-placement: hunyuan's trainer has no first-frame pipeline" in line
+    status, out, err = _plan(capsys, models.PACKAGE.parents[1], "skyreels-i2v", "--flux-placement", "gpu")
+    assert status == 2 and out == "" and "upstream, device, offload" in err.replace("'", "")
+
+
+@pytest.mark.upstream
+def test_one_rank_is_one_rank(patched_tree, capsys):
+    status, out, err = _plan(capsys, patched_tree.project.root, "skyreels-i2v", "--world-size", "1", "--ranks-per-node", "1")
+    assert status == 1 and "1 ranks" not in out + err and ", 1 rank, " in out and "per node of 1 rank " in out
+    assert "at 1 rank needs" in err

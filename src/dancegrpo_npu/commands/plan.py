@@ -13,11 +13,13 @@ Diffusion v1.4: its sizes read from the absl configuration its script names) is 
 rank: fp32 weights, gradients, DDP's buckets, AdamW and autocast's bf16 copy, with its text
 encoder, and the activations counted layer by layer.  Then it sets the ways to make it smaller side by side
 - selective checkpointing 1.0, more ranks, FSDP CPU offload, LoRA, a training batch of 1 where
-a configuration sets a larger one - each against 64 GiB
+a configuration sets a larger one, the other placements of a first frame's FLUX pipeline - each against 64 GiB
 (910B3 and the like) and 32 GiB (910B4) cards, with the launch arguments for it.
 
 A configuration that does not fit --device-memory is refused in one line (exit 1) naming the
-options that would fit.  It is an estimate from shapes, not a measurement: see
+options that would fit, or, where none fits alone, the fewest of them that fit together.  An
+option the trainer's registry row lacks (--cpu-offload, --lora-rank, --flux-placement) is refused
+(exit 2).  It is an estimate from shapes, not a measurement: see
 docs/memory-plan.md for how it compares with the peaks bench measures.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dancegrpo_npu.plan import models
+from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.plan.report import plan
 
@@ -39,6 +41,7 @@ examples:
   dancegrpo-npu plan flux --lora-rank 128
   dancegrpo-npu plan wan --workdir ../DanceGRPO      # the recipe read from another patched tree
   dancegrpo-npu plan sd --device-memory 32           # Stable Diffusion v1.4 under DDP on a 910B4
+  dancegrpo-npu plan skyreels-i2v --flux-placement offload   # the first frame's FLUX a model at a time
 """
 
 
@@ -47,7 +50,8 @@ def run(args) -> int:
                  "sampling_steps": args.sampling_steps, "text_tokens": args.text_tokens,
                  "selective_checkpointing": args.selective_checkpointing, "sample_batch_size": args.sample_batch_size}
     text, refusal = plan(args.model, args.world_size, args.device_memory, args.ranks_per_node, overrides,
-                         args.cpu_offload, args.lora_rank, args.reserve, tree=lambda: _tree(args))
+                         args.cpu_offload, args.lora_rank, args.reserve, tree=lambda: _tree(args),
+                         first_frame=args.flux_placement)
     print(text)
     if refusal is not None:
         sys.stdout.flush()
@@ -71,12 +75,20 @@ def register(sub, common) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL", help=f"one of {', '.join(models.names())}")
-    p.add_argument("--world-size", type=int, default=None, metavar="N", help="ranks of the job (default: the recipe's, 8)")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="ranks of the job (default: the recipe's, from its script's torchrun line; the plan's "
+                        "`recipe:` line says it)")
     p.add_argument("--ranks-per-node", type=int, default=8, metavar="N", help="NPUs a node (default 8), for the launch lines")
     p.add_argument("--device-memory", type=float, default=64.0, metavar="GIB",
                    help="memory of one card in GiB (default 64; a 910B4 has 32); refused above it")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP CPU offload of weights, gradients and AdamW")
     p.add_argument("--lora-rank", type=int, default=0, metavar="R", help="LoRA of rank R instead of full fine-tuning")
+    p.add_argument("--flux-placement", choices=memory.FIRST_FRAME_PLACEMENTS, default=None,
+                   help="where the first frame's FLUX.1-dev pipeline lives ("
+                        f"{', '.join(n for n in models.names() if models.model_of(n).first_frame)}; "
+                        "launch's --flux_placement): "
+                        "upstream (on the device while it runs, on the host between steps; the default), device "
+                        "(kept there), offload (one of its models at a time)")
     p.add_argument("--reserve", type=float, default=3.0, metavar="GIB",
                    help="runtime reserve a rank: device runtime, collective buffers, allocator slack (default 3, assumed)")
     p.add_argument("--selective-checkpointing", type=float, default=None, metavar="P",

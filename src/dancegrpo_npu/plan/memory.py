@@ -76,6 +76,10 @@ class Recipe:
         return self.latent_frames * (self.height // 16) * (self.width // 16)  # VAE 8x, then 2x2 patches
 
 
+# Where a first-frame pipeline can live (the trainer's --flux_placement; Options.first_frame).
+FIRST_FRAME_PLACEMENTS = ("upstream", "device", "offload")
+
+
 @dataclass(frozen=True)
 class Options:
     world_size: int
@@ -559,7 +563,7 @@ def alternatives(model: Model, recipe: Recipe, options: Options) -> list[Choice]
     ]
     if model.first_frame:  # where the first-frame pipeline lives: upstream's moves, kept on the device, offloaded
         candidates[1:1] = [(f"{model.first_frame['flag']} {where}", replace(options, first_frame=where), recipe)
-                           for where in ("device", "offload") if where != options.first_frame]
+                           for where in FIRST_FRAME_PLACEMENTS if where != options.first_frame]
     if options.lora_rank:  # asked for LoRA already: not a remedy to offer again at another rank
         candidates = [c for c in candidates if not c[0].startswith("LoRA")]
     if model.parallel != "fsdp":  # FSDP's offload is no option of a trainer without FSDP

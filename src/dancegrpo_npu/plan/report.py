@@ -8,6 +8,7 @@ compares with the peaks bench measures.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -26,6 +27,10 @@ NO_CHECKPOINTING = "the trainer has no activation checkpointing option"
 
 def _bad(message: str, hint: str) -> DancegrpoError:
     return DancegrpoError(f"plan: {message}", hint, exit_code=2)
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'' if n == 1 else 's'}"
 
 
 def _gib(n: int) -> str:
@@ -63,22 +68,22 @@ def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int)
 
 
 def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_node: int, overrides: dict,
-         cpu_offload: bool, lora_rank: int, reserve_gib: float, tree=None) -> tuple[str, DancegrpoError | None]:
+         cpu_offload: bool, lora_rank: int, reserve_gib: float, tree=None,
+         first_frame: str | None = None) -> tuple[str, DancegrpoError | None]:
     """(the printed plan, the refusal when the asked configuration does not fit, else None).
     ``tree``: the patched tree (or a function giving it, asked only once the values are
-    checked), where the recipe sizes are read from upstream's script."""
+    checked), where the recipe sizes are read from upstream's script; ``first_frame``: where the
+    model's first-frame pipeline lives (--flux-placement; None: upstream's)."""
     if name not in models.names():
         raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
-    if not models.model_of(name).checkpointing and overrides.get("selective_checkpointing") is not None:
-        raise _bad(f"--selective-checkpointing: {name}'s trainer has no activation checkpointing",
-                   f"leave it out; `dancegrpo-npu plan {name}` lists what fits instead")
+    _check_options(name, overrides, cpu_offload, lora_rank, first_frame)
     tree = tree() if callable(tree) else tree
     model, recipe, recipe_world, script = models.load(name, tree)
     recipe = replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
     _check(recipe)
     options = memory.Options(world_size=world_size or recipe_world, cpu_offload=cpu_offload, lora_rank=lora_rank,
-                             reserve_bytes=int(reserve_gib * GiB))
+                             reserve_bytes=int(reserve_gib * GiB), first_frame=first_frame or "upstream")
     choices = memory.alternatives(model, recipe, options)
     asked = choices[0]
     device_bytes = int(device_memory_gib * GiB)
@@ -87,7 +92,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     shape = "DDP: the whole model on every rank" if model.parallel == "ddp" else f"{model.blocks} blocks"
     lines = [
         f"plan: {name} ({model.transformer['_class_name']}, {params / 1e9:.2f}e9 parameters, {shape}), "
-        f"{options.world_size} ranks, {recipe.height}x{recipe.width}, "
+        f"{_ranks(options.world_size)}, {recipe.height}x{recipe.width}, "
         + (f"{recipe.prompts} prompts x " if recipe.prompts > 1 else "")
         + f"{recipe.generations} generations, "
         f"{recipe.sampling_steps} sampling steps, {recipe.text_tokens} text tokens, "
@@ -95,8 +100,9 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         + (f"selective checkpointing {recipe.selective_checkpointing}" if model.checkpointing else "no activation checkpointing")
         + (f", train batch {recipe.train_batch_size}, accumulation {recipe.accumulation}" if recipe.train_batch_size > 1 else "")
         + (", classifier-free guidance (2 samples a call)" if recipe.guidance_batch > 1 else "")
-        + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else ""),
-        f"  recipe: {script} ({recipe_world} ranks, read from the patched tree); an estimate from shapes, not a measurement",
+        + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else "")
+        + (f", the first frame's {model.first_frame['name']}: {options.first_frame}" if model.first_frame else ""),
+        f"  recipe: {script} ({_ranks(recipe_world)}, read from the patched tree); an estimate from shapes, not a measurement",
         "",
         f"  {'per rank, as asked':<72} {'GiB':>7}",
     ]
@@ -106,7 +112,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         held = "CPU offload" if options.cpu_offload else ""
         if model.first_frame and options.first_frame != "device":
             held += ("; " if held else "") + f"the {model.first_frame['name']} between steps"
-        lines.append(f"  {'host memory (' + held + '), per node of ' + str(min(ranks_per_node, options.world_size)) + ' ranks':<72} "
+        lines.append(f"  {'host memory (' + held + '), per node of ' + _ranks(min(ranks_per_node, options.world_size)):<72} "
                      f"{_gib(asked.estimate.host_bytes_per_rank * min(ranks_per_node, options.world_size)):>7}")
     if asked.estimate.rank0_host:
         lines += [f"  {'rank 0 host memory: ' + what:<72} {_gib(size):>7}" for what, size in asked.estimate.rank0_host]
@@ -128,14 +134,77 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     if memory.fits(asked.estimate, device_bytes):
         return "\n".join(lines), None
     would = [c for c in choices[1:] if memory.fits(c.estimate, device_bytes) and not launch_line(model, c, ranks_per_node).startswith("(none")]
-    message = (f"{name} at {options.world_size} ranks needs about {_gib(asked.estimate.total)} GiB a rank "
+    message = (f"{name} at {_ranks(options.world_size)} needs about {_gib(asked.estimate.total)} GiB a rank "
                f"but the device has {device_memory_gib:g} GiB")
     if would:
         hint = "these fit: " + "; ".join(f"{c.label} ({_gib(c.estimate.total)} GiB: {launch_line(model, c, ranks_per_node)})" for c in would[:3])
+    elif model.parallel == "ddp":
+        hint = "none of the options fits: under DDP every rank holds the whole model; use larger cards"
     else:
-        hint = ("none of the options fits alone: combine them (e.g. --world-size 32 --selective-checkpointing 1.0), or use larger cards"
-                if model.parallel != "ddp" else "none of the options fits: under DDP every rank holds the whole model; use larger cards")
+        together = combined(model, recipe, options, device_bytes)
+        if together is None:
+            hint = (f"none of the options fits alone nor together (up to {options.world_size * MAX_RANKS_FACTOR} ranks): "
+                    "use larger cards")
+        else:
+            flags, choice = together
+            hint = (f"none of the options fits alone; these fit together: {' '.join(flags)} "
+                    f"({_gib(choice.estimate.total)} GiB: {launch_line(model, choice, ranks_per_node)})")
     return "\n".join(lines), DancegrpoError(f"plan: {message}", hint, exit_code=1)
+
+
+# combined() tries the world size times 2 and times this, beside the other remedies
+MAX_RANKS_FACTOR = 4
+
+
+def combined(model: memory.Model, recipe: memory.Recipe, options: memory.Options,
+             device_bytes: int) -> tuple[list[str], memory.Choice] | None:
+    """The remedies together where none fits alone: (plan's flags that change the asked
+    configuration, the Choice), the fewest changes first, then the fewest ranks, then the least
+    memory; None when no combination of them fits.  Only the remedies the trainer's row has."""
+    spec = trainers.get(model.trainer)
+    n = options.world_size
+    worlds = [(n, []), *((n * k, ["--world-size", str(n * k)]) for k in (2, MAX_RANKS_FACTOR))]
+    ckpts = [(recipe.selective_checkpointing, [])]
+    if model.checkpointing and recipe.selective_checkpointing < 1.0:
+        ckpts.append((1.0, ["--selective-checkpointing", "1.0"]))
+    offloads = [(options.cpu_offload, [])] + ([(True, ["--cpu-offload"])]
+                                              if spec.offload_flag and not options.cpu_offload else [])
+    loras = [(options.lora_rank, [])] + ([(64, ["--lora-rank", "64"])] if spec.lora and not options.lora_rank else [])
+    places = [(options.first_frame, [])]
+    if model.first_frame:
+        places += [(p, ["--flux-placement", p]) for p in memory.FIRST_FRAME_PLACEMENTS if p != options.first_frame]
+    found = []
+    for (w, a), (c, b), (o, d), (r, e), (p, f) in itertools.product(worlds, ckpts, offloads, loras, places):
+        flags = a + b + d + e + f
+        if not flags:
+            continue  # the asked configuration
+        opts = replace(options, world_size=w, cpu_offload=o, lora_rank=r, first_frame=p)
+        rec = replace(recipe, selective_checkpointing=c)
+        est = memory.estimate(model, rec, opts)
+        if memory.fits(est, device_bytes):
+            changes = sum(1 for x in (a, b, d, e, f) if x)
+            found.append(((changes, w, est.total), flags, memory.Choice(" ".join(flags), opts, rec, est)))
+    if not found:
+        return None
+    _, flags, choice = min(found, key=lambda item: item[0])
+    return flags, choice
+
+
+def _check_options(name: str, overrides: dict, cpu_offload: bool, lora_rank: int, first_frame: str | None) -> None:
+    """Options the trainer's row does not have, refused before the tree is read."""
+    spec, model = trainers.get(name, "model"), models.model_of(name)
+    again = f"leave it out; `dancegrpo-npu plan {name}` lists what fits instead"
+    if not model.checkpointing and overrides.get("selective_checkpointing") is not None:
+        raise _bad(f"--selective-checkpointing: {name}'s trainer has no activation checkpointing", again)
+    if cpu_offload and spec.offload_flag is None:
+        raise _bad(f"--cpu-offload: {name}'s trainer has no FSDP CPU offload"
+                   + (" (DDP: every rank holds the whole model)" if model.parallel == "ddp" else ""), again)
+    if lora_rank and spec.lora is None:
+        raise _bad(f"--lora-rank {lora_rank}: {spec.no_lora or NO_LORA}", again)
+    if first_frame is not None and not model.first_frame:
+        raise _bad(f"--flux-placement: {name}'s trainer has no first-frame pipeline to place",
+                   f"leave it out; it is for the trainers that make a first frame "
+                   f"({', '.join(n for n in models.names() if models.model_of(n).first_frame)})")
 
 
 def _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase.upstream_log import format_log, upstream_log
-from rebase_helpers import PatchSpec, base_history, git, make_project, project_state, run_cli, set_line
+from rebase_helpers import SRC, PatchSpec, base_history, git, make_project, project_state, run_cli, set_line
 
 
 SPECS = [
@@ -48,7 +53,7 @@ def test_marks_commits_touching_patched_files(world):
     assert "3 new upstream commit(s); 2 touch files the series patches" in text
     assert "* " + c2[:10] in text and "  " + c1[:10] in text
     assert "M fastvideo/train.py  <- 0001-train.patch, 0002-both.patch" in text
-    assert "next: dancegrpo-npu rebase --onto main --dry-run" in text
+    assert f"next: dancegrpo-npu rebase --onto main -C {project.root} --dry-run" in text  # run here, not in it
     only = format_log(log, touching_only=True)
     assert c1[:10] not in only and c2[:10] in only
     assert project_state(project.root) == before
@@ -73,7 +78,7 @@ def test_nothing_new(world):
 
 def test_unknown_ref(world):
     history, base, project = world
-    with pytest.raises(DancegrpoError, match="cannot find upstream 'nope'"):
+    with pytest.raises(DancegrpoError, match="cannot fetch 'nope' from .*; nothing was changed"):
         upstream_log(project, "nope")
 
 
@@ -99,3 +104,69 @@ def test_cli(world):
     assert r.returncode == 0 and "train change" in r.stdout
     r = run_cli(project.root, "upstream-log", "-x")
     assert r.returncode == 2
+
+
+def a_fork(tmp_path, history):
+    """Another repository: upstream's history plus a commit of its own."""
+    fork = tmp_path / "fork"
+    git(tmp_path, "clone", "-q", str(history.path), str(fork))
+    (fork / "fastvideo/train.py").write_text((fork / "fastvideo/train.py").read_text() + "fork = True\n")
+    git(fork, "commit", "-qam", "fork: its own train change")
+    return fork, git(fork, "rev-parse", "HEAD")
+
+
+def run_as_printed(command: str, cwd) -> subprocess.CompletedProcess:
+    """A printed ``dancegrpo-npu ...`` line run by the shell, the tool as this checkout's."""
+    assert command.startswith("dancegrpo-npu "), command
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run(f"{sys.executable} -m dancegrpo_npu {command[len('dancegrpo-npu '):]}", shell=True,
+                          cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_the_printed_next_command_reaches_the_same_commits(world, tmp_path):
+    history, base, project = world
+    fork, fork_head = a_fork(tmp_path, history)
+    source = f"file://{fork}"
+    for cwd in (project.root, tmp_path):  # in the project, and from elsewhere with -C
+        r = run_cli(project.root, "upstream-log", "--source", source, "main")
+        r = subprocess.run(r.args, capture_output=True, text=True, cwd=cwd, env=dict(os.environ, PYTHONPATH=str(SRC)))
+        assert r.returncode == 0, r.stderr
+        assert f"-> {fork_head[:12]} (main: fetched from {source})" in r.stdout
+        command = r.stdout.splitlines()[-1].removeprefix("next: ")
+
+        dry = run_as_printed(command, cwd)
+
+        assert dry.returncode == 0, (command, dry.stdout, dry.stderr)
+        assert re.search(rf"-> {fork_head[:12]} \(main: fetched from {re.escape(source)}\)", dry.stdout), dry.stdout
+
+
+@pytest.mark.parametrize("ref", ["main", "elsewhere"])
+def test_a_failed_source_fetch_refuses_as_the_rebase_does(world, tmp_path, ref):
+    history, base, project = world
+    history.edit_line("fastvideo/utils.py", 5, "utils_value_5 = 5")
+    other = history.commit("upstream moves on")
+    git(project.workdir, "fetch", "-q", "origin")
+    git(project.workdir, "branch", "-f", "elsewhere", other)
+    nowhere = str(tmp_path / "no-such-repository")
+
+    r = run_cli(project.root, "upstream-log", "--source", nowhere, ref)
+
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+    assert f"cannot fetch '{ref}' from {nowhere}" in r.stderr
+
+
+def test_a_short_id_is_used_only_where_the_source_holds_it(world, tmp_path):
+    """The fork's commit is in the work tree's repository already (fetched once); a short id of
+    it with a remote --source is still refused, as that source cannot be asked for it."""
+    history, base, project = world
+    fork, fork_head = a_fork(tmp_path, history)
+    git(project.workdir, "fetch", "-q", str(fork), "main")
+    source = f"file://{tmp_path / 'upstream'}"
+    for args in (["upstream-log", "--source", source, fork_head[:10]],
+                 ["rebase", "--onto", fork_head[:10], "--source", source],
+                 ["rebase", "--onto", fork_head[:10], "--source", source, "--dry-run"]):
+        r = run_cli(project.root, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stdout, r.stderr)
+        assert f"'{fork_head[:10]}' is a short commit id, which cannot be fetched from {source}" in r.stderr
+    log = upstream_log(project, fork_head[:10], str(fork))  # a local repository that holds it
+    assert log.new == fork_head

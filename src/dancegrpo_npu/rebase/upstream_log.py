@@ -8,7 +8,10 @@ marked commits are where conflicts can come from.
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from dancegrpo_npu.engine.stage import touched_files
 from dancegrpo_npu.errors import DancegrpoError
@@ -49,6 +52,7 @@ class UpstreamLog:
     ref: str
     note: str
     commits: tuple[UpstreamCommit, ...]
+    options: str = ""  # what the printed rebase command needs to reach the same commits (-C, --workdir, --source)
 
 
 def patched_paths(patches: list[Patch]) -> dict[str, tuple[str, ...]]:
@@ -84,11 +88,30 @@ def upstream_log(project: Project, ref: str | None = None, source: str | None = 
     patches = load_series(project.patches_dir)
     src = choose_source(source, lock.url)
     ref = ref or default_branch(main, src)
-    fetched = fetch_commit(main, src, ref, LOG_REF)
+    # exactly as the rebase fetches it: a failed fetch is a refusal, never a local ref of that name
+    fetched = fetch_commit(main, src, ref, LOG_REF, exact=True)
     if main.commit_of(lock.commit) is None:
         raise DancegrpoError(f"the locked commit {lock.commit[:12]} is not in {project.workdir}", "run `dancegrpo-npu fetch` first")
     commits = read_log(main, lock.commit, fetched.commit, patched_paths(patches))
-    return UpstreamLog(lock.commit, fetched.commit, ref, fetched.note, tuple(commits))
+    options = rerun_options(project, src if source or os.environ.get("DANCEGRPO_SOURCE") else "")
+    return UpstreamLog(lock.commit, fetched.commit, ref, fetched.note, tuple(commits), options)
+
+
+def rerun_options(project: Project, source: str) -> str:
+    """The options a printed command needs to run as printed from the current directory: ``-C``
+    when that is not the project, ``--workdir`` when the tree is not the default one, and
+    ``--source`` when the commits came from another place than the lock's url."""
+    from dancegrpo_npu.project import DEFAULT_WORKDIR
+
+    parts = []
+    if Path.cwd().resolve() != project.root:
+        parts += ["-C", str(project.root)]
+    if project.workdir != project.root / DEFAULT_WORKDIR:
+        parts += ["--workdir", str(project.workdir)]
+    out = " ".join(shlex.quote(p) for p in parts)
+    if source:
+        out += (" " if out else "") + "--source " + shlex.quote(source)
+    return out
 
 
 def format_log(log: UpstreamLog, touching_only: bool = False) -> str:
@@ -114,5 +137,6 @@ def format_log(log: UpstreamLog, touching_only: bool = False) -> str:
         for f in c.files:
             if f.patches:
                 lines.append(f"      {f.status} {f.path}  <- {', '.join(f.patches)}")
-    lines.append(f"next: dancegrpo-npu rebase --onto {log.ref} --dry-run")
+    options = f" {log.options}" if log.options else ""
+    lines.append(f"next: dancegrpo-npu rebase --onto {shlex.quote(log.ref)}{options} --dry-run")
     return "\n".join(lines) + "\n"

@@ -177,15 +177,15 @@ class Fetched:
 def fetch_commit(git: Git, source: str, ref: str, keep_as: str, exact: bool = False) -> Fetched:
     """Bring upstream ``ref`` into ``git``'s repository and hold it under ``keep_as``.
 
-    A commit id already present is used as is (works offline; an id names one commit
-    wherever it is).  Otherwise the ref is fetched from ``source``; if that fails, a local
+    A full commit id already present is used as is (works offline; a full id names one
+    commit wherever it is); a short one only where the source holds it.  Otherwise the ref is fetched from ``source``; if that fails, a local
     ref of that name is the fallback, unless ``exact``: a rebase must move onto what the
     source has under that name, so a failed fetch is a refusal, and a revision expression
     (``main~3``) is resolved on the ref fetched from the source, not on a local branch.
     A short commit id is looked up in a source that is a local repository; a remote one
     cannot be asked for it (git fetches a commit only by its full id).
     """
-    if _HEX.fullmatch(ref):
+    if _HEX.fullmatch(ref) and len(ref) == 40:  # a short id is only looked up where the source holds it (below)
         commit = git.commit_of(ref)
         if commit:
             git.run("update-ref", keep_as, commit)

@@ -166,3 +166,65 @@ def test_the_rank_that_stopped_first_is_the_cause_not_the_rank_it_left_waiting(t
     assert detail["error"].startswith("dancegrpo_port.videoalign.RewardError: VideoAlign reward failed on sample 0")
     (tmp_path / "logs" / "torchrun" / "none_x" / "attempt_0" / "1" / "stderr.log").write_text("")
     assert "Connection closed by peer" in failure_detail(tmp_path)["error"]  # alone, it is what there is
+
+
+def _rank_stderr(run_dir, text, rank="0"):
+    d = run_dir / "logs" / "torchrun" / "none_x" / "attempt_0" / rank
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stderr.log").write_text(text)
+
+
+# absl's refusal of its flags (the SD trainer's app.run): no traceback, exit 1.
+ABSL_REFUSAL = ("FATAL Flags parsing error: The flag 'config' is defined twice. First from fastvideo/train_grpo_sd.py, "
+                "Second from dancegrpo_port/sd.py.  Description from first occurrence: Training configuration.\n"
+                "Pass --helpshort or --helpfull to see help on flags.\n")
+
+
+def test_an_absl_flags_error_is_reported_with_its_message_not_as_no_traceback(tmp_path):
+    _rank_stderr(tmp_path, ABSL_REFUSAL)
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(
+        code=1, traceback="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"))
+    detail = failure_detail(tmp_path)
+    assert detail["log"].endswith("/0/stderr.log")
+    assert detail["error"].startswith("FATAL Flags parsing error: The flag 'config' is defined twice")
+    assert detail["refusal"] is True
+
+
+def test_a_ranks_exit_with_a_message_is_the_failure_not_torchruns_report(tmp_path):
+    """SystemExit("...") prints its message and exits 1 with no traceback: torchrun's Root Cause says
+    only "exitcode 1"; the rank's message is what went wrong."""
+    _rank_stderr(tmp_path, "W1201 09:23:29.5 some log line\nSteps:   0%|          | 0/2\n"
+                           "the prompts file holds 3 prompts, fewer than the 8 ranks\n"
+                           "/x/warnings.py:1: UserWarning: something late\n")
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(
+        code=1, traceback="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"))
+    detail = failure_detail(tmp_path)
+    assert detail["error"] == "the prompts file holds 3 prompts, fewer than the 8 ranks"
+    assert detail["refusal"] is True and detail["log"].endswith("/0/stderr.log")
+
+
+def test_a_killed_rank_is_still_named_by_its_signal(tmp_path):
+    _rank_stderr(tmp_path, "loading the transformer\n")
+    (tmp_path / "logs" / "console.log").write_text(TORCHRUN_CONSOLE.format(
+        code=-9, traceback="Signal 9 (SIGKILL) received by PID 25181"))
+    detail = failure_detail(tmp_path)
+    assert detail["error"].startswith("rank 0 was killed by signal 9") and detail["refusal"] is False
+
+
+def test_a_refusal_is_the_last_line_a_failed_run_prints():
+    from dancegrpo_npu.run.runner import closing_lines
+
+    refusal = "train_grpo_sd.py: error: --max_train_steps 5 must be a positive multiple of the 2 optimizer updates"
+    summary = {"continue_with": {"line": "run X failed; no checkpoint yet: launch it again"},
+               "failure": {"error": refusal, "refusal": True}}
+    assert closing_lines(summary) == ["dancegrpo-npu: run X failed; no checkpoint yet: launch it again",
+                                      f"dancegrpo-npu: {refusal}"]
+    traceback = {**summary, "failure": {"error": "RuntimeError: boom", "refusal": False}}
+    assert closing_lines(traceback) == ["dancegrpo-npu: run X failed; no checkpoint yet: launch it again"]
+
+
+def test_an_interrupted_run_says_the_exit_the_shell_gets(tmp_path):
+    from dancegrpo_npu.run.runner import _one_line
+
+    line = _one_line(tmp_path, {"status": "interrupted", "returncode": 1, "wall_time_s": 3.0, "steps": 0})
+    assert "interrupted (exit 130)" in line

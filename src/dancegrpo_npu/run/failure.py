@@ -20,9 +20,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # torchrun's --tee prefixes the console copy with "[default0]:".
 _PREFIX = re.compile(r"^(?:\[[\w-]+\]:\s?)+")
 _TRACEBACK = "Traceback (most recent call last):"
-# argparse's parser.error ("train_grpo_flux.py: error: ..."), and an exception line
-# printed without its traceback ("torch.OutOfMemoryError: ...").
-_ERROR_LINE = re.compile(r"^(?:\S+: error: |[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b)")
+# argparse's parser.error ("train_grpo_flux.py: error: ..."), which the overlay's refusals use too,
+# and absl's refusal of its flags ("FATAL Flags parsing error: ..."): a rank's own one-line refusal.
+_REFUSAL = re.compile(r"^(?:\S+: error: |FATAL Flags parsing error: )")
+# Those, and an exception line printed without its traceback ("torch.OutOfMemoryError: ...").
+_ERROR_LINE = re.compile(r"^(?:\S+: error: |FATAL Flags parsing error: |[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b)")
+# What a rank prints that is not its message: warnings and log lines ("W1201 09:23:29.5 ...").
+_NOT_A_MESSAGE = re.compile(r"^(?:[WIE]\d{4} |.*Warning\b|warnings\.warn)")
 _PROGRESS_BAR = re.compile(r"\d+%\|")
 
 
@@ -108,27 +112,69 @@ _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|rem
                         r"DistBackendError|NCCL communicator was aborted|HCCL.*(?:timeout|abort)", re.IGNORECASE)
 
 
+def refusal(error: str) -> bool:
+    """Whether ``error`` is a rank's own one-line refusal (argparse's, the overlay's, absl's), which
+    is what the user must read last, not torchrun's report of the exit."""
+    return bool(_REFUSAL.match(error))
+
+
+def _last_message(lines: list[str]) -> str:
+    """The last line a rank printed that is a message (SystemExit("...") prints it last): not a
+    progress bar, a warning or a log line, not indented (a traceback's frame); "" when none."""
+    for line in reversed(lines):
+        text = line.strip()
+        if text and not line[0].isspace() and not _PROGRESS_BAR.search(text) and not _NOT_A_MESSAGE.match(text):
+            return text
+    return ""
+
+
 def failure_detail(run_dir: Path) -> dict:
     """Where a failed run says why: the first rank stderr with a traceback (a rank whose error is
     only that a peer went away yields to one that says more: the rank that stopped first, whose
-    exit closed the collective the others waited in), else the console.
+    exit closed the collective the others waited in), else the console; where torchrun's report
+    says only that a rank exited with a code, what that rank printed last (a SystemExit's message).
 
     {"log": the file, relative to the run, "tail": its last lines as a terminal shows them,
-    "error": the exception line (see ``error_line``)}.
+    "error": the exception line (see ``error_line``), "refusal": whether it is the rank's own
+    one-line refusal (``refusal``)}.
     """
-    found = []
+    found, quiet = [], {}
     for path in rank_logs(run_dir):
         if path.name != "stderr.log":
             continue
         lines = _read(path) or []
-        # a traceback, an exception line, or the trainer's argparse refusal ("x.py: error: ...")
+        # a traceback, an exception line, or the trainer's argparse or absl refusal ("x.py: error: ...")
         if any(_TRACEBACK in line or "Error" in line or _ERROR_LINE.match(line.strip()) for line in lines):
             found.append({"log": str(path.relative_to(run_dir)), "tail": lines[-FAILURE_TAIL_LINES:],
                           "error": error_line(lines)})
+        elif _last_message(lines):
+            quiet[path.parent.name] = (path, lines)  # by local rank
     if found:
-        return next((f for f in found if not _PEER_GONE.search(f["error"])), found[0])
+        detail = next((f for f in found if not _PEER_GONE.search(f["error"])), found[0])
+        return {**detail, "refusal": refusal(detail["error"])}
     lines = _read(run_dir / "logs" / "console.log") or []
     error = error_line(lines)
     if "ChildFailedError" in error:  # torchrun's own exception says only that a rank failed
+        exited = _exited_rank(lines)
+        if exited in quiet:  # it exited with a message of its own (SystemExit("...")), no traceback
+            path, rank_lines = quiet[exited]
+            message = _last_message(rank_lines)
+            return {"log": str(path.relative_to(run_dir)), "tail": rank_lines[-FAILURE_TAIL_LINES:],
+                    "error": message, "refusal": True}
         error = root_cause(lines) or error
-    return {"log": "logs/console.log", "tail": lines[-FAILURE_TAIL_LINES:], "error": error}
+    return {"log": "logs/console.log", "tail": lines[-FAILURE_TAIL_LINES:], "error": error, "refusal": refusal(error)}
+
+
+_LOCAL_RANK = re.compile(r"\(local_rank:\s*(\d+)\)")
+
+
+def _exited_rank(lines: list[str]) -> str | None:
+    """The local rank of torchrun's Root Cause when it exited with a code (not a signal), else None."""
+    starts = [i for i, line in enumerate(lines) if _ROOT_CAUSE in line]
+    if not starts:
+        return None
+    entry = lines[starts[-1] + 1 : starts[-1] + 12]
+    if any(_SIGNAL.match(m.group(2)) for m in (_FIELD.match(line) for line in entry) if m and m.group(1) == "traceback"):
+        return None
+    local = next((m.group(1) for m in map(_LOCAL_RANK.search, entry) if m), None)
+    return local

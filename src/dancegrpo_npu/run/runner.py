@@ -232,10 +232,25 @@ def run_plan(project: Project, plan):
     advice = summary.get("continue_with") or {}
     if interrupted:
         raise RunInterrupted(advice.get("line") or f"run {run_dir.name} interrupted; record: {run_dir}")
-    if advice.get("line"):
-        print(f"dancegrpo-npu: {advice['line']}", flush=True)  # the last line: how to go on
+    for line in closing_lines(summary):
+        print(line, flush=True)
     rc = returncode if returncode not in (None, 0) or summary["status"] == "succeeded" else 1
     return RunRecord(run_dir=run_dir, returncode=rc, command=plan.command, summary=summary)
+
+
+def closing_lines(summary: dict) -> list[str]:
+    """What a finished run prints after its summary line: how to go on (a stopped run's
+    continuation), then, when a rank refused its arguments in a line of its own (argparse's, the
+    overlay's, absl's, a SystemExit's message), that line: the last the user reads is the
+    trainer's reason, not torchrun's report that a rank exited."""
+    lines = []
+    advice = summary.get("continue_with") or {}
+    if advice.get("line"):
+        lines.append(f"dancegrpo-npu: {advice['line']}")
+    failure = summary.get("failure") or {}
+    if failure.get("refusal") and failure.get("error"):
+        lines.append(f"dancegrpo-npu: {failure['error']}")
+    return lines
 
 
 def _continuation(project: Project, plan, status: str) -> dict | None:
@@ -305,7 +320,9 @@ def _fingerprint(project: Project, plan) -> dict:
 
 
 def _one_line(run_dir: Path, s: dict) -> str:
-    text = f"dancegrpo-npu: {s['status']} (exit {s['returncode']}) after {s['wall_time_s']:.1f} s, {s['steps']} step(s)"
+    # the exit the user's shell gets: an interrupted launch exits 130 whatever torchrun returned
+    code = 130 if s["status"] == "interrupted" else s["returncode"]
+    text = f"dancegrpo-npu: {s['status']} (exit {code}) after {s['wall_time_s']:.1f} s, {s['steps']} step(s)"
     reward = s.get("reward")
     if reward:
         text += f", reward {reward['first']:.4g} -> {reward['last']:.4g}"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from dancegrpo_npu.engine.edits import Edit, find_edits, save_edits
+from dancegrpo_npu.engine.ignored import keep_ignored
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import (
     git, is_git_repo, last_error_line, ls_tree, missing_files, rev_parse, sparse_pattern, sparse_patterns_path,
@@ -51,16 +52,6 @@ from dancegrpo_npu.engine.worktree import (
 )
 
 SPARSE_WITHOUT_ASSETS = "/*\n!/assets/\n"
-# Written into the work tree's .git/info/exclude: what the stock scripts write or read
-# in their working directory, so that run data never counts as a local edit.
-EXCLUDE_MARK = "# dancegrpo-npu: run outputs and data, never part of the patched tree\n"
-EXCLUDE = EXCLUDE_MARK + "".join(
-    f"{p}\n"
-    for p in (
-        "/data/", "/hps_ckpt/", "/images/", "/cache_dir/", "/outputs/", "/wandb/", "/runs/", "/log/", "/logs/",
-        "/reward.txt", "/metrics.jsonl", "__pycache__/", "*.py[cod]", "*.egg-info/", ".pytest_cache/",
-    )
-)
 SOURCE_HINT = (
     "check the URL and the network, configure a mirror with git's url.<base>.insteadOf, or pass"
     " --source / DANCEGRPO_SOURCE (a git URL, a git directory or a .tar.gz of the tree)"
@@ -218,10 +209,7 @@ def _checkout(repo: Path, rev: str, with_assets: bool) -> list[str]:
             "the source lacks some files (mirrors often lack large assets); fetch without --with-assets"
             if with_assets else SOURCE_HINT,
         )
-    exclude = repo / ".git" / "info" / "exclude"
-    text = exclude.read_text() if exclude.exists() else ""
-    if EXCLUDE_MARK not in text:
-        exclude.write_text(text + ("\n" if text and not text.endswith("\n") else "") + EXCLUDE)
+    keep_ignored(repo, rev)  # the weights and run data the tree holds are no edits
     return left_out
 
 

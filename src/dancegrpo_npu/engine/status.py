@@ -192,8 +192,27 @@ def _differences(root, tree, expected, git_status: dict[str, str]) -> list[str]:
 DIFFERS_HINT = "`dancegrpo-npu status` shows details; `dancegrpo-npu apply` (with --force to save local edits) makes it exact"
 
 
+class TreeDiffers(DancegrpoError):
+    """The tree is not exactly what it is meant to be: files differ (apply puts them right), or
+    untracked files that git does not ignore are in it (apply leaves those alone)."""
+
+
+def untracked_hint(where: str) -> str:
+    """What to do with untracked files: apply leaves them alone, so they go, or git ignores them."""
+    return (f"move the untracked files out of the tree, or have git ignore them: add their paths to {where}/.git/info/exclude"
+            " (the weights' folders docs/weights.md names are ignored already)")
+
+
+def differences_hint(differences, where: str) -> str:
+    untracked = [d for d in differences if d.endswith(" (untracked)")]
+    if len(untracked) == len(differences):
+        return untracked_hint(where)
+    return DIFFERS_HINT + (f"; {untracked_hint(where)}" if untracked else "")
+
+
 def verify_tree(project: Project) -> Report:
-    """The tree's report when it is exactly lock + series + overlay; DancegrpoError otherwise.
+    """The tree's report when it is exactly lock + series + overlay; DancegrpoError otherwise
+    (TreeDiffers when the tree is readable but differs, its hint what makes it exact).
 
     Launch and doctor call this before starting anything on the tree.
     """
@@ -202,5 +221,6 @@ def verify_tree(project: Project) -> Report:
     if r.problem:
         raise DancegrpoError(f"verify: {where}: {r.problem}")
     if r.differences:
-        raise DancegrpoError(f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}", DIFFERS_HINT)
+        raise TreeDiffers(f"verify: {where} is not exactly {r.what}: {shorten(r.differences, 6)}",
+                          differences_hint(r.differences, where))
     return r

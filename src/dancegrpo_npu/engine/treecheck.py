@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.engine.status import DIFFERS_HINT, verify_tree
+from dancegrpo_npu.engine.status import DIFFERS_HINT, TreeDiffers, verify_tree
 
 FIX = "run `dancegrpo-npu fetch && dancegrpo-npu apply`"
 
@@ -23,18 +23,27 @@ def tree_state(project: Project, script_relpath: str | None = None) -> dict:
         return {"state": "missing", "detail": f"{tree} has no {script_relpath}"}
     try:
         report = verify_tree(project)
+    except TreeDiffers as e:
+        # files differ from what the series makes, which `apply` puts right, or untracked files
+        # are in the way, which its hint says how to move or ignore
+        return {"state": "unverified", "detail": e.message, "differs": True, "fix": e.hint}
     except DancegrpoError as e:
-        # "differs": files differ from what the series makes, which `apply` puts right; any other
-        # problem (a broken lock, a patch that does not fit) says in its own hint what does
-        return {"state": "unverified", "detail": e.one_line(), "differs": e.hint == DIFFERS_HINT}
+        # any other problem (a broken lock, a patch that does not fit) says in its own hint what does
+        return {"state": "unverified", "detail": e.one_line(), "differs": False}
     # an ablation tree (apply --without) runs, and says so: the run's record keeps it
     return {"state": "verified", "detail": f"{tree} is {report.what}", "without": list(report.without)}
 
 
 def unverified_fix(state: dict) -> str | None:
-    """The hint for an unverified tree: status and apply when its files differ; else None, as the
-    detail carries the problem's own hint (`apply` would fail the same way)."""
-    return "run `dancegrpo-npu status` to see what differs, then `dancegrpo-npu apply`" if state.get("differs") else None
+    """The hint for an unverified tree: what makes it exact when it differs (status and apply for
+    its files; untracked files moved out or ignored); else None, as the detail carries the
+    problem's own hint (`apply` would fail the same way)."""
+    if not state.get("differs"):
+        return None
+    fix = state.get("fix") or ""
+    if fix.startswith(DIFFERS_HINT):
+        fix = "run `dancegrpo-npu status` to see what differs, then `dancegrpo-npu apply`" + fix[len(DIFFERS_HINT):]
+    return fix
 
 
 def require_tree(project: Project, script_relpath: str) -> dict:

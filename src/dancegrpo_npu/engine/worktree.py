@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import blob_id, git, is_git_repo, last_error_line
+from dancegrpo_npu.engine.ignored import keep_ignored
 from dancegrpo_npu.engine.rebase_state import refuse_mid_swap
 from dancegrpo_npu.files import exclusive, write_atomic
 
@@ -195,6 +196,7 @@ def session(
     with hold(wt):
         if roll_forward(wt, checkpoint):  # a finished move (fetch to a new lock) rewrote fetched.json
             fetched = load_fetched(wt) or fetched
+        keep_ignored(wt.root)  # a tree fetched by an older tool gets what is ignored now
         yield wt, fetched
 
 

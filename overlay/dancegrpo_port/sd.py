@@ -137,13 +137,20 @@ def argument_problem(args, config) -> str | None:
     return None
 
 
+def configuration_problem(args, config) -> str | None:
+    """Settle the flags and the configuration, then what they cannot run (one line), or None:
+    what check_arguments refuses, and what launch asks before start (with the configuration absl
+    makes of its --config arguments, and the port's flags as the parser reads them)."""
+    settle(args, config)
+    return argument_problem(args, config)
+
+
 def check_arguments(args, config) -> None:
     """Settle the flags and the configuration, then the SD trainer's own refusals, before anything
     loads (one line, exit 2)."""
     from dancegrpo_port import hooks
 
-    settle(args, config)
-    hooks.refuse(argument_problem(args, config))
+    hooks.refuse(configuration_problem(args, config))
 
 
 def latents_dtype(mixed_precision: str):

@@ -82,8 +82,13 @@ def test_a_trainer_whose_batch_is_a_ranks_runs_the_recipe_as_it_is_at_any_world_
     row = replace(trainers.get("flux"), per_rank_batch="a rank's batch")
     monkeypatch.setitem(trainers.REGISTRY, "flux", row)
     plan = plan_of(project, tmp_path, LaunchSpec("flux", nproc_per_node=4))
-    assert plan.recipe.name == "8gpus" and plan.recipe_scaling is None
+    assert plan.recipe.name == "8gpus"
     assert (arg(plan, "--train_batch_size"), arg(plan, "--gradient_accumulation_steps")) == ("2", "12")
+    # the launch says how the recipe's global batch is kept: per rank, half of it a step
+    assert plan.recipe_scaling.startswith("world size 4 is not recipe 8gpus's (8): its batch is kept per rank "
+                                          "(a rank's batch), so a step takes 4/8 of the recipe's global batch: "
+                                          "8 prompts per step, accumulation 12, effective batch 48 samples")
+    assert "the script has 16 prompts per step" in recipes.recipe_line(plan)
     assert trainers.get("hunyuan").per_rank_batch and trainers.get("skyreels-i2v").per_rank_batch
 
 

@@ -87,6 +87,18 @@ def test_a_runs_directory_that_cannot_be_made_is_one_line(project, tmp_path, cap
     assert "--runs-dir DIR or DANCEGRPO_RUNS" in err
 
 
+@pytest.mark.parametrize("under", [False, True])
+def test_a_dry_run_into_a_runs_directory_that_is_a_file_is_one_line(project, tmp_path, capsys, under):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    runs = blocker / "runs" if under else blocker
+    rc = main(["-C", str(project.root), "launch", "flux", "--runs-dir", str(runs), "--nproc-per-node", "8",
+               "--device", "cpu", "--dry-run"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.err.count("\n") == 1 and not captured.out
+    assert captured.err.startswith(f"dancegrpo-npu: error: cannot write {runs}: {blocker} is a file, not a directory")
+
+
 def test_plot_to_a_place_that_cannot_be_written_is_one_line(project, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     fake_run(project.runs_dir, "20260101-100000-a")

@@ -85,7 +85,7 @@ def wan_tree(patched_tree, monkeypatch, tmp_path):
     (["--lora_rank", "64"], 2, "--lora_rank after -- is not a flag of train_grpo_wan_2_1.py"),
     (["--max_train_step", "10"], 2, "--max_train_step after -- is an abbreviation of train_grpo_wan_2_1.py's "
                                     "--max_train_steps"),
-    (["--h", "500"], 1, "--h 500 is not a positive multiple of 16"),
+    (["--h", "500"], 2, "--h 500 is not a positive multiple of 16"),
 ])
 def test_launch_wan_dry_run_refuses_what_its_trainer_would(wan_tree, tmp_path, capsys, words, code, says):
     assert main(["-C", str(wan_tree.project.root), "launch", "wan", "--dry-run", "--", *words]) == code

@@ -127,24 +127,27 @@ def reference_sizes_problem(values: dict) -> str | None:
             "or a dataset of one reference size")
 
 
-def image_sizes_problem(values: dict) -> str | None:
-    """A trainer's --h / --w (its ``argument_checks``): the VAE's 8x downsampling and the 2x2
-    latent patches need a multiple of 16 (what ``plan`` and ``bench`` ask for too); anything else
-    fails inside the model, after every rank has loaded it."""
+def image_sizes_problem(values: dict, sizes) -> str | None:
+    """A trainer's --h / --w against its row's ``image_sizes`` (trainers.ImageSizes): positive
+    multiples of the VAE's downsampling times the latent patch; anything else fails inside the
+    model, after every rank has loaded it.  None when they fit, or the script takes no sizes."""
+    if sizes is None:
+        return None
+    multiple = sizes.multiple
     for flag in ("--h", "--w"):
         value = values.get(flag)
         try:
             size = int(value) if value is not None else None
         except ValueError:
             continue  # the trainer's parser refuses it
-        if size is not None and (size < 16 or size % 16):
-            return (f"{flag} {size} is not a positive multiple of 16 (the VAE's 8x and the 2x2 latent patches); "
-                    f"give e.g. {flag} {max(16, size // 16 * 16)}")
+        if size is not None and (size < multiple or size % multiple):
+            return (f"{flag} {size} is not a positive multiple of {multiple} ({sizes.why}); "
+                    f"give e.g. {flag} {max(multiple, size // multiple * multiple)}")
     return None
 
 
 # The checks a registry row names in its ``argument_checks``: name -> (flag values) -> one line or None.
-ARGUMENT_CHECKS = {"image-sizes": image_sizes_problem, "reference-sizes": reference_sizes_problem}
+ARGUMENT_CHECKS = {"reference-sizes": reference_sizes_problem}
 
 
 def argument_problems(names, values: dict) -> list[str]:

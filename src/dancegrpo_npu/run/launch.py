@@ -30,6 +30,7 @@ from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
 from dancegrpo_npu.run import datasets, depsets, recipes
+from dancegrpo_npu.run.inputs import image_sizes_problem
 from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
@@ -172,6 +173,17 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
         return "not checked (see below)"
     if parsed is None:
         return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`"
+    if info.foreign_flags:  # absl's --config, read as the script's absl reads it, and the overlay's check
+        from dancegrpo_npu.run import absl_config
+
+        try:
+            absl_config.check_config(tree / info.relpath, tree, python, script_args, info.foreign_flags,
+                                     parsed.values, info.config_check, info.config_example)
+        except DancegrpoError as e:
+            if e.exit_code == 2 or not dry_run:
+                raise
+            problems.append(e.one_line())
+            return "not checked (see below)"
     return f"checked by {Path(info.relpath).name}'s own parser"
 
 
@@ -213,10 +225,13 @@ def build_plan(
     script_args += _profile_args(spec)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
     arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+    sizes = image_sizes_problem(flag_values(script_args), info.image_sizes)
+    if sizes:
+        raise DancegrpoError(sizes, "fix the script's arguments; nothing was started", exit_code=2)
     if problems and not dry_run:
         raise DancegrpoError(
             "; ".join(problems),
-            "put them there (docs/ascend-910b.md, Weights) or pass their flags after --; "
+            "put them there (docs/weights.md: every model's weights and where they go) or pass their flags after --; "
             "`dancegrpo-npu launch ... --dry-run` lists everything missing",
         )
     if spec.align.env():  # --msprobe: before the user's --env, which wins
@@ -265,11 +280,26 @@ def build_plan(
         npus_here=npus_here,
         dev_dir=dev_dir,
         recipe=recipe,
-        recipe_scaling=scaling.describe() if scaling else None,
+        recipe_scaling=recipes.batch_line(info, recipe, scaling, spec.nproc_per_node * spec.nnodes),
         recipe_notes=recipes.recipe_notes(spec, info, recipe, scaling, script_args),
         problems=tuple(problems),
         arguments_checked=arguments_checked,
     )
+
+
+def _check_runs_dir(runs: Path) -> None:
+    """A runs directory (--runs-dir, $DANCEGRPO_RUNS) that is a file, or lies under one, is refused
+    in one line, at the dry run too, as the real launch's making of its run directory words it."""
+    import errno
+
+    from dancegrpo_npu.files import cannot_write
+
+    for path in (runs, *runs.parents):
+        if path.exists():
+            if not path.is_dir():
+                code = errno.EEXIST if path == runs else errno.ENOTDIR
+                raise cannot_write(runs, OSError(code, os.strerror(code), str(runs)))
+            return
 
 
 def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir: Path = Path("/dev")) -> RunRecord:
@@ -305,6 +335,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
             raise not_here
         print(f"dancegrpo-npu: resuming run {plan.run_dir.name} {plan.resume_from}", file=sys.stderr, flush=True)
         return run_plan(project, plan)
+    _check_runs_dir(project.runs_dir)
     tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
     plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
     not_here = no_npu_here(plan)

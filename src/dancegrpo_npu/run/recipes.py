@@ -273,6 +273,25 @@ def plan_recipe(spec, info, tree: Path):
     return recipe, tuple((flag, changes.get(flag, value)) for flag, value in recipe.args), scaling
 
 
+def batch_line(info, recipe, scaling, world_size: int) -> str | None:
+    """How the recipe's global batch is kept at the launch's world size: rescaled (``Scaling``), or
+    kept per rank (the row's ``per_rank_batch``, or a recipe whose batch is in its configuration),
+    so that a step takes world size / recipe ranks of the recipe's global batch.  None when the
+    world size is the recipe's."""
+    if recipe is None or recipe.world_size == world_size:
+        return None
+    if scaling is not None:
+        return scaling.describe()
+    why = info.per_rank_batch or "the recipe sets no --train_batch_size: its configuration's batch sizes are a rank's"
+    text = (f"world size {world_size} is not recipe {recipe.name}'s ({recipe.world_size}): its batch is kept per rank "
+            f"({why}), so a step takes {world_size}/{recipe.world_size} of the recipe's global batch")
+    values = recipe.values()
+    if "--train_batch_size" in values:
+        text += (f": {batch_of(values, world_size).describe()}; the script has "
+                 f"{batch_of(values, recipe.world_size).describe()}")
+    return text
+
+
 def recipe_notes(spec, info, recipe, scaling, script_args) -> tuple[str, ...]:
     """Every final value that is not the recipe script's, with why."""
     if recipe is None:

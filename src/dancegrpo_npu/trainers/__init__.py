@@ -12,9 +12,9 @@ import importlib
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.trainers import flux, hunyuan, qwenimage, sd, wan
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
-__all__ = ["REGISTRY", "Bench", "BenchPreset", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
+__all__ = ["REGISTRY", "Bench", "BenchPreset", "ImageSizes", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
            "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
            "trainers", "unknown"]
 

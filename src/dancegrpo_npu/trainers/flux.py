@@ -13,11 +13,15 @@ from dancegrpo_npu.trainers.common import (
     preprocess_defaults,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
 # Where upstream's README puts the FLUX.1-dev weights, and its recipes point.
 WEIGHTS_DIR = "data/flux"
+
+# FLUX.1-dev's VAE downsamples 8x and the pipeline packs 2x2 latents into a token.
+SIZES = ImageSizes(vae_scale=8, patch=2, why="FLUX.1-dev's VAE downsamples 8x and its transformer takes 2x2 latent "
+                   "patches")
 
 INPUTS = (
     weights_input("FLUX.1-dev weights"),
@@ -83,7 +87,7 @@ def _trainer(*, name: str, relpath: str, help: str, smoke: Smoke, **more) -> Tra
     return TrainerSpec(
         name=name, relpath=relpath, help=help, title="FLUX.1-dev", defaults=HPS_DEFAULTS,
         path_flags=TRAIN_PATH_FLAGS, required_inputs=INPUTS, output_in_run_dir=True, recipe_glob=RECIPE_GLOB,
-        argument_checks=("image-sizes",), dataset="flux", preprocess="preprocess", aligns=True, smoke=smoke,
+        image_sizes=SIZES, dataset="flux", preprocess="preprocess", aligns=True, smoke=smoke,
         **more,
     )
 

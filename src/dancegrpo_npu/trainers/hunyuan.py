@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dancegrpo_npu.trainers.common import PREPROCESS_PATH_FLAGS, TRAIN_PATH_FLAGS, dataset_input, preprocess_defaults, \
     weights_input
-from dancegrpo_npu.trainers.spec import Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
 
 # Where upstream's trainers read VideoAlign (hard-coded there, relative to the run directory; the
 # port's --videoalign_ckpt and --videoalign_base_model, with these defaults, relative to the tree).
@@ -13,10 +13,15 @@ VIDEOALIGN_DEFAULTS = (("--videoalign_ckpt", "videoalign_ckpt"), ("--videoalign_
 VIDEOALIGN_FLAGS = ("--videoalign_ckpt", "--videoalign_base_model")
 VIDEOALIGN_INPUTS = (
     Input(flag="--videoalign_ckpt", kind="directory",
-          what="VideoAlign checkpoint (KwaiVGI/VideoAlign-RewardModel: model_config.json, checkpoint-*/)"),
+          what="VideoAlign checkpoint (KwaiVGI/VideoReward: model_config.json, checkpoint-*/)"),
     Input(flag="--videoalign_base_model", kind="model",
           what="Qwen2-VL-2B-Instruct, VideoAlign's base model and processor"),
 )
+
+# HunyuanVideo's VAE downsamples 8x and its transformer takes 2x2 latent patches (patch_size 2):
+# --h 72 makes 9 latent rows, which the patch embedding cannot split.
+SIZES = ImageSizes(vae_scale=8, patch=2, why="HunyuanVideo's VAE downsamples 8x and its transformer takes 2x2 latent "
+                   "patches")
 
 ROWS = (
     TrainerSpec(
@@ -30,7 +35,7 @@ ROWS = (
             *VIDEOALIGN_INPUTS,
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_hunyuan_grpo*.sh", dataset="hunyuan",
-        preprocess="preprocess-hunyuan", aligns=True,
+        preprocess="preprocess-hunyuan", aligns=True, image_sizes=SIZES,
         smoke=Smoke(title="HunyuanVideo GRPO (5 frames)", label="HunyuanVideo",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
@@ -59,6 +64,8 @@ ROWS = (
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_skyreels_i2v*.sh", dataset="skyreels-i2v",
         preprocess="preprocess-skyreels-i2v", aligns=True,
+        image_sizes=ImageSizes(vae_scale=8, patch=2, why="SkyReels-V1-I2V's VAE downsamples 8x and its transformer "
+                               "takes 2x2 latent patches (its FLUX first frame needs the same)"),
         smoke=Smoke(title="SkyReels-I2V GRPO (5 frames from a FLUX first frame, CFG 5)", label="SkyReels-I2V",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-skyreels-i2v",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),

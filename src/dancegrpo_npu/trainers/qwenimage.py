@@ -13,10 +13,12 @@ from dancegrpo_npu.trainers.common import (
     preprocess_defaults,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"
 NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
+SIZES = ImageSizes(vae_scale=8, patch=2, why="Qwen-Image's VAE downsamples 8x and its transformer takes 2x2 latent "
+                   "patches")
 
 
 def prompt_batch(transformer_cfg, sizes, device, dtype, caption: str) -> tuple:
@@ -72,7 +74,7 @@ def _trainer(*, name: str, title: str, preprocess: str, **more) -> TrainerSpec:
         name=name, title=title, defaults=HPS_DEFAULTS, path_flags=TRAIN_PATH_FLAGS,
         required_inputs=(weights_input(f"{title} weights (transformer/, vae/)"), dataset_input(preprocess),
                          *HPS_INPUTS),
-        output_in_run_dir=True, depset=DEPSET, dataset=name, preprocess=preprocess, aligns=True,
+        output_in_run_dir=True, depset=DEPSET, dataset=name, preprocess=preprocess, aligns=True, image_sizes=SIZES,
         plan_model=name, offload_flag="--use_cpu_offload", no_lora=NO_LORA,  # offload: honoured by the port
         **more,
     )
@@ -90,7 +92,7 @@ ROWS = (
     _trainer(
         name="qwenimage", relpath="fastvideo/train_grpo_qwenimage.py", help="GRPO of Qwen-Image",
         title="Qwen-Image", preprocess="preprocess-qwenimage",
-        recipe_glob="scripts/finetune/finetune_qwenimage_grpo*.sh", argument_checks=("image-sizes",),
+        recipe_glob="scripts/finetune/finetune_qwenimage_grpo*.sh",
         smoke=_smoke(title="Qwen-Image GRPO", label="Qwen-Image", passes=1, edit=False, selective_checkpointing="0.5"),
         bench=BENCH,
     ),
@@ -98,7 +100,7 @@ ROWS = (
         name="qwenimage-edit", relpath="fastvideo/train_grpo_qwenimage_edit.py", help="GRPO of Qwen-Image-Edit",
         title="Qwen-Image-Edit", preprocess="preprocess-qwenimage-edit",
         recipe_glob="scripts/finetune/finetune_qwenimage_edit_grpo*.sh",
-        argument_checks=("image-sizes", "reference-sizes"),
+        argument_checks=("reference-sizes",),
         smoke=_smoke(title="Qwen-Image-Edit GRPO", label="Qwen-Image-Edit", passes=3, edit=True,
                      selective_checkpointing="1.0"),
     ),

@@ -4,7 +4,7 @@ ml_collections (``--config fastvideo/config_sd/dgx.py:hpsv2``), on the FLUX depe
 from __future__ import annotations
 
 from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS
-from dancegrpo_npu.trainers.spec import Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
 
 # Where upstream's trainer reads the weights and the prompts (hard-coded there; the port's flags,
 # with these defaults, relative to the patched tree).
@@ -25,12 +25,16 @@ ROWS = (
             *HPS_INPUTS,
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_sd_grpo*.sh", aligns=True,
+        # the latents are --h/8 x --w/8 (the overlay refuses the rest at start); the UNet pads its
+        # own down- and up-sampling, so any latent size runs
+        image_sizes=ImageSizes(vae_scale=8, why="the SD VAE downsamples 8x: the initial latents are --h/8 x --w/8"),
         smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD", run="dancegrpo_npu.smoke.sd_smoke:run",
                     run_name="smoke-sd", model_class="UNet2DConditionModel",
                     sampling_steps=6),  # at 4 DDIM steps the tiny UNet's 2 images score equal
         no_lora=("upstream's LoRA path (config.use_lora) builds LoRAAttnProcessor(hidden_size=...), which diffusers "
                  "0.32 no longer takes"),
-        foreign_flags=("--config",),
+        foreign_flags=("--config",), config_check="dancegrpo_port.sd:configuration_problem",
+        config_example="--config fastvideo/config_sd/dgx.py:hpsv2",
         fixed_values=(("init_same_noise", True),),  # one initial latent for a rank's epoch (upstream's loop)
         plan_model="sd",
         no_bench=("bench times a trainer's train_one_step, and upstream's SD trainer has none (its rollout and "

@@ -22,6 +22,21 @@ class Input:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageSizes:
+    """What the trainer's --h / --w must be multiples of: the VAE's spatial downsampling times
+    the latent patch the denoiser takes, else the run stops inside the model after every rank
+    has loaded it (launch refuses it before start: run.inputs.image_sizes_problem)."""
+
+    vae_scale: int  # the VAE's spatial downsampling
+    patch: int = 1  # the denoiser's latent patch (FLUX's 2x2 packing; 1: a UNet takes any latent size)
+    why: str  # the model's rule, in the refusal
+
+    @property
+    def multiple(self) -> int:
+        return self.vae_scale * self.patch
+
+
+@dataclass(frozen=True, kw_only=True)
 class Smoke:
     """How ``dancegrpo-npu smoke`` runs the trainer on tiny models."""
 
@@ -104,6 +119,7 @@ class TrainerSpec:
     recipe_glob: str | None = None  # upstream's launch scripts holding its recipes (run.recipes)
     depset: str = "diffusers-0.32"  # the dependency set it runs with (run.depsets)
     argument_checks: tuple[str, ...] = ()  # run.inputs.ARGUMENT_CHECKS' names
+    image_sizes: ImageSizes | None = None  # what --h / --w must be multiples of (None: the script takes none)
     dataset: str | None = None  # the model whose RL-embeddings dataset it writes or reads (run.datasets)
     preprocess: str | None = None  # the preprocessing script that makes that dataset
     default: bool = False  # the trainer smoke runs when none is named
@@ -120,6 +136,12 @@ class TrainerSpec:
     # Flags another reader in the script takes, with their ``FLAG.KEY=VALUE`` forms (absl's
     # --config of an ml_collections program): passed through, not checked by its argparse parser.
     foreign_flags: tuple[str, ...] = ()
+    # The overlay's check of the port's flags against the absl configuration a foreign flag makes
+    # ("module:function" in the patched tree, (args, config) -> one line or None): launch loads the
+    # configuration as the script's absl does and runs it before start (run.absl_config).
+    config_check: str = ""
+    # A configuration to name in the refusals of a bad --config (upstream's recipe's).
+    config_example: str = ""
     # What the script always does whatever its flags say, as the values a replay must match
     # (run.upstream_args.TRAINER_ARGPARSE_DEFAULTS' names): the SD trainer shares its initial latents.
     fixed_values: tuple[tuple[str, object], ...] = ()

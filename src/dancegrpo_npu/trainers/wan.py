@@ -13,7 +13,7 @@ from dancegrpo_npu.trainers.common import (
     preprocess_defaults,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"  # Wan2.1 needs diffusers >= 0.33 (run.depsets, docs/dependencies.md)
 
@@ -78,7 +78,9 @@ ROWS = (
             *HPS_INPUTS,
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_wan_2_1_grpo*.sh", depset=DEPSET,
-        argument_checks=("image-sizes",), dataset="wan", preprocess="preprocess-wan", aligns=True,
+        image_sizes=ImageSizes(vae_scale=8, patch=2, why="Wan2.1's VAE downsamples 8x and its transformer takes "
+                               "1x2x2 latent patches"),
+        dataset="wan", preprocess="preprocess-wan", aligns=True,
         smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", run="dancegrpo_npu.smoke.runner:run_with_depset_fixtures",
                     run_name="smoke-wan", loop_below=1, fixtures="dancegrpo_npu.smoke.wan_smoke:fixtures",
                     arguments="dancegrpo_npu.smoke.wan_smoke:trainer_args", model_class="WanTransformer3DModel"),

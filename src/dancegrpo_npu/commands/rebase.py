@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.rebase.dry_run import dry_run
-from dancegrpo_npu.rebase.session import abort_rebase, continue_rebase, skip_patch, start_rebase
+from dancegrpo_npu.rebase.session import abort_rebase, continue_rebase, project_of_rebase_tree, skip_patch, start_rebase
 
 
 GUIDE = textwrap.dedent(
@@ -18,7 +19,7 @@ GUIDE = textwrap.dedent(
       dancegrpo-npu upstream-log main        what changed upstream, and which patches it hits
       dancegrpo-npu rebase --onto main --dry-run    what would happen; changes nothing
       dancegrpo-npu rebase --onto main       move the series; stops on a conflict
-      ... resolve in <workdir>.rebase (conflict markers), then:
+      ... resolve in <workdir>.rebase (conflict markers), then, there or in the project:
       dancegrpo-npu rebase --continue        take the resolved tree as the patch, go on
       dancegrpo-npu rebase --skip            drop the stopped patch from the series
       dancegrpo-npu rebase --abort           back to exactly where you started
@@ -43,8 +44,13 @@ GUIDE = textwrap.dedent(
     <workdir>/.git/dancegrpo-npu/rebase/ and survives a crash.
 
     --continue refuses a conflict marker left anywhere in a line, and a Python file of
-    the resolution that does not compile.  After a rebase that 3-way merged or
-    hand-resolved patches, the last line names the smoke of each trainer they touch.
+    the resolution that does not compile; --continue, --skip and --abort also run in
+    the rebase tree.  Once the work tree is moved, every trainer's script is imported
+    under its dependency set: one that fails ends the rebase with exit 1, naming the
+    file and line, the nearest patch and the upstream commit that brought the line.
+    After a rebase that 3-way merged or hand-resolved patches, the last line names
+    the smoke of each trainer they touch.  A patch changed only in its index lines is
+    kept (header and Last-Update too); one upstream absorbed is named so.
     The dry run runs the same steps; after each stop it keeps the patch's side of the
     conflicts, so its count of stops is the rebase's when resolutions keep the patches.
     """
@@ -68,8 +74,22 @@ def register(sub, common) -> None:
     p.set_defaults(func=run)
 
 
+def project_for(args):
+    """The project: -C or the current directory, else (--continue, --skip, --abort) the one
+    whose rebase tree the current directory is in, where the stop report says to resolve."""
+    try:
+        return project_from_args(args)
+    except DancegrpoError:
+        if args.onto or getattr(args, "project_dir", None):
+            raise
+        found = project_of_rebase_tree(Path.cwd())
+        if found is None:
+            raise
+        return found
+
+
 def run(args) -> int:
-    project = project_from_args(args)
+    project = project_for(args)
     if args.dry_run and not args.onto:
         raise DancegrpoError("--dry-run goes with --onto REF", "run `dancegrpo-npu rebase --onto REF --dry-run`", exit_code=2)
     if args.onto and args.dry_run:

@@ -40,7 +40,8 @@ class Staged:
     series_text: str
     lock: Lock
     old_lock: Lock
-    rewritten: tuple[str, ...] = ()  # the patches whose diff changed (the others keep their bytes)
+    rewritten: tuple[str, ...] = ()  # the patches whose diff changed (the others keep their header)
+    refreshed: tuple[str, ...] = ()  # kept: the same hunks, only their index lines' blob ids new
 
 
 def overlay_files(overlay_dir: Path) -> list[str]:
@@ -72,9 +73,11 @@ def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> S
 
     A patch whose diff comes out the same keeps its file byte for byte (its
     ``Last-Update:`` too): a rebase that moves nothing leaves patches/ unchanged, and
-    the review of a rebase shows only the patches it really changed."""
+    the review of a rebase shows only the patches it really changed.  One whose hunks are the
+    same and only its ``index`` lines name other blobs (upstream changed the file elsewhere) is
+    kept too: its index lines are refreshed, its header and ``Last-Update:`` stay."""
     old = {p.name: p for p in load_series(backup / "patches")}
-    parent, texts, rewritten, date = state.new_commit, [], [], today()
+    parent, texts, rewritten, refreshed, date = state.new_commit, [], [], [], today()
     for step in state.steps:
         if step.outcome == "skipped":
             continue
@@ -82,13 +85,30 @@ def regenerate(tree: Git, state: RebaseState, backup: Path, old_lock: Lock) -> S
         diff = diff_between(tree, parent, step.commit, context_lines(patch), patch.name, index_abbrev(patch.diff))
         if diff == patch.diff:
             texts.append((patch.path.name, patch.path.read_bytes()))
+        elif without_index_lines(diff) == without_index_lines(patch.diff):
+            # the same hunks; only the blob ids of its index lines moved with upstream's files
+            texts.append((patch.path.name, patch_text(patch.header_text, diff)))
+            refreshed.append(patch.name)
         else:
             texts.append((patch.path.name, patch_text(bump_last_update(patch.header_text, date), diff)))
             rewritten.append(patch.name)
         parent = step.commit
     dropped = {s.name for s in state.steps if s.outcome == "skipped"}  # series entries, as written
     series = new_series_text((backup / "patches" / "series").read_text(encoding="utf-8"), dropped)
-    return Staged(tuple(texts), series, old_lock, old_lock, tuple(rewritten))
+    return Staged(tuple(texts), series, old_lock, old_lock, tuple(rewritten), tuple(refreshed))
+
+
+def without_index_lines(diff: bytes) -> bytes:
+    """A diff less its ``index`` lines (blob ids, which change with any change to the file)."""
+    out, in_header = [], False
+    for line in diff.splitlines(keepends=True):
+        if line.startswith(b"diff --git "):
+            in_header = True
+        elif in_header and line.startswith(b"@@"):
+            in_header = False
+        if not (in_header and line.startswith(b"index ")):
+            out.append(line)
+    return b"".join(out)
 
 
 def stage(paths: RebasePaths, staged: Staged, tree: Git, new_commit: str) -> Staged:
@@ -305,6 +325,23 @@ def summary(state: RebaseState, old_lock: Lock, new_lock: Lock, verified: str, e
     return "\n".join(lines) + "\n"
 
 
+ABSORBED = "already upstream (absorbed)"
+
+
+def absorbed_lines(state: RebaseState) -> list[str]:
+    """The patches upstream absorbed in part (merged, some hunks already upstream) or whole
+    (no change left, dropped): their headers may describe what upstream now does."""
+    part = [s.name for s in state.steps if ABSORBED in s.detail and s.outcome != "skipped"]
+    whole = [s.name for s in state.steps if ABSORBED in s.detail and s.outcome == "skipped"]
+    lines = []
+    if part:
+        lines.append(f"absorbed by upstream in part: {', '.join(part)}; review the header of each (its Description:"
+                     " may still say it makes what upstream now makes)")
+    if whole:
+        lines.append(f"absorbed by upstream whole, dropped from the series: {', '.join(whole)}")
+    return lines
+
+
 def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) -> tuple[RebaseState, str, str]:
     """From ``finishing`` to ``done``: returns the final state, the summary report and the one
     line of a trainer import that fails in the moved tree ("" when none).
@@ -339,7 +376,10 @@ def finish(project: Project, paths: RebasePaths, state: RebaseState, main: Git) 
     extra = [
         f"patches/: {len(staged.rewritten)} rewritten (new diff, Last-Update: {today()})"
         + (f": {', '.join(staged.rewritten)}" if staged.rewritten else "")
-        + f"; {kept} kept byte for byte (same diff)",
+        + (f"; {kept} kept byte for byte (same diff)" if not staged.refreshed else
+           f"; {kept} kept (same diff and header): {kept - len(staged.refreshed)} byte for byte,"
+           f" {len(staged.refreshed)} with only their index lines refreshed: {', '.join(staged.refreshed)}"),
+        *absorbed_lines(state),
         f"overlay: {len(overlay_files(project.overlay_dir))} file(s), none exists upstream",
         f"replaced patches/ and upstream.lock; the previous ones are kept in {paths.orig}",
     ]

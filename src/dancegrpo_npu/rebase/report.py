@@ -263,7 +263,9 @@ def why_stopped(
         "",
     ]
     if empty:
-        return lines + ["The patch makes no change on the new upstream: upstream seems to already do what it did."]
+        return lines + ["The patch makes no change on the new upstream: upstream seems to already do what it did",
+                        "(absorbed). Drop it with --skip (the summary names it as absorbed), or make the change it",
+                        "should still make and --continue, then review its header."]
     lines.append(f"It does not apply to {short(state.new_commit)}, and git's 3-way merge left conflicts:")
     patch_paths = list(hunks_by_file(patch))
     for c in conflicts:

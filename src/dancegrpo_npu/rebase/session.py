@@ -28,7 +28,7 @@ from dancegrpo_npu.rebase.queue import (
     JUNK_PATHSPECS, build_queue,
 )
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.rebase.finish import complete, finish, move_worktree
+from dancegrpo_npu.rebase.finish import ABSORBED, complete, finish, move_worktree
 from dancegrpo_npu.rebase.report import conflict_report, conflicts_in, has_markers, python_problem, short
 from dancegrpo_npu.engine.rebase_state import (
     ONTO_REF, RebasePaths, RebaseState, Step, checkpoint, create_state, exclusive, load_state, restore_backup, save_state,
@@ -104,6 +104,24 @@ def discard(paths: RebasePaths, state: RebaseState, main: Git) -> None:
     remove_tree(Path(state.tree))
     main.run("update-ref", "-d", ONTO_REF, check=False)
     remove_tree(paths.state_dir)
+
+
+def project_of_rebase_tree(directory: Path) -> Project | None:
+    """The project whose rebase in progress has its rebase tree at or above ``directory``
+    (``--continue``, ``--skip`` and ``--abort`` run from there, where the stop report says to
+    resolve): the tree is a clone of the work tree, whose rebase state names the project."""
+    top = Git(directory).run("rev-parse", "--show-toplevel", check=False)
+    if top.returncode != 0 or not top.text:
+        return None
+    tree = Path(top.text).resolve()
+    origin = Git(tree).run("config", "--get", "remote.origin.url", check=False).text
+    workdir = Path(origin) if origin and "://" not in origin else None
+    if workdir is None or not (workdir / ".git").exists():
+        return None
+    state = load_state(RebasePaths(Git(workdir).git_dir(), workdir))
+    if state is None or Path(state.tree).resolve() != tree:
+        return None
+    return Project(root=Path(state.project_root), workdir=Path(state.workdir))
 
 
 # --- the verbs --------------------------------------------------------------------
@@ -265,7 +283,8 @@ def skip_patch(project: Project) -> RebaseResult:
             )
         name = state.names[state.current]
         reset_tree(Git(Path(state.tree)), state.tip)
-        state = save_state(paths, state.with_step(Step(name, "skipped", "by rebase --skip")))
+        why = f"no change left: {ABSORBED}; by rebase --skip" if state.stop == "empty" else "by rebase --skip"
+        state = save_state(paths, state.with_step(Step(name, "skipped", why)))
         checkpoint("skip:recorded")
         return resume(project, paths, state, main)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from dancegrpo_npu.engine.rebase_state import RebasePaths, Step
 from dancegrpo_npu.engine.series import Patch
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.rebase.finish import overlay_files
+from dancegrpo_npu.rebase.finish import ABSORBED, overlay_files
 from dancegrpo_npu.rebase.merge import merge_patch
-from dancegrpo_npu.rebase.queue import apply_args, changed_files, commit_message, snapshot_worktree
+from dancegrpo_npu.rebase.queue import apply_args, changed_files, commit_message, hunks_by_file, single_hunk_patch, snapshot_worktree
 from dancegrpo_npu.rebase.report import short
 from dancegrpo_npu.vcs.gitcmd import Git, open_workdir_repo
 
@@ -55,7 +55,28 @@ def move_patch(tree: Git, patch: Patch, queued: str, onto: str) -> Step | Stop:
         detail = "; ".join(f"{a} is now {b} upstream" for a, b in merged.renamed)
     if tree.ok("diff", "--cached", "--quiet", "HEAD"):
         return Stop("empty")
+    if outcome == "merged":
+        absorbed = absorbed_hunks(tree, patch)
+        if absorbed:
+            what = f"{', '.join(absorbed)} {ABSORBED}: review its header"
+            detail = f"{detail}; {what}" if detail else what
     return Step(patch.name, outcome, detail, commit_step(tree, patch))
+
+
+def absorbed_hunks(tree: Git, patch: Patch) -> list[str]:
+    """The hunks of ``patch`` that upstream already made: each one, alone, applies in reverse to
+    the rebase tree's HEAD (upstream and the patches before this one).  Asked only of a patch
+    that did not apply as is, so only when git's 3-way merge took it."""
+    index = tree.git_path("dancegrpo-npu-absorbed.index")
+    g = tree.with_index(index)
+    g.run("read-tree", "HEAD")
+    found = []
+    for path, hunks in hunks_by_file(patch).items():
+        for hunk in hunks:
+            if g.ok("apply", "--cached", "--check", "-R", *apply_args(patch), "-", input=single_hunk_patch(patch, hunk)):
+                found.append(f"hunk {hunk.number}/{hunk.of} of {path}")
+    index.unlink(missing_ok=True)
+    return found
 
 
 def commit_step(tree: Git, patch: Patch) -> str:

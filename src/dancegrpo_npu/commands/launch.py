@@ -46,9 +46,11 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="node 0's port, 1024-65535 (default: a free port; 29500 with several nodes)",
     )
     p.add_argument("--recipe", default=d(None), metavar="NAME",
-                   help="upstream's recipe for a trainer: the trainer arguments of one of its scripts "
-                   "scripts/finetune/finetune_<trainer>_grpo*.sh in the patched tree, named after the file "
-                   "(e.g. 8gpus); default: the one for the launch's world size, else the nearest one, scaled")
+                   help="upstream's recipe for a trainer: the trainer arguments of one of its launch scripts in "
+                   "the patched tree (" + ", ".join(dict.fromkeys(
+                       s.recipe_glob for s in trainers.REGISTRY.values() if s.recipe_glob)).replace("%", "%%")
+                   + "), named after the file (e.g. 8gpus); default: the one for the launch's world size, else "
+                   "the nearest one, scaled")
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -107,10 +109,11 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
 EPILOG = textwrap.dedent(
     """\
     The GRPO trainers start from upstream's own recipe: the trainer arguments of its launch
-    script in the patched tree, read from scripts/finetune/finetune_*_grpo*.sh (e.g. 8gpus,
-    the one-node script).  The default is the recipe for the launch's world size; a world size
-    no recipe has runs the nearest one scaled to it (the same prompts per step and effective
-    batch where it divides them), and says so.  The port adds the HPS reward paths; each
+    script in the patched tree, read from scripts/finetune/finetune_*.sh (e.g. 8gpus, the
+    one-node script; --recipe lists each trainer's).  The default is the recipe for the
+    launch's world size; a world size no recipe has runs the nearest one scaled to it (the same
+    prompts per step and effective batch where it divides them), or, for a trainer whose batch
+    is a rank's, as it is on each rank, and says how the recipe's global batch is kept.  The port adds the HPS reward paths; each
     preprocessing script gets the arguments of its scripts/preprocess/*.sh.  Arguments
     after -- override these.  The weights each one reads, and where: docs/weights.md.
     Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
@@ -135,6 +138,9 @@ EPILOG = textwrap.dedent(
       dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
       dancegrpo-npu launch flux --nproc-per-node 8 --max-restarts 3                     # restarts resume
       dancegrpo-npu launch qwenimage --nproc-per-node 8 --device npu  # diffusers-0.35 set; see `dancegrpo-npu plan`
+      dancegrpo-npu launch sd --nproc-per-node 8 -- --config fastvideo/config_sd/dgx.py:hpsv2 --config.train.learning_rate=3e-5
+      dancegrpo-npu launch preprocess-hunyuan --nproc-per-node 8
+      dancegrpo-npu launch hunyuan --nproc-per-node 8 -- --h 480 --w 480 --t 53   # recipe 4nodes, batch kept per rank
       dancegrpo-npu launch --resume 20261201-101500-flux -- --max_train_steps 600       # continue, longer
     """
 )

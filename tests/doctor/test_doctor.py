@@ -416,3 +416,68 @@ def test_dancegrpo_device_is_doctors_default_device(project, monkeypatch):
     monkeypatch.delenv("DANCEGRPO_DEVICE")
     main(["-C", str(project.root), "doctor"])
     assert seen == ["npu", "cpu", "auto"]
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_runs_directory_that_is_a_file_is_refused_in_one_line(project, tmp_path, capsys, below):
+    (tmp_path / "runs.txt").write_text("not a directory")
+    runs = tmp_path / "runs.txt" / "sub" if below else tmp_path / "runs.txt"
+    rc = main(["-C", str(project.root), "doctor", "--runs-dir", str(runs)])
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert rc == 2 and out == "" and f"the runs directory {runs}" in line and "a file, not a directory" in line
+    assert "--runs-dir" in line
+
+
+@pytest.mark.parametrize("names, has, lacks", [
+    (("hunyuan",), ["--videoalign_ckpt", "--vae_model_path"], ["--flux", "--hps"]),
+    (("skyreels-i2v",), ["doctor --flux", "--videoalign_base_model", "--empty_embeddings_dir"],
+     ["--hps", "--reference_model_path"]),
+    (("flux",), ["doctor --flux/--hps-ckpt/--hps-open-clip-ckpt", "--data_json_path", "--dit_model_name_or_path"],
+     ["--videoalign", "--hps_ckpt"]),
+    (("sd",), ["doctor --hps-ckpt/--hps-open-clip-ckpt", "--pretrained_model_name_or_path", "--prompt_dir"],
+     ["--flux", "--hps_ckpt"]),
+])
+def test_the_weights_fix_names_the_trainers_own_inputs(project, monkeypatch, names, has, lacks):
+    from dancegrpo_npu.doctor import trainers
+
+    monkeypatch.setattr(trainers, "trainer_check", lambda project, name, environ, **kw: ([f"{name}'s input is missing"], None))
+    c = by_name(run_checks(project, DoctorOptions(skip=("matmul", "all_reduce", "numerics", "disk"), trainers=names)))
+    fix = c["weights"].fix
+    assert c["weights"].status == FAIL and "docs/weights.md" in fix
+    assert all(word in fix for word in has) and not any(word in fix for word in lacks), fix
+
+
+def test_doctors_flags_reach_only_the_trainers_that_have_those_inputs(project, monkeypatch, tmp_path):
+    from dancegrpo_npu.doctor import trainers
+    from dancegrpo_npu.run import launch
+
+    seen = {}
+
+    def plan(project, spec, run_dir, **kw):
+        seen[spec.script] = spec.args
+        raise trainers.DancegrpoError("stop here")
+
+    monkeypatch.setattr(launch, "build_plan", plan)
+    flux, hps, clip = tmp_path / "flux", tmp_path / "hps.pt", tmp_path / "clip.bin"
+    for name in ("hunyuan", "skyreels-i2v", "flux"):
+        trainers.trainer_problems(project, name, {}, flux_dir=flux, hps_ckpt=hps, hps_open_clip_ckpt=clip)
+    assert seen["hunyuan"] == ()
+    assert seen["skyreels-i2v"] == ("--reference_model_path", str(flux))
+    assert seen["flux"] == ("--pretrained_model_name_or_path", str(flux), "--vae_model_path", str(flux),
+                            "--hps_ckpt", str(hps), "--hps_open_clip_ckpt", str(clip))
+
+
+def test_a_refusal_before_the_inputs_is_said_once_with_its_hint_once(project, monkeypatch, capsys):
+    """A dry run refused before it looks at the inputs (the tree not verified, say) stops every
+    trainer the same way: one entry naming them all, its hint once in the fix, no input advice."""
+    from dancegrpo_npu.doctor import trainers
+
+    refusal = trainers.DancegrpoError("the patched tree is not lock + series + overlay", "run `dancegrpo-npu apply`")
+    monkeypatch.setattr(trainers, "trainer_check", lambda project, name, environ, **kw: ([], refusal))
+    c = by_name(run_checks(project, DoctorOptions(skip=("matmul", "all_reduce", "numerics", "disk"),
+                                                  trainers=("flux", "hunyuan"))))["weights"]
+    assert c.status == FAIL and c.detail == "flux, hunyuan: the patched tree is not lock + series + overlay", c.detail
+    assert c.fix == "run `dancegrpo-npu apply`"
+    print(format_report([c]))
+    assert capsys.readouterr().out.count("dancegrpo-npu apply") == 1

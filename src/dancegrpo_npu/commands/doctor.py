@@ -22,6 +22,24 @@ def _trainer(name: str) -> str:
     return name
 
 
+def _takers(flag: str) -> str:
+    """The trainers with an input doctor's ``flag`` stands for."""
+    from dancegrpo_npu import trainers as registry
+
+    return ", ".join(n for n in trainers.grpo_trainers() if flag in trainers.doctor_inputs(registry.get(n)))
+
+
+def _check_runs_dir(runs_dir: Path) -> None:
+    """The runs directory, or where it will be made: refused in one line where a file is in the way."""
+    from dancegrpo_npu.errors import DancegrpoError
+
+    there = next((p for p in (runs_dir, *runs_dir.parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        where = "is a file" if there == runs_dir else f"is under {there}, a file"
+        raise DancegrpoError(f"doctor: the runs directory {runs_dir} {where}, not a directory",
+                             "give --runs-dir (or DANCEGRPO_RUNS) a directory, or move the file", exit_code=2)
+
+
 def register(sub, common) -> None:
     p = sub.add_parser(
         "doctor",
@@ -43,11 +61,14 @@ def register(sub, common) -> None:
              "is installed here",
     )
     p.add_argument(
-        "--flux", type=Path, metavar="DIR", help="FLUX.1-dev directory (default: <tree>/data/flux, upstream's)"
+        "--flux", type=Path, metavar="DIR",
+        help=f"FLUX.1-dev directory, for {_takers('--flux')} (default: <tree>/data/flux, upstream's)"
     )
-    p.add_argument("--hps-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt")
+    p.add_argument("--hps-ckpt", type=Path, metavar="FILE",
+                   help=f"for {_takers('--hps-ckpt')} (default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt)")
     p.add_argument(
-        "--hps-open-clip-ckpt", type=Path, metavar="FILE", help="default: <tree>/hps_ckpt/open_clip_pytorch_model.bin"
+        "--hps-open-clip-ckpt", type=Path, metavar="FILE",
+        help=f"for {_takers('--hps-open-clip-ckpt')} (default: <tree>/hps_ckpt/open_clip_pytorch_model.bin)"
     )
     p.add_argument(
         "--min-free-gb", type=non_negative, default=50.0, metavar="GB",
@@ -74,6 +95,7 @@ def run(args) -> int:
     from dancegrpo_npu.commands.launch import resolve_device
 
     project = project_from_args(args)
+    _check_runs_dir(project.runs_dir)
     here = Path.cwd()
     resolve = lambda p: None if p is None else (p if p.is_absolute() else here / p).resolve()  # noqa: E731
     opts = DoctorOptions(

@@ -79,19 +79,25 @@ def check_weights(project: Project, opts: DoctorOptions) -> Check:
     if not names:
         return Check("weights", FAIL, "no GRPO trainer of the tree has its dependency set installed here",
                      "./scripts/bootstrap.sh --deps-only" + _other_depsets())
-    problems, ready = [], []
+    problems, ready, failing = [], [], []
+    refused: dict[str, list] = {}  # a dry run's refusal (the tree, the arguments): its trainers, its hint
     for name in names:
-        found = trainers_mod.trainer_problems(project, name, opts.environ, flux_dir=opts.flux_dir,
-                                              hps_ckpt=opts.hps_ckpt, hps_open_clip_ckpt=opts.hps_open_clip_ckpt)
-        if found:
+        found, refusal = trainers_mod.trainer_check(project, name, opts.environ, flux_dir=opts.flux_dir,
+                                                    hps_ckpt=opts.hps_ckpt, hps_open_clip_ckpt=opts.hps_open_clip_ckpt)
+        if refusal is not None:
+            refused.setdefault(refusal.message.rstrip("."), [[], refusal.hint])[0].append(name)
+        elif found:
             problems.append(f"{name}: {'; '.join(found)}")
+            failing.append(name)
         else:
             ready.append(name)
-    if problems:
+    if problems or refused:
+        # the same refusal once, with every trainer it stopped, and its hint once, in the fix
+        problems += [f"{', '.join(stopped)}: {message}" for message, (stopped, _) in refused.items()]
+        hints = list(dict.fromkeys(hint for _, hint in refused.values() if hint))
+        fix = "; ".join(([trainers_mod.input_fix(failing)] if failing else []) + hints) or None
         shown = f" ({', '.join(ready)} ready)" if ready else ""
-        return Check("weights", FAIL, " | ".join(problems) + shown,
-                     "put the inputs where docs/weights.md says, or pass their flags (--flux/--hps-ckpt/"
-                     "--hps-open-clip-ckpt; `dancegrpo-npu launch NAME --dry-run -- ...` for the rest)")
+        return Check("weights", FAIL, " | ".join(problems) + shown, fix)
     return Check("weights", PASS, f"every input and the dependency set of {', '.join(ready)} "
                  "(as `launch NAME --dry-run` checks them)")
 

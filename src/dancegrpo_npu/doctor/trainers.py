@@ -45,23 +45,61 @@ def installed(project: Project, environ: dict[str, str]) -> list[str]:
     return found
 
 
+# doctor's own flags for inputs several trainers share: (doctor's flag, whether an input of a
+# trainer is the one it names).  A trainer takes the flag only where it has such an input.
+DOCTOR_FLAGS = (
+    ("--flux", lambda required: required.what.startswith("FLUX.1-dev")),  # FLUX.1-dev's weights
+    ("--hps-ckpt", lambda required: required.flag == "--hps_ckpt"),
+    ("--hps-open-clip-ckpt", lambda required: required.flag == "--hps_open_clip_ckpt"),
+)
+
+
+def doctor_inputs(info: TrainerSpec) -> dict[str, list[str]]:
+    """{doctor's flag: the trainer's input flags it stands for}, for the flags the trainer's inputs have."""
+    found = {flag: [r.flag for r in info.required_inputs if stands_for(r)] for flag, stands_for in DOCTOR_FLAGS}
+    return {flag: inputs for flag, inputs in found.items() if inputs}
+
+
+def input_fix(names: list[str]) -> str:
+    """How to name the inputs of trainers ``names``: doctor's flags for the inputs they have, and
+    `launch NAME --dry-run -- ...` with the trainer's own flags for the rest."""
+    parts = []
+    for name in names:
+        info = trainers.get(name)
+        covered = doctor_inputs(info)
+        rest = [r.flag for r in info.required_inputs if not any(r.flag in inputs for inputs in covered.values())]
+        said = [f"doctor {'/'.join(covered)}"] if covered else []
+        if rest:
+            said.append(f"`dancegrpo-npu launch {name} --dry-run -- {' '.join(f + ' ...' for f in dict.fromkeys(rest))}`")
+        parts.append(f"{name}: {', '.join(said)}")
+    return "put the inputs where docs/weights.md says, or pass their flags (" + "; ".join(parts) + ")"
+
+
 def _user_args(info: TrainerSpec, flux_dir: Path | None, hps_ckpt: Path | None, clip: Path | None) -> tuple[str, ...]:
-    """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags."""
+    """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags, for the
+    inputs the trainer has."""
+    given = {"--flux": flux_dir, "--hps-ckpt": hps_ckpt, "--hps-open-clip-ckpt": clip}
     args: list[str] = []
-    if flux_dir is not None:  # the inputs that are FLUX.1-dev's weights, where the trainer has them
-        for required in info.required_inputs:
-            if required.what.startswith("FLUX.1-dev"):
-                args += [required.flag, str(flux_dir)]
-    if hps_ckpt is not None:
-        args += ["--hps_ckpt", str(hps_ckpt)]
-    if clip is not None:
-        args += ["--hps_open_clip_ckpt", str(clip)]
+    for flag, inputs in doctor_inputs(info).items():
+        if given[flag] is not None:
+            for required in inputs:
+                args += [required, str(given[flag])]
     return tuple(args)
 
 
 def trainer_problems(project: Project, name: str, environ: dict[str, str], *, flux_dir: Path | None = None,
                      hps_ckpt: Path | None = None, hps_open_clip_ckpt: Path | None = None) -> list[str]:
     """What would stop ``launch NAME`` here before its job starts (empty: nothing)."""
+    problems, refusal = trainer_check(project, name, environ, flux_dir=flux_dir, hps_ckpt=hps_ckpt,
+                                      hps_open_clip_ckpt=hps_open_clip_ckpt)
+    return [refusal.one_line()] if refusal is not None else problems
+
+
+def trainer_check(project: Project, name: str, environ: dict[str, str], *, flux_dir: Path | None = None,
+                  hps_ckpt: Path | None = None,
+                  hps_open_clip_ckpt: Path | None = None) -> tuple[list[str], DancegrpoError | None]:
+    """(what in the trainer's inputs and dependency set would stop ``launch NAME`` here, the
+    refusal that stopped its dry run before its inputs were looked at, or None)."""
     from dancegrpo_npu.run.launch import build_plan
     from dancegrpo_npu.run.plan import LaunchSpec
 
@@ -70,8 +108,8 @@ def trainer_problems(project: Project, name: str, environ: dict[str, str], *, fl
     try:  # the inputs are the device's own business nowhere: the CPU plan lists the same ones
         plan = build_plan(project, spec, project.runs_dir / "doctor-probe", environ=environ, dry_run=True)
     except DancegrpoError as e:
-        return [e.one_line()]
-    return list(plan.problems)
+        return [], e
+    return list(plan.problems), None
 
 
 def resume_checkpoint_bytes(name: str) -> int | None:

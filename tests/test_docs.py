@@ -46,6 +46,14 @@ def test_readme_is_a_front_page_linking_every_guide():
         assert f"docs/{page.name}" in readme, f"README does not link docs/{page.name}"
 
 
+def test_the_readmes_first_paragraph_names_every_trainers_model():
+    from dancegrpo_npu import trainers
+
+    first = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
+    titles = {trainers.get(name).title for name in trainers.trainers()}
+    assert all(title in first for title in titles), (sorted(titles), first)
+
+
 def test_the_weights_page_names_each_trainers_repository_and_its_place():
     """docs/weights.md: the repository of every trainer's model (Wan's Diffusers layout), under
     the directory launch passes it from; the 910B guide's Weights section links it."""

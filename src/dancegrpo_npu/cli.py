@@ -36,20 +36,36 @@ COMMAND_MODULES = (
 )
 
 DESCRIPTION = """\
-Run upstream DanceGRPO (GRPO post-training of FLUX.1-dev, Qwen-Image, Qwen-Image-Edit
-and Wan2.1-T2V-1.3B) on Ascend NPUs, CUDA or CPU,
-from a pinned upstream commit (upstream.lock), an ordered patch series
-(patches/series) and an overlay of added modules (overlay/).
+{intro}
 
 The usual path:
   dancegrpo-npu fetch      upstream at the locked commit into build/DanceGRPO
   dancegrpo-npu apply      the series, then the overlay, atomically
   dancegrpo-npu verify     exit 0 only if the tree is exactly lock + series + overlay
   dancegrpo-npu smoke      a 2-step GRPO run with tiny models (CPU is enough)
-  dancegrpo-npu launch flux -- [upstream args]   the real job, under torchrun
-                           (also: wan, qwenimage, qwenimage-edit, flux-lora)
+  dancegrpo-npu launch {default} -- [upstream args]   the real job, under torchrun
+{others}
 Weights to download, and where they go: docs/weights.md.
 """
+
+
+def description() -> str:
+    """DESCRIPTION with the registry's models and trainers (every row, as ``--help`` lists them)."""
+    import textwrap
+
+    from dancegrpo_npu import trainers
+
+    names = trainers.trainers()
+    titles = list(dict.fromkeys(trainers.get(name).title for name in names))
+    default = trainers.default_trainer().name
+    models = ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else titles[0]
+    others = textwrap.fill(f"(also: {', '.join(n for n in names if n != default)})", width=92,
+                           initial_indent=" " * 27, subsequent_indent=" " * 27, break_on_hyphens=False)
+    intro = textwrap.fill(f"Run upstream DanceGRPO (GRPO post-training of {models}) on Ascend NPUs, CUDA or CPU, "
+                          "from a pinned upstream commit (upstream.lock), an ordered patch series (patches/series) "
+                          "and an overlay of added modules (overlay/).", width=92, break_on_hyphens=False)
+    return DESCRIPTION.format(intro=intro, default=default, others=others)
+
 
 EXIT_STATUS = """\
 Exit status: 0 done, or the check passed; 1 checked and failed (verify, compare, doctor,
@@ -165,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(
         prog="dancegrpo-npu",
-        description=DESCRIPTION,
+        description=description(),
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common_options(for_subcommand=False)],

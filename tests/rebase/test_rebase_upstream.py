@@ -36,6 +36,16 @@ REPO = TESTS.parent
 FALLBACK_FILE = "fastvideo/train_grpo_flux.py"
 
 
+@pytest.fixture()
+def no_import_check(monkeypatch):
+    """The trainers' import check stood in for by a note: it takes seconds a rebase (torch and
+    diffusers imported once a dependency set), and the round trip below runs it for real."""
+    from dancegrpo_npu.rebase import finish
+    from dancegrpo_npu.rebase.imports import ImportCheck
+
+    monkeypatch.setattr(finish, "check_trainer_imports", lambda *a, **k: ImportCheck((), (), ("not imported in this test",)))
+
+
 def real_project(tmp_path: Path, source: str):
     """A copy of this project's lock, series and overlay; its work tree fetched and patched."""
     if source.endswith((".tar.gz", ".tgz")):
@@ -78,6 +88,8 @@ def test_round_trip_to_an_older_commit_and_back(tmp_path, upstream_source):
 
     result = start_rebase(project, locked, source=upstream_source)
     assert result.status == "done", result.report
+    # every trainer of the registry imports in the real patched tree, under its dependency set
+    assert not result.message and re.search(r"trainer imports: (\d+) of \1 trainer script", result.report), result.report
     after = project_state(project.root)
     assert after["upstream.lock"] == before["upstream.lock"]
     assert after.keys() == before.keys()
@@ -85,7 +97,7 @@ def test_round_trip_to_an_older_commit_and_back(tmp_path, upstream_source):
     assert tree_state(project.workdir) == before_tree  # ... and give the same patched tree
 
 
-def test_onto_the_commit_before_a_change_to_a_patched_file(tmp_path, upstream_source):
+def test_onto_the_commit_before_a_change_to_a_patched_file(tmp_path, upstream_source, no_import_check):
     project = real_project(tmp_path, upstream_source)
     locked = load_lock(project.lock_path).commit
     before = project_state(project.root)
@@ -116,7 +128,7 @@ def test_onto_the_commit_before_a_change_to_a_patched_file(tmp_path, upstream_so
     assert tree_state(project.workdir) == before_tree
 
 
-def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source):
+def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source, no_import_check):
     """A hand fix in the real patched tree is exported; an upstream change inside its
     context then makes the rebase 3-way merge it (in the sparse, assets-less checkout)."""
     project = real_project(tmp_path, upstream_source)
@@ -185,7 +197,7 @@ def test_the_series_is_what_the_tool_writes(tmp_path, upstream_source):
     assert not stale, f"not what export writes (re-export them): {stale}"
 
 
-def test_a_rebase_rewrites_only_the_patches_of_files_upstream_changed(tmp_path, upstream_source):
+def test_a_rebase_rewrites_only_the_patches_of_files_upstream_changed(tmp_path, upstream_source, no_import_check):
     """1d510ba9 differs from the locked commit in files the series does not touch, in one line
     of fastvideo/utils/load.py, and by lacking the Wan2.1 trainer, added after it: with the
     series of the files it has (each patch's sections of the Wan2.1 trainer's files taken out, as

@@ -69,6 +69,10 @@ def test_the_weights_page_names_each_trainers_repository_and_its_place():
         "Qwen/Qwen-Image": model_path("preprocess-qwenimage"),
         "Qwen/Qwen-Image-Edit": model_path("preprocess-qwenimage-edit"),
         "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": model_path("preprocess-wan"),
+        "hunyuanvideo-community/HunyuanVideo": model_path("preprocess-hunyuan"),
+        "xzyhku/SkyReels-V1-I2V": model_path("preprocess-skyreels-i2v"),
+        "KwaiVGI/VideoReward": dict(trainers.get("hunyuan").defaults)["--videoalign_ckpt"],
+        "Qwen/Qwen2-VL-2B-Instruct": dict(trainers.get("hunyuan").defaults)["--videoalign_base_model"],
     }
     rows = {line.split("|")[2]: line for line in page.splitlines() if line.startswith("| `")}
     for repo, directory in model_dirs.items():
@@ -76,6 +80,21 @@ def test_the_weights_page_names_each_trainers_repository_and_its_place():
         assert row is not None and f"`{directory}/`" in row, (repo, directory)
     weights = (ROOT / "docs" / "ascend-910b.md").read_text().split("## Weights")[1].split("\n## ")[0]
     assert "(weights.md)" in weights
+
+
+def test_the_weights_page_has_a_download_command_for_every_repository_in_its_table():
+    """Each repository of the table, downloaded into the directory the table gives it."""
+    page = (ROOT / "docs" / "weights.md").read_text()
+    code = "\n".join(re.findall(r"```bash\n(.*?)```", page, flags=re.S)).replace("\\\n", " ")
+    commands = [" ".join(line.split()) for line in code.splitlines() if " download " in line]
+    table = [line.split("|") for line in page.splitlines() if line.startswith("| ") and "](https://huggingface.co/" in line]
+    assert len(table) >= 12
+    for cells in table:
+        repo = re.search(r"\[([^]]+)\]\(https://huggingface.co/", cells[2]).group(1)
+        place = re.search(r"`([^`]+)`", cells[3]).group(1).rstrip("/")
+        local = place.rsplit("/", 1)[0] if "." in place.rsplit("/", 1)[-1] else place  # a file: its directory
+        assert any(re.search(rf"download {re.escape(repo)}( |$)", c) and f"--local-dir {local}" in c
+                   for c in commands), (repo, local)
 
 
 def test_alignment_guide_gives_rng_cpu_to_every_trainer_with_the_seam():

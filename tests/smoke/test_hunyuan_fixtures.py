@@ -151,6 +151,23 @@ pipe = FluxPipeline.from_pretrained(fx["flux_dir"], torch_dtype=torch.bfloat16)
 image = pipe(captions[0], height=fx["size"], width=fx["size"], guidance_scale=3.5, num_inference_steps=2,
              max_sequence_length=512, generator=torch.Generator().manual_seed(0)).images[0]
 out["flux"] = list(image.size)
+# the tiny VideoAlign scores videos the tiny VAE decodes from distinct latents distinctly (bfloat16, as the
+# trainers load it): a group whose scores coincide teaches GRPO nothing
+try:
+    from fastvideo.models.videoalign.inference import VideoVLMRewardInference
+    from dancegrpo_port import videoalign
+
+    inferencer = VideoVLMRewardInference(fx["videoalign_ckpt"], device="cpu", dtype=torch.bfloat16,
+                                         base_model=fx["videoalign_base"])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        clips = [(vae.decode(torch.randn(*fx["latent"]), return_dict=False)[0][0] / 2 + 0.5).clamp(0, 1)
+                 .permute(1, 2, 3, 0).float() for _ in range(8)]
+    scored = videoalign.score(inferencer, [videoalign.Frames(c, fps=8) for c in clips], [captions[0]] * 8,
+                              list(range(8)))
+    out["videoalign_vq"] = [s["VQ"] for s in scored]
+except Exception as error:
+    out["videoalign_vq"] = last_line(error)
 print("RESULT " + json.dumps(out))
 """
 
@@ -269,6 +286,20 @@ def test_load_vae_puts_the_vae_on_the_runs_device(checked):
     """device-backend: upstream's load_vae("hunyuan_hf") ended in .to("cuda"), which fails on a
     machine without CUDA; it now loads onto the run's device (the CPU here)."""
     assert checked["load_vae"] == "loaded", checked["load_vae"]
+
+
+def test_the_tiny_videoalign_tells_decoded_videos_apart(checked):
+    """Eight videos the tiny VAE decodes from random latents get eight VQ scores, a score typically
+    (the median deviation from the median) more than 5% of the largest away from the others': with
+    the language model's queries and keys at unit deviation its attention saturated, most scores lay
+    within a few bfloat16 steps of each other (2.5%), and a smoke's group of two could score alike
+    (a step with every advantage 0)."""
+    import statistics
+
+    vq = checked["videoalign_vq"]
+    assert isinstance(vq, list) and len(set(vq)) == len(vq) == 8, vq
+    middle = statistics.median(vq)
+    assert statistics.median(abs(v - middle) for v in vq) > 0.05 * max(abs(v) for v in vq), vq
 
 
 def test_the_flux_pipeline_makes_a_first_frame(checked):

@@ -71,6 +71,26 @@ def test_read_metrics_refuses(tmp_path, rows, message):
         assert "GRPO learns from the differences between a group's rewards" in err.value.hint
 
 
+def test_one_step_of_equal_rewards_is_the_tiny_reward_saturating_not_a_constant_reward(tmp_path):
+    """A reward that told the other steps' samples apart is not constant: the message says that
+    the tiny reward saturated at that step; only when every step's rewards are equal is the reward
+    model blamed."""
+    told_apart = dict(reward_std=0.02, adv_min=-0.7, adv_max=0.7)
+    equal = dict(reward_std=0.0, adv_min=0.0, adv_max=0.0)
+    write_metrics(tmp_path, [row(1, **told_apart), row(2, **told_apart), row(3, **equal),
+                             row(4, **dict(told_apart, reward_std=0.5))])
+    with pytest.raises(DancegrpoError) as err:
+        smoke.read_metrics(tmp_path, 4)
+    assert err.value.message.startswith("smoke: step 3 learned nothing: its rewards are all equal (reward_std 0")
+    assert err.value.message.endswith("the tiny reward saturated there: it told the samples apart at steps 1, 2 "
+                                      "and 4 (reward_std up to 0.5) and scored this step's alike")
+    assert "broken reward model" not in err.value.one_line() and "tiny reward of random weights" in err.value.hint
+    write_metrics(tmp_path, [row(1, **equal), row(2, **equal)])
+    with pytest.raises(DancegrpoError) as err:
+        smoke.read_metrics(tmp_path, 2)
+    assert "saturated" not in err.value.message and "a constant or broken reward model" in err.value.hint
+
+
 def test_no_metrics_file_points_at_the_logs(tmp_path):
     with pytest.raises(DancegrpoError) as err:
         smoke.read_metrics(tmp_path, 2)

@@ -35,6 +35,26 @@ EQUAL_REWARDS_HINT = (
 )
 
 
+SATURATED_HINT = (
+    "GRPO learns from the differences between a group's rewards; a tiny reward of random weights can score one "
+    "step's group alike and tell the others apart: its fixture needs a reward that depends more on the samples "
+    "(smoke/*_fixtures.py), and more --generations make such a step rarer"
+)
+
+
+def _num(x) -> float | None:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _steps_text(rows: list[dict]) -> str:
+    """Steps 1, 2 and 4."""
+    steps = [str(row.get("step")) for row in rows]
+    return steps[0] if len(steps) == 1 else f"{', '.join(steps[:-1])} and {steps[-1]}"
+
+
 def _equal_rewards(row: dict) -> str | None:
     """Why a step's metrics row shows no learning signal - every reward of the step equal, so every
     advantage is 0 (the port's GRPO health figures: reward_std, adv_min, adv_max) - or None."""
@@ -114,10 +134,18 @@ def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
         if bad:
             raise DancegrpoError(f"smoke: step {s.step} has non-finite {', '.join(bad)} ({s})",
                                  f"see the rank logs in {run_dir / 'logs'}")
-    for row in rows:
-        equal = _equal_rewards(row)
-        if equal:
-            raise DancegrpoError(f"smoke: step {row['step']} learned nothing: {equal}", EQUAL_REWARDS_HINT)
+    equal = [(row, why) for row in rows for why in [_equal_rewards(row)] if why]
+    if equal:
+        row, why = equal[0]
+        # steps whose groups' rewards differ: the reward depends on the samples
+        told_apart = [other for other in rows if (_num(other.get("reward_std")) or 0.0) > 0 and not _equal_rewards(other)]
+        if not told_apart:
+            raise DancegrpoError(f"smoke: step {row['step']} learned nothing: {why}", EQUAL_REWARDS_HINT)
+        spread = max((_num(other.get("reward_std")) or 0.0) for other in told_apart)
+        raise DancegrpoError(
+            f"smoke: step {row['step']} learned nothing: {why}; the tiny reward saturated there: it told the "
+            f"samples apart at step{'s' if len(told_apart) > 1 else ''} {_steps_text(told_apart)} "
+            f"(reward_std up to {spread:.3g}) and scored this step's alike", SATURATED_HINT)
     for s in figures:
         if not s.grad_norm > 0:
             raise DancegrpoError(f"smoke: training did nothing: the grad norm of step {s.step} is {s.grad_norm:g}",

@@ -27,6 +27,7 @@ and ``DEST/videoalign_ckpt``.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -147,6 +148,20 @@ def target_modules(model, exclude) -> list[str]:
             and isinstance(module, (torch.nn.Linear, torch.nn.Embedding))]
 
 
+# The language model's attention queries and keys: at unit deviation their dot products (16 wide)
+# are tens, the softmax saturates and the reward token attends to one text token, so the video
+# moved the reward by a bfloat16 step or two and a group's two videos often scored alike (a step
+# with every advantage 0, step 3 of a 4-step HunyuanVideo smoke).  At 1/sqrt(hidden size) the
+# reward token attends over the video's tokens as well.
+SOFT_ATTENTION = re.compile(r"^model\.layers\.\d+\.self_attn\.[qk]_proj\.")
+
+
+def weight_deviation(name: str, hidden_size: int) -> float:
+    """The deviation a weight of the tiny Qwen2-VL is drawn at (before the LoRA is added): 1, and
+    1/sqrt(hidden size) for the language model's queries and keys (``SOFT_ATTENTION``)."""
+    return hidden_size ** -0.5 if SOFT_ATTENTION.match(name) else 1.0
+
+
 def build(dest: Path) -> tuple[Path, Path]:
     """Write ``dest/Qwen2-VL-2B-Instruct`` and ``dest/videoalign_ckpt``; returns both paths."""
     import safetensors.torch
@@ -179,10 +194,10 @@ def build(dest: Path) -> tuple[Path, Path]:
     model.resize_token_embeddings(len(tokenizer))
     model.rm_head = torch.nn.Linear(config.hidden_size, MODEL_CONFIG["output_dim"], bias=False)
     with torch.no_grad():
-        for parameter in model.parameters():
+        for name, parameter in model.named_parameters():
             # unit deviations: at 0.2 the reward barely depended on the video (random clips scored within
             # one bfloat16 step of each other), and a smoke's group of videos scored alike
-            parameter.normal_(0.0, 1.0)
+            parameter.normal_(0.0, weight_deviation(name, config.hidden_size))
     lora = LoraConfig(target_modules=target_modules(model, PEFT_LORA_CONFIG["lora_namespan_exclude"]),
                       r=PEFT_LORA_CONFIG["lora_r"], lora_alpha=PEFT_LORA_CONFIG["lora_alpha"],
                       lora_dropout=PEFT_LORA_CONFIG["lora_dropout"], task_type="CAUSAL_LM", bias="none")

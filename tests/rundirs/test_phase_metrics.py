@@ -91,3 +91,18 @@ def test_plot_cli_with_a_timed_run(project, capsys):
     fake_run(project / "runs", "20260101-110000-npu", metrics=[timed_step(1, 300.0), timed_step(2, 280.0)])
     assert main(["-C", str(project), "plot", "npu"]) == 0
     assert Path(capsys.readouterr().out.strip()).stat().st_size > 0
+
+
+def test_runs_and_plot_show_skyreels_condition_phase(project, capsys):
+    """The phases a trainer enters only where it has them (the contract's OPTIONAL_PHASES:
+    SkyReels-I2V's first frame, time_condition) are shown as the others are."""
+    steps = [dict(timed_step(s, 4.0, peaks={"condition": 2 * GiB, "rollout": GiB}), time_condition=1.5 * s)
+             for s in (1, 2)]
+    run = fake_run(project / "runs", "20260101-110000-skyreels", metrics=steps)
+    assert main(["-C", str(project), "runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[-2:] == ["condition", "2.25s"], lines
+    assert lines[3].strip() == "peak memory (device allocator): rollout 1.0 GiB  condition 2.0 GiB"
+    panel = next(ax for ax in make_figure([load_run(run)]).axes if ax.get_title() == "time per phase (s per step)")
+    condition = [line for line in panel.get_lines() if line.get_label().endswith(": condition")]
+    assert len(condition) == 1 and list(condition[0].get_ydata()) == [1.5, 3.0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from dancegrpo_npu.contract import OPTIONAL_PHASES
+from dancegrpo_npu.contract import PHASES as STEP_PHASES
 from dancegrpo_npu.rundirs.rundir import list_runs, runs_of_args
 from dancegrpo_npu.rundirs.listing import format_table, row
 
@@ -16,8 +18,9 @@ def register(sub, common) -> None:
         description=(
             "List runs/<time>-<name>/ records: status, device, world size, steps, reward first -> last, the last "
             "clip fraction and log-prob difference before the first update (metrics.jsonl; should be 0), wall time; "
-            "under a run that timed its phases (rollout, decode, reward, train), the mean time per step of each "
-            "and its peak memory. --json adds the last value of every GRPO health key."
+            f"under a run that timed its phases ({', '.join(STEP_PHASES)}; {', '.join(OPTIONAL_PHASES)} where the "
+            "trainer has it), the mean time per step of each and its peak memory. --json adds the last value of every "
+            "GRPO health key."
         ),
     )
     p.add_argument("--json", action="store_true", help="one JSON object per run, for scripts")

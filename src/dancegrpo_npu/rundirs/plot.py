@@ -4,12 +4,14 @@ Several runs go on one figure (a GPU run beside an NPU run), each curve labelled
 run's name and the device it ran on.  Figures come from metrics.jsonl (contract 4), or from
 upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).  The GRPO
 health keys (alignment contract: clip fraction, ratios, log-prob difference before the first
-update, ...) get a panel each group, when some run has them; so do the phase times (rollout,
-decode, reward, train seconds per step), one line per run and phase, when some run has them.
+update, ...) get a panel each group, when some run has them; so do the phase times (seconds per
+step of each phase of the contract: rollout, decode, reward, train, and the condition phase of
+SkyReels-I2V's first frame), one line per run and phase, when some run has them.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
@@ -82,7 +84,8 @@ def make_figure(runs: list[RunInfo]):
 
 def _phase_panel(ax, timed) -> None:
     """Seconds per step of each phase: lines, not a stack, so that several runs can share the panel."""
-    styles = dict(zip(PHASES, ("-", "--", ":", "-."), strict=True))  # the phase by line style, the run by colour
+    # the phase by line style, the run by colour
+    styles = dict(zip(PHASES, itertools.cycle(("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))))))
     for i, (run, m) in enumerate(timed):
         for phase in PHASES:
             if phase in m.phase_time:

@@ -19,8 +19,11 @@ def _alive(pid: int) -> bool:
 
 
 def status_of(run: RunInfo) -> str:
-    """The recorded status; a "running" run whose launcher is gone on this host is "died"."""
+    """The recorded status; a "running" run whose launcher is gone on this host is "died"; a smoke
+    run whose training run succeeded but whose checks failed (its SMOKE_VERDICT) is "failed"."""
     status = run.summary.get("status") or "?"
+    if status == "succeeded" and run.smoke.get("passed") is False:
+        return "failed"
     pid, host = run.environment.get("pid"), run.environment.get("host")
     if status == "running" and isinstance(pid, int) and host == socket.gethostname() and not _alive(pid):
         return "died"
@@ -49,10 +52,17 @@ def row(run: RunInfo) -> dict:
         "phases_s": metrics.phase_means(),  # mean seconds per step of each timed phase ({} for older runs)
         "peak_memory_bytes": metrics.phase_peaks(),  # the largest peak of each phase over the steps
         "peak_memory_kind": metrics.peak_memory_kind,
-        "reason": failure_reason(run.summary),  # why a failed run failed (summary.json), else None
+        "reason": failure_reason(run.summary) or smoke_failure(run),  # why a failed run failed, else None
         "resumes": run.summary.get("resumes") or 0,  # launch --resume / smoke --resume continued it
         "restarts": run.summary.get("restarts") or 0,  # torchrun's elastic restarts (--max-restarts)
     }
+
+
+def smoke_failure(run: RunInfo) -> str | None:
+    """What a smoke run's checks failed with (its SMOKE_VERDICT), else None."""
+    if run.smoke.get("passed") is False:
+        return str(run.smoke.get("error") or "the smoke's checks failed")
+    return None
 
 
 def failure_reason(summary: dict) -> str | None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.contract import HEALTH_KEYS
-from dancegrpo_npu.contract import PHASES
+from dancegrpo_npu.contract import OPTIONAL_PHASES
+from dancegrpo_npu.contract import PHASES as STEP_PHASES
 from dancegrpo_npu.errors import DancegrpoError
 
 
@@ -41,8 +42,10 @@ def read_json(path: Path) -> dict | None:
 HEALTH_COLUMNS = ("grad_norm", *HEALTH_KEYS)
 
 # Phase times of a GRPO step: the trainers write them through their seam (overlay
-# dancegrpo_port/phases.py), for the phases bench times (PHASES): time_<phase> seconds, and
-# peak_memory_bytes {phase: bytes} with its kind.
+# dancegrpo_port/phases.py): time_<phase> seconds, and peak_memory_bytes {phase: bytes} with its
+# kind, for every phase of the contract, those only some trainers enter too (SkyReels-I2V's
+# condition).
+PHASES = STEP_PHASES + OPTIONAL_PHASES
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,12 @@ def metrics_summary(run_dir: Path) -> dict:
     }
 
 
+# A smoke run's verdict, written by ``smoke`` after its checks: {"passed": bool, "error": the one
+# line it failed with, or null}.  The launch's summary says only how the training run ended; a smoke
+# whose run succeeded can still fail its checks.
+SMOKE_VERDICT = "smoke.json"
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """What ``runs`` and ``plot`` show about one run directory."""
@@ -204,6 +213,7 @@ class RunInfo:
     summary: dict
     launch: dict
     environment: dict
+    smoke: dict = field(default_factory=dict)  # SMOKE_VERDICT of a smoke run ({} for other runs)
 
     @property
     def name(self) -> str:
@@ -233,6 +243,7 @@ def load_run(path: Path) -> RunInfo:
         summary=read_json(path / "summary.json") or {},
         launch=read_json(path / "launch.json") or {},
         environment=read_json(path / "environment.json") or {},
+        smoke=read_json(path / SMOKE_VERDICT) or {},
     )
 
 

@@ -39,6 +39,7 @@ import re
 import sys
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -287,6 +288,10 @@ def check_options(options: SmokeOptions) -> None:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
 
 
+# The run directories the smoke in progress launched (``_launch`` adds them): its verdict goes there.
+_LAUNCHED: ContextVar[list | None] = ContextVar("smoke_launched", default=None)
+
+
 def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     from dancegrpo_npu.engine import treecheck
 
@@ -296,21 +301,83 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     spec = trainers.smoke_spec(trainer_of(options))
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
     treecheck.require_tree(project, spec.relpath)
-    return trainers.load(spec.smoke.run)(project, options, spec, start)
+    launched: list[Path] = []
+    token = _LAUNCHED.set(launched)
+    try:
+        result = trainers.load(spec.smoke.run)(project, options, spec, start)
+    except DancegrpoError as error:
+        if launched:
+            record_verdict(launched[-1], error)
+        raise
+    finally:
+        _LAUNCHED.reset(token)
+    record_verdict(result.run_dir, None)
+    return result
+
+
+def record_verdict(run_dir: Path, error: DancegrpoError | None) -> None:
+    """The smoke's verdict in its run directory (``rundirs.rundir.SMOKE_VERDICT``), which ``runs``
+    reads: the launch's summary says only how the training run ended.  Best effort: a verdict that
+    cannot be written must not hide the smoke's own result."""
+    from dancegrpo_npu.files import write_atomic
+    from dancegrpo_npu.rundirs.rundir import SMOKE_VERDICT
+
+    verdict = {"passed": error is None, "error": None if error is None else error.message}
+    try:
+        write_atomic(run_dir / SMOKE_VERDICT, json.dumps(verdict, indent=1) + "\n")
+    except OSError:
+        pass
+
+
+_IMPORT_ERROR = re.compile(r"^(?:ModuleNotFoundError|ImportError)\b")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
+def import_failure(tail) -> str | None:
+    """Where an import stopped the run, from the last traceback of a failed rank's log (its
+    ``tail``) when its exception is an ImportError: "FILE line N: the import", the frame that
+    imported (the trainer's own line, or the module it imports); None otherwise."""
+    lines = list(tail or ())
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
+    if not starts:
+        return None
+    frames, code, error = [], {}, None
+    for line in lines[starts[-1] + 1:]:
+        match = _FRAME.match(line)
+        if match:
+            frames.append(match.groups())
+        elif line.strip() and line[0].isspace():
+            if frames and frames[-1] not in code and not set(line.strip()) <= set("^~ "):
+                code[frames[-1]] = line.strip()
+        elif line.strip():
+            error = line.strip()
+            break
+    if not frames or not error or not _IMPORT_ERROR.match(error):
+        return None
+    where = f"{frames[-1][0]} line {frames[-1][1]}"
+    return f"{where}: {code[frames[-1]]}" if frames[-1] in code else where
 
 
 def _ran(record):
-    """The run's record, or one error naming why the training run failed."""
+    """The run's record, or one error naming why the training run failed: an import that failed is
+    named with its file and line (no step ran, so nothing about checkpoints helps); a failed run's
+    advice is kept where it has a checkpoint to continue from."""
     if record.returncode != 0:
         failure = record.summary.get("failure") or {}
         # the exception line (run.failure.error_line), not the log's last line: a progress bar
         why = failure.get("error") or ""
-        advice = (record.summary.get("continue_with") or {}).get("line")
+        continuation = record.summary.get("continue_with") or {}
         status = record.summary.get("status", "failed")
+        see = f"see {record.run_dir / failure.get('log', 'logs')}"
+        where = import_failure(failure.get("tail")) if status == "failed" else None
+        if where:
+            raise DancegrpoError(f"smoke: the training run failed at an import (exit {record.returncode}): {why}, "
+                                 f"at {where}", f"{see}; install what it imports, or fix the import")
+        advice = continuation.get("line") if status != "failed" or continuation.get("checkpoint") else None
         raise DancegrpoError(
             f"smoke: the training run {'failed' if status == 'failed' else 'was ' + status} (exit {record.returncode})"
             + (f": {why}" if why else ""),
-            f"see {record.run_dir / failure.get('log', 'logs')}" + (f"; {advice}" if advice else ""))
+            see + (f"; {advice}" if advice else ""))
     return record
 
 
@@ -389,7 +456,23 @@ def resumed_options(project: Project, options: SmokeOptions, given: dict | None 
             raise DancegrpoError(f"smoke --resume {options.resume}: --{name} {value} would change the run "
                                  f"(it has {has[name]})", "resume without it: the run continues as it was started",
                                  exit_code=2)
+    refuse_complete(run_dir, recorded.steps)
     return recorded
+
+
+def refuse_complete(run_dir: Path, steps: int) -> None:
+    """A run whose training run ended (summary.json: succeeded) has nothing left to train: a
+    resume would load its last checkpoint, train no step and count a resume."""
+    from dancegrpo_npu.rundirs.rundir import SMOKE_VERDICT, read_json
+
+    summary = read_json(run_dir / "summary.json") or {}
+    if summary.get("status") != "succeeded":
+        return
+    verdict = read_json(run_dir / SMOKE_VERDICT) or {}
+    checked = {True: "and passed its checks", False: "and failed its checks"}.get(verdict.get("passed"), "")
+    raise DancegrpoError(f"smoke --resume {run_dir.name}: the run is already complete: it trained its {steps} "
+                         f"step{'s' if steps != 1 else ''} {checked}".rstrip(),
+                         "start a new smoke run to train again (`dancegrpo-npu runs` shows this one)")
 
 
 def _launch(project: Project, options: SmokeOptions, args):
@@ -399,7 +482,7 @@ def _launch(project: Project, options: SmokeOptions, args):
     if options.resume is not None:
         spec = replace(resume_spec(project, options.resume), verb="smoke")
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
-            return launch(project, spec)
+            return _launched(launch(project, spec))
 
     trainer = trainers.smoke_spec(trainer_of(options))
     spec = LaunchSpec(
@@ -415,7 +498,15 @@ def _launch(project: Project, options: SmokeOptions, args):
         verb="smoke",
     )
     with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
-        return launch(project, spec)
+        return _launched(launch(project, spec))
+
+
+def _launched(record):
+    """``record``, its run directory noted for the smoke's verdict (``run_smoke``)."""
+    launched = _LAUNCHED.get()
+    if launched is not None and record is not None:
+        launched.append(record.run_dir)
+    return record
 
 
 # Loss values this small are upstream's 0 with float rounding (a group's advantages sum to 0 in float32).

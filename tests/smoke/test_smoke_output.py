@@ -142,3 +142,27 @@ def test_upstreams_loss_is_0_when_every_ratio_is_1(group):
         unclipped, clipped = -adv * ratio, -adv * torch.clamp(ratio, 1 - 1e-4, 1 + 1e-4)
         total += (torch.maximum(unclipped, clipped) / len(group)).item()
     assert abs(total) <= runner.ZERO_LOSS
+
+
+def test_smoke_help_covers_every_trainer_of_the_registry(monkeypatch, capsys):
+    """`smoke --help` lists the registry's smoked trainers, each with its script, reward and the class
+    its checkpoint loads with, not FLUX's alone: a row added to the registry is listed too."""
+    from dataclasses import replace
+
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.cli import main
+
+    hunyuan = trainers.get("hunyuan")
+    extra = replace(hunyuan, name="tiny-video", smoke=replace(hunyuan.smoke, title="a tiny video GRPO"))
+    monkeypatch.setitem(trainers.REGISTRY, "tiny-video", extra)
+    with pytest.raises(SystemExit) as done:
+        main(["smoke", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    description = text[:text.index("positional arguments")]
+    for name in trainers.smoked():
+        spec = trainers.get(name)
+        assert f"{name} {spec.smoke.title}" in description, name
+        assert spec.relpath.rsplit("/", 1)[-1] in description, name
+    assert "VideoAlign reward; the checkpoint loads with HunyuanVideoTransformer3DModel" in description
+    assert "tiny-video a tiny video GRPO: train_grpo_hunyuan.py" in description

@@ -21,6 +21,7 @@ examples:
   dancegrpo-npu smoke --trainer wan --nproc 2   # Wan2.1 (the diffusers-0.35 set); checks too that
                                          # every rank holds the same weights after training
   dancegrpo-npu smoke --trainer qwenimage --nproc 2 -- --sample_batch_size 2   # Qwen-Image, batched rollout
+  dancegrpo-npu smoke --trainer hunyuan --steps 4   # HunyuanVideo: 5 frames, the tiny VideoAlign reward
   dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
   dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
                                          # longer, bigger groups, 128x128 (later arguments win)
@@ -89,6 +90,43 @@ def run(args) -> int:
     return 0
 
 
+def _loads_with(smoke) -> str:
+    """The class (or loader) the smoke loads the row's checkpoint back with."""
+    if smoke.lora:
+        return "FluxPipeline's LoRA loader"
+    return smoke.model_class or "FluxTransformer2DModel"
+
+
+def description() -> str:
+    """``smoke --help``'s text: what every smoked trainer of the registry runs and is checked on."""
+    import textwrap
+
+    default = trainers.default_trainer().name
+    rows = []
+    for name in trainers.smoked():
+        spec = trainers.get(name)
+        smoke = spec.smoke
+        text = (f"{smoke.title}{' (default)' if name == default else ''}: {spec.relpath.rsplit('/', 1)[-1]}, "
+                f"{smoke.sampling_steps} sampling steps, {smoke.reward} reward; the checkpoint loads with "
+                f"{_loads_with(smoke)}")
+        rows.append(textwrap.fill(text, 100, initial_indent=f"  {name:<15} ", subsequent_indent=" " * 18))
+    paragraphs = (
+        "A few GRPO steps of a patched stock trainer of the registry on tiny models (built once, reused), "
+        "launched from the tree (build/DanceGRPO, or --workdir) through `dancegrpo-npu launch`, so the run "
+        f"gets a run directory like any launch: {runner.STEPS} steps (--steps) at 64x64, {runner.GENERATIONS} "
+        "generations per prompt (--generations), strict mode on.",
+        "It passes only if, read back from what the trainer itself wrote: metrics.jsonl has every step, with finite "
+        "rewards and losses, a finite non-zero grad norm and no step whose rewards are all equal (every advantage "
+        "0); the checkpoint the trainer writes at the last step loads back with the class the released weights "
+        "load with, and its trainable weights moved further than AdamW's weight decay alone moves them; at more "
+        "than one process, for the trainers that check it, every rank holds the same weights after training. "
+        "With --steps 1 the checkpoint holds the starting weights, so only the grad norm shows that training "
+        "reached the model.",
+    )
+    return (textwrap.fill(paragraphs[0], 100) + "\n\nThe trainers (--trainer NAME):\n" + "\n".join(rows)
+            + "\n\n" + textwrap.fill(paragraphs[1], 100))
+
+
 def _trainer_help(name: str, default: str) -> str:
     spec = trainers.get(name)
     return f"{name} ({'default, ' if name == default else ''}{spec.relpath.rsplit('/', 1)[-1]}, {spec.depset})"
@@ -106,7 +144,7 @@ def register(sub, common) -> None:
         "smoke",
         parents=[common],
         help="a few GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
-        description=runner.__doc__,
+        description=description(),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="dancegrpo-npu smoke [options] [-- trainer args]",

@@ -51,9 +51,10 @@ import torch
 
 from dancegrpo_port import alignment_msprobe as msprobe_dump
 from dancegrpo_port import alignment_records as records
+from dancegrpo_port import dataset_index
 from dancegrpo_port import upstream_args
 from dancegrpo_port.alignment_health import Health
-from dancegrpo_port.contract import RNG_CHOICES, parse_steps
+from dancegrpo_port.contract import RECORD_DATASET, RNG_CHOICES, parse_steps
 from dancegrpo_port.feature import Feature
 
 
@@ -288,7 +289,10 @@ UPSTREAM_NOISE = Noise("device")  # the seam's draws where no feature answers: u
 
 def start(args, rank: int, world_size: int, device=None) -> Run:
     """A run's alignment: its noise source, recorder and GRPO health (``run_of`` makes it once a run)."""
-    return Run(Settings.from_args(args, rank, world_size), device, run_fields(args, world_size))
+    settings, fields = Settings.from_args(args, rank, world_size), run_fields(args, world_size)
+    if settings.record and rank == 0 and dataset_index.source(args):  # what compare shows of the data read
+        fields[RECORD_DATASET] = dataset_index.digest(dataset_index.source(args))
+    return Run(settings, device, fields)
 
 
 def run_of(context) -> Run:

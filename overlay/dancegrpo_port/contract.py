@@ -18,6 +18,7 @@ What is defined here, and nowhere else:
   order a step calls them.
 - ``RECORD_NOISE``, ``OPTIONAL_RECORD_NOISE``: the noise tensors of a step's record (a replay
   reads them), and those only some trainers draw.
+- ``RECORD_DATASET``: the records index's digest of the dataset the run read, which compare shows.
 - ``MSPROBE_ENV``, ``MSPROBE_TASKS``: msprobe dumps beside the module records.
 - ``CHECKPOINT_DIR``, ``CHECKPOINT_MANIFEST``, ``CHECKPOINT_FORMAT``, ``CHECKPOINT_FIT``,
   ``CHECKPOINT_FAULT_ENV``: resume checkpoints (``dancegrpo_port/checkpoints.py``): where they are
@@ -53,6 +54,7 @@ REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init
 MODULE_GROUPS = ("transformer", "vae", "reward")
 RECORD_NOISE = ("noise.init", "noise.sde", "noise.perms")
 OPTIONAL_RECORD_NOISE = ("noise.order",)  # best-of-n's order: only a trainer with best-of-n (HunyuanVideo) draws it
+RECORD_DATASET = "dataset"  # records/index.json: the digest of the dataset the run read (dataset_index.digest)
 
 MSPROBE_ENV = "DANCEGRPO_MSPROBE"
 MSPROBE_TASKS = ("statistics", "tensor")

@@ -11,6 +11,10 @@ relative error is above its dtype's threshold and jumps over every module before
 and is out of tolerance too, so that the first divergence names a small fault, not its effect
 (align/modules.py, docs/alignment.md).
 
+Each run's dataset (its records index's digest: the index file and the tensor files it names) is
+shown, and compare says when the two differ: a divergence from step 1's latents with bit-equal
+noise is then the data's (align/dataset.py).
+
 Exit 0: aligned.  1: not aligned (noise that differs included: that is no like-for-like
 comparison).  2: the runs cannot be compared (a one-line error), a run with itself included.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dancegrpo_npu.align import tolerances as tolerances_mod
+from dancegrpo_npu.align.dataset import Datasets, compare_datasets
 from dancegrpo_npu.align.modules import flag_standing_out, module_checks
 from dancegrpo_npu.contract import OPTIONAL_RECORD_NOISE, RECORD_NOISE, parse_step_spec
 from dancegrpo_npu.rundirs.records import (
@@ -68,6 +73,7 @@ class Comparison:
     worst_images: tuple | None  # (psnr, step, rank, sample, image_a, image_b)
     rewards: dict  # step -> (mean reward A, mean reward B) from the records
     notes: tuple[str, ...] = ()
+    datasets: Datasets | None = None  # the data each run read (align/dataset.py)
 
     @property
     def first_divergence(self):
@@ -187,7 +193,8 @@ def run_compare(a: RunRecords, b: RunRecords, steps: tuple[int, ...], tol: dict[
     notes = ()
     if a.has_modules() != b.has_modules():
         notes = (f"module outputs not compared: only {(a if a.has_modules() else b).name} recorded them",)
-    return Comparison(a, b, steps, tol, rows, state.get("worst_images"), rewards, notes)
+    return Comparison(a, b, steps, tol, rows, state.get("worst_images"), rewards, notes,
+                      compare_datasets(a.index, b.index))
 
 
 # When step 1 computes each stage, module outputs included: the transformer runs after the noise is

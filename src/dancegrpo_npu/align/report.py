@@ -144,7 +144,22 @@ def verdict_text(result) -> str:
     if not result.noise_equal:
         return f"verdict: not aligned: {NOISE_VERDICT}"
     failed = sum(not r.ok for r in result.rows)
-    return f"verdict: not aligned: {failed} of {len(result.rows)} checks out of tolerance"
+    data = "; the runs read different datasets, the likely cause (dataset: above)" if _datasets_differ(result) else ""
+    return f"verdict: not aligned: {failed} of {len(result.rows)} checks out of tolerance{data}"
+
+
+def _datasets_differ(result) -> bool:
+    return result.datasets is not None and result.datasets.same is False
+
+
+def dataset_lines(result) -> list[str]:
+    """Each run's dataset, and whether they are the same (align/dataset.py)."""
+    from dancegrpo_npu.align.dataset import describe
+
+    d = result.datasets
+    if d is None:
+        return []
+    return [f"dataset A: {describe(d.a)}", f"dataset B: {describe(d.b)}", f"dataset: {d.text}"]
 
 
 def _run_line(role: str, run) -> str:
@@ -159,6 +174,7 @@ def render(result, written: dict) -> str:
     lines = [
         _run_line("RUN_A (reference):", result.a),
         _run_line("RUN_B (under test):", result.b),
+        *dataset_lines(result),
         f"steps compared: {shown_steps(result.steps)}" + (f"; module outputs: {modules}" if modules else ""),
     ]
     lines += [f"wrote {path}" for path in written.get("files", [])]
@@ -202,6 +218,8 @@ def compare_json(result) -> dict:
         "exit_code": 0 if result.aligned else 1,
         "reward_means": {str(s): list(v) for s, v in result.rewards.items()},
         "notes": list(result.notes),
+        "datasets": None if result.datasets is None else {
+            "a": result.datasets.a, "b": result.datasets.b, "same": result.datasets.same, "text": result.datasets.text},
     })  # fmt: skip
 
 

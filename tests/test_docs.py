@@ -97,6 +97,23 @@ def test_the_weights_page_has_a_download_command_for_every_repository_in_its_tab
                    for c in commands), (repo, local)
 
 
+def test_the_dependency_sets_table_names_every_script_under_its_set():
+    from dancegrpo_npu import trainers
+
+    rows = {line.split("|")[1].strip(" `").split("`")[0]: line for line in
+            (ROOT / "docs" / "dependencies.md").read_text().splitlines() if line.startswith("| `diffusers-")}
+    for name, spec in trainers.REGISTRY.items():
+        assert f"`{name}`" in rows[spec.depset], (name, spec.depset)
+
+
+def test_the_910b_guide_names_every_models_dataset_directory():
+    from dancegrpo_npu import trainers
+
+    weights = (ROOT / "docs" / "ascend-910b.md").read_text().split("## Weights")[1].split("\n## ")[0]
+    datasets = {spec.dataset for spec in trainers.REGISTRY.values() if spec.dataset}
+    assert datasets and all(f"`{name}/`" in weights for name in datasets), sorted(datasets)
+
+
 def test_alignment_guide_gives_rng_cpu_to_every_trainer_with_the_seam():
     from dancegrpo_npu import trainers
 

@@ -294,7 +294,11 @@ def test_the_cli_passes_the_options_and_the_tree(tmp_path, monkeypatch, capsys):
     assert main(["-C", str(tmp_path), "smoke"]) == 0
     assert (seen["options"].steps, seen["options"].generations, seen["options"].extra_args) == (2, 2, ())
     assert seen["project"].workdir == tmp_path / "build" / "DanceGRPO"
-    assert "2 steps at 64x64, 4 sampling steps, 2 generations," in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 steps at 64x64, 4 sampling steps, 2 generations," in out
+    assert "; 1 process, device " in out  # one, not "1 process(es)"
+    assert main(["-C", str(tmp_path), "smoke", "--nproc", "2"]) == 0
+    assert "; 2 processes, device " in capsys.readouterr().out
     assert main(["-C", str(tmp_path), "smoke", "--generations", "1"]) == 2
     assert "--generations must be at least 2" in capsys.readouterr().err
 

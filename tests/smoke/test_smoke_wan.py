@@ -148,7 +148,8 @@ def test_a_bad_sample_batch_size_is_refused_at_start(runs):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"trainer": "wan", "steps": 4, "nproc": 2}, "--steps 4: the Wan trainer needs 5 prompts on each of the 2 rank(s)"),
+    ({"trainer": "wan", "steps": 4, "nproc": 2}, "--steps 4: the Wan trainer needs 5 prompts on each of the 2 ranks"),
+    ({"trainer": "wan", "steps": 8, "nproc": 1}, "--steps 8: the Wan trainer needs 9 prompts on its one rank ("),
     ({"trainer": "wan", "lora": True}, "--lora names the trainer flux-lora, not wan"),
     ({"trainer": "sdxl"}, "unknown trainer 'sdxl'"),
 ])

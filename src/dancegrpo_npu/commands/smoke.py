@@ -80,7 +80,7 @@ def run(args) -> int:
             return 0
     spec = trainers.smoke_spec(runner.trainer_of(options))
     print(f"smoke: {spec.smoke.title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, {spec.smoke.sampling_steps} sampling steps, {options.generations} "
-          f"generations, {spec.smoke.reward} reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process(es), device {options.device}; "
+          f"generations, {spec.smoke.reward} reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process{'es' if options.nproc != 1 else ''}, device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:
         print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)

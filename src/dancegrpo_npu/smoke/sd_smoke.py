@@ -53,7 +53,7 @@ def steps_problem(steps: int, nproc: int, prompts: int) -> str | None:
                 "so the smoke's checkpoint check needs at least 2 steps")
     if steps * nproc > prompts:
         return (f"--steps {steps}: the SD trainer takes one prompt a rank a step and passes over its prompts once; "
-                f"{steps} steps on {nproc} rank(s) need {steps * nproc} prompts, the fixtures have {prompts}")
+                f"{steps} steps on {nproc} rank{'s' if nproc != 1 else ''} need {steps * nproc} prompts, the fixtures have {prompts}")
     return None
 
 

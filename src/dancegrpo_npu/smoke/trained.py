@@ -38,7 +38,8 @@ def steps_problem(steps: int, nproc: int, prompts: int, trainer: str, passes: in
     per_pass = steps // passes
     if per_pass + 1 > prompts // nproc:
         where = f"step {per_pass} of each of its {passes} passes" if passes > 1 else f"step {steps}"
-        return (f"--steps {steps}: the {trainer} trainer needs {per_pass + 1} prompts on each of the {nproc} rank(s) "
+        return (f"--steps {steps}: the {trainer} trainer needs {per_pass + 1} prompts "
+                f"{'on its one rank' if nproc == 1 else f'on each of the {nproc} ranks'} "
                 f"(it saves the last checkpoint as it reaches {where}), the fixtures have {prompts}")
     return None
 

@@ -481,3 +481,10 @@ def test_a_refusal_before_the_inputs_is_said_once_with_its_hint_once(project, mo
     assert c.fix == "run `dancegrpo-npu apply`"
     print(format_report([c]))
     assert capsys.readouterr().out.count("dancegrpo-npu apply") == 1
+    # the tree's own check failing with that fix: the weights point at it, the fix is printed once
+    from dancegrpo_npu.doctor import report
+
+    monkeypatch.setattr(report, "check_tree", lambda project: Check("tree", FAIL, "the tree differs", refusal.hint))
+    checks = run_checks(project, DoctorOptions(skip=("matmul", "all_reduce", "numerics", "disk"), trainers=("flux",)))
+    assert by_name(checks)["weights"].fix == "the tree check's fix, above"
+    assert format_report(checks).count("dancegrpo-npu apply") == 1

@@ -124,9 +124,26 @@ CHECK_NAMES = tuple(name for name, _ in STEPS)
 
 def run_checks(project: Project, opts: DoctorOptions) -> list[Check]:
     facts = Facts(wanted_npu=opts.device == "npu")
-    return [
+    return _each_fix_once([
         Check(name, SKIP, "skipped by --skip") if name in opts.skip else fn(project, opts, facts) for name, fn in STEPS
-    ]
+    ])
+
+
+def _each_fix_once(checks: list[Check]) -> list[Check]:
+    """A failed check whose fix is an earlier failed check's (the weights refused for the tree's
+    state) points at it instead of printing it again."""
+    from dataclasses import replace
+
+    seen: dict[str, str] = {}
+    out = []
+    for c in checks:
+        if c.status == FAIL and c.fix:
+            if c.fix in seen:
+                c = replace(c, fix=f"the {seen[c.fix]} check's fix, above")
+            else:
+                seen[c.fix] = c.name
+        out.append(c)
+    return out
 
 
 def format_report(checks: list[Check]) -> str:

@@ -64,6 +64,8 @@ def test_doctor_missing_tree(tmp_path):
     project = find_project(make_project(tmp_path / "p"), workdir=tmp_path / "none")
     checks = by_name(run_checks(project, DoctorOptions(skip=("matmul", "all_reduce"))))
     assert checks["tree"].status == FAIL and "fetch && dancegrpo-npu apply" in checks["tree"].fix
+    # the weights are not blamed on the dependency sets: there is no tree to read the trainers from
+    assert checks["weights"].status == SKIP and "no patched tree at" in checks["weights"].detail
 
 
 def test_doctor_json(project, capsys):

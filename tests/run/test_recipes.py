@@ -290,3 +290,10 @@ def test_a_dry_run_of_several_nodes_on_a_login_node_names_what_it_could_not_chec
     assert main(argv) == 2 and "--ifname ib0: this host has no such network interface" in capsys.readouterr().err
     one_node = ["-C", str(project.root), "launch", "flux", "--nproc-per-node", "8", "--ifname", "ib0", "--dry-run"]
     assert main(one_node) == 2
+
+
+def test_a_batch_of_one_prompt_is_said_in_the_singular():
+    one = recipes.Batch(world_size=1, train_batch_size=1, accumulation=4, samples_per_rank=12)
+    assert one.describe().startswith("1 prompt per step, accumulation 4")
+    two = recipes.Batch(world_size=2, train_batch_size=1, accumulation=4, samples_per_rank=12)
+    assert two.describe().startswith("2 prompts per step")

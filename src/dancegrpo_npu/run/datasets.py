@@ -5,8 +5,8 @@ Upstream's preprocessing scripts all write ``data/rl_embeddings/`` and its train
 embeddings, and the FLUX trainer then trains on Qwen-Image's text embeddings (or stops on their
 shapes, after loading every model).  With upstream's defaults, launch gives each model's
 preprocessing its own ``--output_dir``, ``data/rl_embeddings/<model>/``, and that model's
-trainers read their ``--data_json_path`` from there (the plan lists both as values that differ
-from upstream's script).  Upstream's own layout stays reachable by naming it after ``--``.
+trainers read their ``--data_json_path`` from there (a trainer's dry run lists it among the
+values that differ from upstream's script; a preprocessing run has no recipe to differ from).  Upstream's own layout stays reachable by naming it after ``--``.
 
 After a preprocessing run succeeds, launch writes ``dataset.json`` beside the JSON: the model,
 the preprocessing and its arguments, the run.  A trainer given a dataset recorded for another

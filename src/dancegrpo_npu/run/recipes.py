@@ -153,7 +153,8 @@ class Batch:
         return self.world_size * self.accumulation
 
     def describe(self) -> str:
-        return (f"{self.prompts_per_step} prompts per step, accumulation {self.accumulation}, "
+        prompts = f"{self.prompts_per_step} prompt{'' if self.prompts_per_step == 1 else 's'}"
+        return (f"{prompts} per step, accumulation {self.accumulation}, "
                 f"effective batch {self.effective_batch} samples per optimizer step")
 
 

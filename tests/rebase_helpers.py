@@ -229,3 +229,12 @@ def error_of(fn, *args) -> str:
     with pytest.raises(DancegrpoError) as e:
         fn(*args)
     return e.value.one_line()
+
+
+def run_as_printed(command: str, cwd) -> subprocess.CompletedProcess:
+    """A printed ``dancegrpo-npu ...`` line run by the shell in ``cwd``, the tool as this checkout's."""
+    command = command.strip()
+    assert command.startswith("dancegrpo-npu "), command
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    return subprocess.run(f"{sys.executable} -m dancegrpo_npu {command[len('dancegrpo-npu '):]}", shell=True,
+                          cwd=cwd, capture_output=True, text=True, env=env)

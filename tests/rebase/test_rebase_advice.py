@@ -7,22 +7,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
-import sys
 
 from dancegrpo_npu.engine.series import load_series
 from dancegrpo_npu.rebase.session import skip_patch, start_rebase
-from rebase_helpers import SRC, git
+from rebase_helpers import git, run_as_printed
 from test_rebase import conflicting_upstream, take_both, world  # noqa: F401 (world: a fixture)
-
-
-def run_as_printed(command: str, cwd) -> subprocess.CompletedProcess:
-    """A printed ``dancegrpo-npu ...`` line run by the shell in ``cwd``, the tool as this checkout's."""
-    command = command.strip()
-    assert command.startswith("dancegrpo-npu "), command
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run(f"{sys.executable} -m dancegrpo_npu {command[len('dancegrpo-npu '):]}", shell=True,
-                          cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_the_stop_report_s_commands_run_as_printed_from_the_rebase_tree(world, tmp_path):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase.upstream_log import format_log, upstream_log
-from rebase_helpers import SRC, PatchSpec, base_history, git, make_project, project_state, run_cli, set_line
+from rebase_helpers import (SRC, PatchSpec, base_history, git, make_project, project_state, run_as_printed, run_cli,
+                            set_line)
 
 
 SPECS = [
@@ -113,14 +113,6 @@ def a_fork(tmp_path, history):
     (fork / "fastvideo/train.py").write_text((fork / "fastvideo/train.py").read_text() + "fork = True\n")
     git(fork, "commit", "-qam", "fork: its own train change")
     return fork, git(fork, "rev-parse", "HEAD")
-
-
-def run_as_printed(command: str, cwd) -> subprocess.CompletedProcess:
-    """A printed ``dancegrpo-npu ...`` line run by the shell, the tool as this checkout's."""
-    assert command.startswith("dancegrpo-npu "), command
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    return subprocess.run(f"{sys.executable} -m dancegrpo_npu {command[len('dancegrpo-npu '):]}", shell=True,
-                          cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_the_printed_next_command_reaches_the_same_commits(world, tmp_path):

@@ -24,6 +24,10 @@ What is defined here, and nowhere else:
   ``CHECKPOINT_FAULT_ENV``: resume checkpoints (``dancegrpo_port/checkpoints.py``): where they are
   under --output_dir, the manifest that makes one complete, what a resumed run must share with
   it, and the variable a test injects a fault during a save with.
+- ``RUN_DIR_ENV``, ``HEARTBEAT_DIR``, ``HEARTBEAT_FILE``, ``STACKS_DIR``, ``STACKS_FILE``,
+  ``STACKS_SIGNAL``, ``STALLED``: the stall watchdog (``dancegrpo_port/heartbeat.py`` writes, the
+  tool's ``run/watchdog.py`` reads): where each rank's heartbeat and its stacks go in the run
+  directory, the signal that asks a rank for its stacks, and the status of a run it ended.
 - the step-list syntax (``--record_steps``, ``--profile_steps``, ``compare --steps``,
   ``launch --profile``) and its one parser, ``parse_steps``, with ``format_steps`` back.
 """
@@ -64,6 +68,18 @@ CHECKPOINT_MANIFEST = "manifest.json"
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_FIT = ("world_size", "num_generations", "h", "w", "t", "sampling_steps", "train_batch_size", "code")
 CHECKPOINT_FAULT_ENV = "DANCEGRPO_CHECKPOINT_FAULT"  # STEP: SIGKILL between the shard writes of that save
+
+# The stall watchdog.  Launch sets RUN_DIR_ENV to the run directory; each rank then marks its
+# progress (the seam's last event, its step and time) in <run>/HEARTBEAT_DIR/HEARTBEAT_FILE, at most
+# once a second, and dumps every thread's stack into <run>/STACKS_DIR/STACKS_FILE when it gets
+# STACKS_SIGNAL (faulthandler).  A run the watchdog ended has the status STALLED (summary.json).
+RUN_DIR_ENV = "DANCEGRPO_RUN_DIR"
+HEARTBEAT_DIR = "heartbeats"
+HEARTBEAT_FILE = "rank-{rank}.json"
+STACKS_DIR = "stacks"
+STACKS_FILE = "rank-{rank}.txt"
+STACKS_SIGNAL = "SIGUSR1"  # torchrun forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to its workers, not this
+STALLED = "stalled"
 
 STEPS_SYNTAX = "a step N, a range A-B, a comma list of those (1,3-5), or all"
 _STEP_ITEM = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")

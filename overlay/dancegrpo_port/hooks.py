@@ -6,6 +6,10 @@ health; phase times; profiler traces; the background image writer; metrics.jsonl
 clean exit) plugs in here, so a new feature changes only the overlay and a new trainer needs only its
 seam plus its model-specific patches.
 
+Every event also marks this rank's progress (``heartbeat.mark``: its name, the step, the time, in
+memory; a background thread writes it to the run directory at most once a second), which the
+stall watchdog of the process running torchrun reads (docs/troubleshooting.md).
+
 A feature is a ``feature.Feature`` (one no-op method per event; it overrides those it acts
 on) and one row of ``FEATURES`` below: its flags, their check and how a run makes it.
 ``add_arguments``, ``argument_problem``, ``run_start`` and the bench all read that table.  Each
@@ -36,6 +40,8 @@ Call points, in the order a run makes them::
       step_end(step, **figures)      after the step's time is taken (upstream's loss, grad norm, step
                                      time, lr): records, health, times, metrics.jsonl
       checkpoint_save(step, **state) after the step: the resume checkpoint, when due and at the last step
+      upstream_checkpoint_save(step) before upstream's own save_checkpoint (and its barrier), at a
+                                     step's start: progress for the stall watchdog only
     trained_model(model)             after the training loop (--weights_digest)
     run_end()                        the end of main()
 
@@ -51,7 +57,7 @@ import os
 import sys
 from contextlib import ExitStack, contextmanager
 
-from dancegrpo_port import alignment, checkpoints, phases, rollout, upstream_args, weights
+from dancegrpo_port import alignment, checkpoints, heartbeat, phases, rollout, upstream_args, weights
 from dancegrpo_port.clean_exit import CleanExit
 from dancegrpo_port.feature import (
     BENCH_EVERY_STEP, BENCH_TIMED_STEPS, Context, FeatureError, FeatureRow, check_feature,
@@ -155,6 +161,7 @@ def run_start(args, rank: int, world_size: int, device) -> None:
     except FeatureError as exc:
         print(f"{os.path.basename(sys.argv[0])}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
+    heartbeat.start(rank)  # launch's run directory: this rank's progress and stacks (heartbeat.py)
 
 
 def trained_model(model) -> None:
@@ -165,15 +172,18 @@ def trained_model(model) -> None:
 
 def run_end() -> None:
     _call("run_end")
+    heartbeat.stop()
 
 
-def _call(name: str, *args, **kwargs) -> None:
+def _call(name: str, *args, _step=None, **kwargs) -> None:
+    heartbeat.mark(name, _step)  # every event is progress (the stall watchdog reads it)
     for feature in _FEATURES:
         getattr(feature, name)(*args, **kwargs)
 
 
 @contextmanager
 def _around(name: str, *args):
+    heartbeat.mark(name)
     with ExitStack() as stack:
         for feature in _FEATURES:
             stack.enter_context(getattr(feature, name)(*args))
@@ -182,6 +192,7 @@ def _around(name: str, *args):
 
 def _answer(name: str, *args):
     """The first feature's answer (not None), or upstream's draw: the noise source's events."""
+    heartbeat.mark(name)
     for feature in _FEATURES:
         answer = getattr(feature, name)(*args)
         if answer is not None:
@@ -198,6 +209,7 @@ def checkpoint_load(init_steps: int, **state) -> int:
     itself): the step the run starts after.  On a resume every feature's ``resumed(step)``
     forgets what the run wrote after that step (metrics.jsonl, records), so no step is
     written twice."""
+    heartbeat.mark("checkpoint_load", init_steps)
     for feature in _FEATURES:
         init_steps = feature.checkpoint_load(init_steps, **state)
     return init_steps
@@ -205,7 +217,14 @@ def checkpoint_load(init_steps: int, **state) -> int:
 
 def checkpoint_save(step: int, **state) -> None:
     """After a step's step_end: the resume checkpoint, when the step is due (dancegrpo_port/checkpoints.py)."""
-    _call("checkpoint_save", step, **state)
+    _call("checkpoint_save", step, _step=step, **state)
+
+
+def upstream_checkpoint_save(step: int) -> None:
+    """Before upstream's own save_checkpoint at the start of step ``step`` (and the dist.barrier()
+    after it): progress only, for the stall watchdog, which names a hang there "checkpoint_save,
+    step N" as it names one in the resume checkpoint's save; no feature acts on it."""
+    heartbeat.mark("checkpoint_save", step, "upstream's save_checkpoint")
 
 
 def data_pass_begin() -> None:
@@ -219,14 +238,14 @@ def data_pass_begin() -> None:
 
 
 def step_begin(step: int) -> None:
-    _call("step_begin", step)
+    _call("step_begin", step, _step=step)
 
 
 def step_end(step: int, **figures) -> dict:
     """After the step and its time: features add their figures (health, phase times) and the
     metrics log writes them.  Every rank calls it (the health figures are a collective)."""
     figures = {"step": step, **figures}
-    _call("step_end", step, figures)
+    _call("step_end", step, figures, _step=step)
     return figures
 
 

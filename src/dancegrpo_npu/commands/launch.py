@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from dataclasses import replace
 
 from dancegrpo_npu.cli import did_you_mean
 from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
@@ -15,6 +16,7 @@ from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu import trainers
 from dancegrpo_npu.run.launch import launch
 from dancegrpo_npu.run.resume import resume_spec
+from dancegrpo_npu.run.watchdog import FACTOR, FLOOR_S, GRACE_S, LOADING_S, stall_timeout
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +102,14 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--max-restarts", type=int, default=d(0), metavar="N",
                    help="torchrun's elastic restarts: up to N times the workers start again after a failure, "
                    "each resuming from the newest complete checkpoint; the run record counts them (default 0)")
+    p.add_argument("--stall-timeout", type=stall_timeout, default=d(None), metavar="SECONDS|off",
+                   help="end the workers when a rank of this node makes no progress (no event of the seam) for "
+                   f"SECONDS after its first step has started: every rank's stacks into <run>/stacks/, one line "
+                   "naming the stalled rank(s) and the line each is on, then SIGTERM (SIGKILL after "
+                   f"{GRACE_S:g} s); --max-restarts restarts them from the last checkpoint, else the run is "
+                   f"'stalled' with the command that continues it; default: {FACTOR:g}x the slowest step so far, "
+                   f"at least {FLOOR_S:g} s; before the first step at least {LOADING_S:g} s; off: no watchdog "
+                   "(docs/troubleshooting.md)")
     add_align_options(p, d)
     p.add_argument("--profile", dest="profile_steps", default=d(None), metavar="STEPS",
                    help="write a profiler trace of these steps into <run>/profile/step_<N>/ (torch_npu.profiler on "
@@ -249,6 +259,7 @@ def run(args) -> int:
         recipe=args.recipe,
         ifname=args.ifname,
         max_restarts=args.max_restarts,
+        stall_timeout=args.stall_timeout,
     )
     record = launch(project_from_args(args), spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)
@@ -266,5 +277,6 @@ def _resume(args) -> int:
              "nnodes": args.nnodes if args.nnodes != 1 else None,
              "device": args.device if args.device != "auto" else None}
     spec = resume_spec(project, args.resume, tuple(upstream), given, max_restarts=args.max_restarts)
+    spec = replace(spec, stall_timeout=args.stall_timeout)
     record = launch(project, spec, dry_run=args.dry_run)
     return 0 if record.returncode == 0 else (record.returncode if 0 < record.returncode < 126 else 1)

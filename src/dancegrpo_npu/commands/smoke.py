@@ -12,6 +12,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu import trainers
 from dancegrpo_npu.smoke import passes, runner
+from dancegrpo_npu.run.watchdog import stall_timeout
 
 
 EXAMPLES = """\
@@ -58,7 +59,8 @@ def run(args) -> int:
                            verbose=args.verbose, generations=runner.GENERATIONS if args.generations is None else args.generations,
                            extra_args=tuple(args.trainer_args),
                            align=align_options(args, project), strict=not args.no_strict,
-                           checkpointing_steps=args.checkpointing_steps, resume=args.resume)
+                           checkpointing_steps=args.checkpointing_steps, resume=args.resume,
+                           max_restarts=args.max_restarts, stall_timeout=args.stall_timeout)
     if options.trainer:
         trainers.smoke_spec(options.trainer)  # an unknown one is refused before anything else
     steps = args.steps if args.steps is not None else runner.default_steps(trainers.smoke_spec(runner.trainer_of(options)))
@@ -171,6 +173,14 @@ def register(sub, common) -> None:
                    help="continue smoke run RUN in its own directory from its newest complete checkpoint "
                    "(`launch --resume`), then check it as any smoke run; it keeps the run's --trainer, --steps, "
                    "--generations, --nproc, --checkpointing-steps and --device, and refuses another value of one")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="torchrun's elastic restarts, as launch's: up to N times the workers start again after a "
+                   "failure (or a stall), each resuming from the newest complete checkpoint (with "
+                   "--checkpointing-steps) (default 0)")
+    p.add_argument("--stall-timeout", type=stall_timeout, default=None, metavar="SECONDS|off",
+                   help="the stall watchdog, as launch's: end the workers when a rank makes no progress for SECONDS "
+                   "after its first step has started (default: derived from the run, docs/troubleshooting.md); off: "
+                   "no watchdog")
     p.add_argument("--verbose", "-v", action="store_true", help="show the run's own output as it goes")
     p.add_argument("--if-needed", action="store_true",
                    help="do nothing if a smoke run with the same options already passed on this exact tree, "

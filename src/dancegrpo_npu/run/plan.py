@@ -31,6 +31,7 @@ class LaunchSpec:
     profile_steps: str | None = None  # --profile STEPS: a validated step list, passed as typed (trainers that align)
     recipe: str | None = None  # upstream's recipe (run.recipes); None: the one for the world size
     max_restarts: int = 0  # torchrun's elastic --max-restarts; each restart resumes from latest
+    stall_timeout: object = None  # --stall-timeout: seconds, "off", or None (derived from the run: run.watchdog)
     resume_of: Path | None = None  # --resume: the run directory this launch continues (run.resume)
     verb: str = "launch"  # the command that started it, and continues it: launch | smoke
 

@@ -3,9 +3,12 @@
 torchrun's output (every rank's lines, prefixed by torchrun's --tee) is copied to the terminal
 and to ``logs/console.log``; each rank's own stdout/stderr files are under ``logs/torchrun/``.
 ``summary.json`` says "running" while the job runs and is rewritten at the end: succeeded,
-failed (with the failing rank's last lines and exception: ``run.failure``), interrupted (Ctrl-C), terminated (SIGTERM) or
-error (torchrun could not be started).  The run directory is named on stderr when the run
-starts; a run that stops (interrupted, terminated, failed) ends with a line naming it, its last
+failed (with the failing rank's last lines and exception: ``run.failure``), interrupted (Ctrl-C), terminated (SIGTERM),
+stalled (the stall watchdog, ``run.watchdog``, ended workers that made no progress, and the job
+ended: its verdict is the failure, every firing is kept in ``stalls``) or error (torchrun could
+not be started).  The watchdog runs beside torchrun unless ``--stall-timeout off``; the job gets
+the run directory in ``contract.RUN_DIR_ENV``, where each rank writes its heartbeat and stacks.  The run directory is named on stderr when the run
+starts; a run that stops (interrupted, terminated, failed, stalled) ends with a line naming it, its last
 complete checkpoint and the command that continues it (``run.resume.continuation``), also kept
 in summary.json as ``continue_with``.
 
@@ -28,7 +31,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from dancegrpo_npu.contract import HEARTBEAT_DIR, RUN_DIR_ENV, STALLED
 from dancegrpo_npu.run import directory
+from dancegrpo_npu.run.watchdog import Watchdog
 from dancegrpo_npu.rundirs.rundir import metrics_summary
 from dancegrpo_npu.errors import DancegrpoError, RunInterrupted
 from dancegrpo_npu.files import cannot_write
@@ -190,19 +195,23 @@ def run_plan(project: Project, plan):
     # stderr: the smoke sends the job's stdout away unless -v, and the run's name must be seen
     print(f"dancegrpo-npu: run directory {run_dir}", file=sys.stderr, flush=True)
     status, returncode, extra, device_kind, fp = "interrupted", None, {}, None, None
-    log_error, interrupted = None, False
+    log_error, interrupted, stalls = None, False, []
+    watchdog = Watchdog(run_dir, getattr(plan.spec, "stall_timeout", None))
     try:
         with _sigterm_raises():
             fp = _fingerprint(project, plan)
             _write_or_note(run_dir / "environment.json", fp)
             device_kind = (fp.get("devices") or {}).get("kind")
+            shutil.rmtree(run_dir / HEARTBEAT_DIR, ignore_errors=True)  # a resumed run's earlier ranks
             try:
                 proc = subprocess.Popen(
-                    list(plan.command), cwd=run_dir, env=plan.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                    list(plan.command), cwd=run_dir, env={**plan.env, RUN_DIR_ENV: str(run_dir)},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT
                 )
             except OSError as e:
                 status, extra = "error", {"failure": {"error": f"could not start torchrun: {e}"}}
                 raise DancegrpoError(f"could not start torchrun: {e}", f"the record is in {run_dir}") from e
+            watchdog.start()
             try:
                 log_error = _stream(proc, run_dir / "logs" / "console.log")
                 returncode = proc.wait()
@@ -211,9 +220,14 @@ def run_plan(project: Project, plan):
                 _stop(proc, signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
                 returncode = proc.returncode
                 raise
+            finally:
+                stalls = watchdog.stop()
             status = "succeeded" if returncode == 0 else "failed"
             if returncode != 0:
                 extra = {"failure": failure_detail(run_dir)}
+                if stalls:  # the watchdog ended the workers: its verdict is why, not their signal
+                    status = STALLED
+                    extra = {"failure": {**extra["failure"], "error": stalls[-1]["error"], "stalled": True}}
     except _Terminated:
         pass  # recorded below; the exit code says it
     except KeyboardInterrupt:
@@ -224,7 +238,9 @@ def run_plan(project: Project, plan):
             _write_or_note(run_dir / "environment.json", fp)
         if log_error:
             extra = {**extra, "record_errors": [log_error]}
-        if status in ("interrupted", "terminated", "failed"):
+        if stalls:
+            extra = {**extra, "stalls": stalls}
+        if status in ("interrupted", "terminated", "failed", STALLED):
             extra = {**extra, "continue_with": _continuation(project, plan, status)}
         summary = _summary(plan, status, returncode, start, time.time(), device_kind=device_kind, **extra)
         summary = _final_summary(run_dir / "summary.json", summary)

@@ -86,6 +86,8 @@ class SmokeOptions:
     strict: bool = True  # off only for trees that run float64 on purpose (an ablation without float32-rope)
     checkpointing_steps: int | None = None  # --checkpointing-steps N; None: the last step only
     resume: str | None = None  # --resume RUN: continue that smoke run (its own options)
+    max_restarts: int = 0  # torchrun's elastic restarts, each from the newest complete checkpoint
+    stall_timeout: object = None  # the stall watchdog's limit: seconds, "off", None (derived: run.watchdog)
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,9 @@ def check_options(options: SmokeOptions) -> None:
                              "give --trainer alone", exit_code=2)
     if options.device not in DEVICES:
         raise DancegrpoError(f"unknown device {options.device!r}", f"choose one of: {', '.join(DEVICES)}", exit_code=2)
+    if options.max_restarts < 0:
+        raise DancegrpoError(f"--max-restarts must be 0 or more, not {options.max_restarts}", "give a count",
+                             exit_code=2)
     if options.steps < 1:
         raise DancegrpoError(f"--steps must be at least 1, not {options.steps}", "give a positive count", exit_code=2)
     if options.generations < 2:
@@ -375,7 +380,8 @@ def _ran(record):
                                  f"at {where}", f"{see}; install what it imports, or fix the import")
         advice = continuation.get("line") if status != "failed" or continuation.get("checkpoint") else None
         raise DancegrpoError(
-            f"smoke: the training run {'failed' if status == 'failed' else 'was ' + status} (exit {record.returncode})"
+            f"smoke: the training run {status if status in ('failed', 'stalled') else 'was ' + status} "
+            f"(exit {record.returncode})"
             + (f": {why}" if why else ""),
             see + (f"; {advice}" if advice else ""))
     return record
@@ -480,7 +486,8 @@ def _launch(project: Project, options: SmokeOptions, args):
     from dancegrpo_npu.run.resume import resume_spec
 
     if options.resume is not None:
-        spec = replace(resume_spec(project, options.resume), verb="smoke")
+        spec = replace(resume_spec(project, options.resume, max_restarts=options.max_restarts), verb="smoke",
+                       stall_timeout=options.stall_timeout)
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
             return _launched(launch(project, spec))
 
@@ -496,6 +503,8 @@ def _launch(project: Project, options: SmokeOptions, args):
         strict=options.strict,
         align=options.align,
         verb="smoke",
+        max_restarts=options.max_restarts,
+        stall_timeout=options.stall_timeout,
     )
     with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
         return _launched(launch(project, spec))

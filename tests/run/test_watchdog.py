@@ -227,3 +227,34 @@ def test_stall_timeout_off_and_seconds_reach_the_run(monkeypatch):
             main(["-C", str(ROOT), "smoke", "--device", "cpu", "--stall-timeout", value, "--max-restarts", "2"])
         assert (seen[-1].stall_timeout, seen[-1].max_restarts) == (want, 2)
     assert wd.stall_timeout("off") == OFF and wd.stall_timeout("1e3") == 1000.0
+
+
+def test_a_rank_waiting_in_a_collective_is_no_first_suspect_though_it_got_there_first(tmp_path):
+    """Rank 0 reached the step's first all_gather before rank 1 reached the line it sleeps on: the
+    first suspect is rank 1, and rank 0 is said to be waiting in a collective."""
+    clock = Clock()
+    ranks = Ranks(tmp_path, clock)
+    w = dog(tmp_path, ranks, timeout=10.0)
+    steps(ranks, clock, w, [1.0])
+    ranks.mark(0, "model_call", 2)
+    clock.t += 1
+    ranks.mark(1, "step_begin", 2)
+    ranks.write()
+    clock.t += 11
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    dumps = {1000: f'Thread 0x1 (most recent call first):\n  File "{c10d}", line 5 in all_gather\n'
+                   f'  File "{HERE}", line 31 in __call__\n',
+             1001: f'Thread 0x1 (most recent call first):\n  File "{HERE}", line 28 in step\n'}
+    (tmp_path / "stacks").mkdir()
+
+    def kill(pid, sig):
+        ranks.kill(pid, sig)
+        if sig == signal.SIGUSR1:
+            with open(tmp_path / "stacks" / f"rank-{pid - 1000}.txt", "a") as f:
+                f.write(dumps[pid])
+
+    w.kill = kill
+    record = w.check()
+    assert record["first_suspect"] == 1 and [r["in_collective"] for r in record["ranks"]] == [False, True]
+    assert (f"rank 0 in model_call, step 2, 12 s ago, waiting in a collective at {c10d} line 5 in all_gather, "
+            f"called from {HERE} line 31 in __call__: return self.t") in w.lines[0]

@@ -15,9 +15,11 @@ limit:
 
 When a rank has stalled the watchdog asks every local rank for its stacks (``STACKS_SIGNAL``:
 faulthandler writes every thread into ``<run>/stacks/rank-N.txt``), reads the main thread's
-innermost frame and the source line there, says in one line which rank(s) stalled (the one whose
-last progress is the oldest first: the first suspect), with the last event, its step, how long
-ago and the line each is on, then ends the workers: SIGTERM, SIGKILL after ``GRACE_S``.  torchrun
+innermost frame and the source line there, says in one line which rank(s) stalled (the first
+suspect first: the one whose last progress is the oldest among those not waiting in a collective
+of torch.distributed, since a rank that reached a collective waits there for the one that did not,
+whenever it got there; then the others, oldest first), with the last event, its step, how long ago
+and the line each is on, then ends the workers: SIGTERM, SIGKILL after ``GRACE_S``.  torchrun
 sees its workers fail: with ``--max-restarts`` it starts them again (they resume from the newest
 complete checkpoint) and the watchdog watches the new ones; without, the job ends and the runner
 records the run as ``stalled`` with the command that continues it.
@@ -81,6 +83,7 @@ def describe(timeout) -> str:
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _LIBRARY = re.compile(r"/(?:site-packages|dist-packages)/|/lib/python3\.\d+/")
+_COLLECTIVE = re.compile(r"/torch(?:_npu)?/distributed/")  # c10d's collectives, FSDP's, torch_npu's
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,17 @@ def source_line(path: str, number: int, cwd: Path | None = None) -> str:
         p = cwd / p
     linecache.checkcache(str(p))
     return linecache.getline(str(p), number).strip()
+
+
+def in_collective(frames: list[Frame]) -> bool:
+    """The innermost frames (the library's, above the first of the run's own code) are in
+    torch.distributed: the rank waits for the others there."""
+    for frame in frames:
+        if not frame.library:
+            return False
+        if _COLLECTIVE.search(frame.file):
+            return True
+    return False
 
 
 def main_frames(text: str, thread: str | None, cwd: Path | None = None) -> list[Frame]:
@@ -307,10 +321,14 @@ class Watchdog:
         stalled_ranks = {b.rank for b, _ in stalled}
         limit = max(lim for _, lim in stalled)
         ranks = []
-        for b in sorted(beats, key=lambda b: float(b.time)):  # the oldest progress first: the first suspect
+        # the first suspect: the rank whose last progress is the oldest among those not waiting in a
+        # collective (a rank that reached one waits for the rank that did not, whenever it got there)
+        order = sorted(beats, key=lambda b: (in_collective(frames.get(b.rank) or []), float(b.time)))
+        for b in order:
             at = frames.get(b.rank) or []
             caller = next((f for f in at if not f.library), None) if at and at[0].library else None
-            ranks.append({"rank": b.rank, "pid": b.pid, "stalled": b.rank in stalled_ranks, "event": b.event,
+            ranks.append({"rank": b.rank, "pid": b.pid, "stalled": b.rank in stalled_ranks,
+                          "in_collective": in_collective(at), "event": b.event,
                           "step": b.data.get("step"), "detail": b.data.get("detail"), "where": b.where(),
                           "ago_s": round(now - float(b.time), 1), "attempt": b.data.get("attempt", 0),
                           "at": at[0].as_json() if at else None, "called_from": caller.as_json() if caller else None})
@@ -375,7 +393,7 @@ def _at(rank: dict) -> str:
     at = rank.get("at")
     if not at:
         return "no stack (the rank did not answer)"
-    text = f"at {Frame(**at).words()}"
+    text = ("waiting in a collective " if rank.get("in_collective") else "") + f"at {Frame(**at).words()}"
     if rank.get("called_from"):
         text += f", called from {Frame(**rank['called_from']).words()}"
     return text

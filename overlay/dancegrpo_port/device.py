@@ -242,8 +242,28 @@ def start_distributed(local_rank: int) -> torch.device:
     made current (upstream's ``torch.cuda.set_device``) and returned as a torch.device."""
     import torch.distributed as dist
 
-    dist.init_process_group(dist_backend())
+    store = _restart_store(dist)
+    if store is None:
+        dist.init_process_group(dist_backend())
+    else:
+        dist.init_process_group(dist_backend(), store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     return set_local_device(local_rank)
+
+
+def _restart_store(dist, environ=None):
+    """A worker torchrun restarted (--max-restarts) on its static rendezvous: torchrun hands every
+    attempt the same store, so an attempt's rank could read the address an earlier attempt's
+    rank 0 left there (gloo: "connectFullMesh failed ... Connection refused") before this
+    attempt's rank 0 writes its own.  The attempt's keys get a prefix of their own; None at the
+    first attempt, or outside torchrun's agent store: init_process_group's own store then."""
+    environ = os.environ if environ is None else environ
+    attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt in ("", "0") or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), int(environ["WORLD_SIZE"]),
+                          is_master=False)
+    return dist.PrefixStore(f"dancegrpo-restart-{attempt}", store)
 
 
 def current_device() -> torch.device:

@@ -258,3 +258,12 @@ def test_a_rank_waiting_in_a_collective_is_no_first_suspect_though_it_got_there_
     assert record["first_suspect"] == 1 and [r["in_collective"] for r in record["ranks"]] == [False, True]
     assert (f"rank 0 in model_call, step 2, 12 s ago, waiting in a collective at {c10d} line 5 in all_gather, "
             f"called from {HERE} line 31 in __call__: return self.t") in w.lines[0]
+
+
+def test_runs_says_a_run_went_on_after_the_watchdog_ended_its_workers():
+    from dancegrpo_npu.rundirs.listing import continued_lines
+
+    restarted = {"status": "succeeded", "restarts": 1, "resumes": 0, "stalls": 1}
+    assert continued_lines(restarted) == [
+        "    continued from checkpoints: restarted 1, after the stall watchdog ended its workers 1 time"]
+    assert continued_lines({**restarted, "stalls": 0}) == ["    continued from checkpoints: restarted 1"]

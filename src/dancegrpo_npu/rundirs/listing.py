@@ -55,6 +55,7 @@ def row(run: RunInfo) -> dict:
         "reason": failure_reason(run.summary) or smoke_failure(run),  # why a failed run failed, else None
         "resumes": run.summary.get("resumes") or 0,  # launch --resume / smoke --resume continued it
         "restarts": run.summary.get("restarts") or 0,  # torchrun's elastic restarts (--max-restarts)
+        "stalls": len(run.summary.get("stalls") or []),  # times the stall watchdog ended the workers
     }
 
 
@@ -116,6 +117,10 @@ def reason_lines(r: dict) -> list[str]:
 
 
 def continued_lines(r: dict) -> list[str]:
-    """A run continued from its checkpoints: how often (resumed N, restarted M)."""
+    """A run continued from its checkpoints: how often (resumed N, restarted M), and how often the
+    stall watchdog ended its workers, where it did and the run went on."""
     parts = [f"{word} {r[key]}" for word, key in (("resumed", "resumes"), ("restarted", "restarts")) if r.get(key)]
+    stalls = r.get("stalls") or 0
+    if stalls and r.get("status") != "stalled" and parts:
+        parts.append(f"after the stall watchdog ended its workers {stalls} time{'s' if stalls != 1 else ''}")
     return [f"    continued from checkpoints: {', '.join(parts)}"] if parts else []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, PHASES, RunInfo, read_metrics
+from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, TIMED_PHASES, RunInfo, read_metrics
 
 
 def _alive(pid: int) -> bool:
@@ -88,10 +88,10 @@ def phase_lines(r: dict) -> list[str]:
     """The lines under a run that timed its phases: mean time per step, then peak memory."""
     lines = []
     if r["phases_s"]:
-        times = "  ".join(f"{p} {r['phases_s'][p]:.3g}s" for p in PHASES if p in r["phases_s"])
+        times = "  ".join(f"{p} {r['phases_s'][p]:.3g}s" for p in TIMED_PHASES if p in r["phases_s"])
         lines.append(f"    time per step (mean): {times}")
     if r["peak_memory_bytes"]:
-        peaks = "  ".join(f"{p} {human_bytes(r['peak_memory_bytes'][p])}" for p in PHASES if p in r["peak_memory_bytes"])
+        peaks = "  ".join(f"{p} {human_bytes(r['peak_memory_bytes'][p])}" for p in TIMED_PHASES if p in r["peak_memory_bytes"])
         lines.append(f"    peak memory ({r['peak_memory_kind'] or 'kind not recorded'}): {peaks}")
     return lines
 

@@ -15,7 +15,7 @@ import itertools
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.rundirs.rundir import PHASES, RunInfo, read_metrics
+from dancegrpo_npu.rundirs.rundir import TIMED_PHASES, RunInfo, read_metrics
 
 # (panel title, metrics.jsonl keys drawn in it), in the order the panels appear
 HEALTH_PANELS = (
@@ -85,9 +85,9 @@ def make_figure(runs: list[RunInfo]):
 def _phase_panel(ax, timed) -> None:
     """Seconds per step of each phase: lines, not a stack, so that several runs can share the panel."""
     # the phase by line style, the run by colour
-    styles = dict(zip(PHASES, itertools.cycle(("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))))))
+    styles = dict(zip(TIMED_PHASES, itertools.cycle(("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))))))
     for i, (run, m) in enumerate(timed):
-        for phase in PHASES:
+        for phase in TIMED_PHASES:
             if phase in m.phase_time:
                 values = [float("nan") if v is None else v for v in m.phase_time[phase]]
                 ax.plot(m.steps, values, linestyle=styles[phase], color=f"C{i}", marker="." if len(m.steps) < 50 else None,

@@ -45,7 +45,7 @@ HEALTH_COLUMNS = ("grad_norm", *HEALTH_KEYS)
 # dancegrpo_port/phases.py): time_<phase> seconds, and peak_memory_bytes {phase: bytes} with its
 # kind, for every phase of the contract, those only some trainers enter too (SkyReels-I2V's
 # condition).
-PHASES = STEP_PHASES + OPTIONAL_PHASES
+TIMED_PHASES = STEP_PHASES + OPTIONAL_PHASES
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Metrics:
     skipped_lines: int = 0
     # HEALTH_COLUMNS present in metrics.jsonl: one value (or None) per step, aligned with steps
     health: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
-    # PHASES present in metrics.jsonl (older runs: none): seconds, and peak bytes, per step
+    # TIMED_PHASES present in metrics.jsonl (older runs: none): seconds, and peak bytes, per step
     phase_time: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     phase_peak: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     peak_memory_kind: str | None = None  # "device allocator" | "host peak RSS (includes weights)"
@@ -114,8 +114,8 @@ def read_metrics(run_dir: Path) -> Metrics:
     if text is not None:
         steps, reward, loss, step_time, skipped = [], [], [], [], 0
         health: dict[str, list[float | None]] = {k: [] for k in HEALTH_COLUMNS}
-        phase_time: dict[str, list[float | None]] = {p: [] for p in PHASES}
-        phase_peak: dict[str, list[float | None]] = {p: [] for p in PHASES}
+        phase_time: dict[str, list[float | None]] = {p: [] for p in TIMED_PHASES}
+        phase_peak: dict[str, list[float | None]] = {p: [] for p in TIMED_PHASES}
         peak_kind = None
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -137,7 +137,7 @@ def read_metrics(run_dir: Path) -> Metrics:
                 column.append(_num(rec.get(key)))
             peaks = rec.get("peak_memory_bytes")
             peaks = peaks if isinstance(peaks, dict) else {}
-            for phase in PHASES:
+            for phase in TIMED_PHASES:
                 phase_time[phase].append(_num(rec.get(f"time_{phase}")))
                 phase_peak[phase].append(_num(peaks.get(phase)))
             if isinstance(rec.get("peak_memory_kind"), str):

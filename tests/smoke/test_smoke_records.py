@@ -67,3 +67,22 @@ def test_a_smoke_whose_checks_fail_is_listed_as_failed_and_a_finished_run_is_not
         "failed its checks; start a new smoke run to train again (`dancegrpo-npu runs` shows this one)"]
     assert "smoke:" not in out  # nothing started
     assert not json.loads((run / "summary.json").read_text()).get("resumes")  # none counted
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_stopped_runs_continuation_is_said_once(project, monkeypatch, verbose):
+    """The launch prints how to continue a stopped run (-v shows the launch's own lines); the
+    smoke's error adds it only where the launch's lines were hidden."""
+    from dancegrpo_npu.run import launch as launch_mod
+    from dancegrpo_npu.run.runner import RunRecord
+
+    line = "run R terminated; continue it with: dancegrpo-npu launch --resume R"
+    run_dir = project.runs_dir / "R"
+    summary = {"status": "terminated", "failure": {"log": "logs/stderr.log"},
+               "continue_with": {"line": line, "checkpoint": "outputs/resume/step-2"}}
+    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: RunRecord(run_dir=run_dir, returncode=143,
+                                                                              command=(), summary=summary))
+    with pytest.raises(DancegrpoError) as err:
+        runner._launch(project, options(verbose=verbose), SMOKE_ARGS)
+    assert err.value.message.startswith("smoke: the training run was terminated (exit 143)")
+    assert (line in err.value.hint) is not verbose, err.value.hint

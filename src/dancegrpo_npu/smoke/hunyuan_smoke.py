@@ -102,7 +102,7 @@ def run(project, options, spec, start: float):
     built = fixtures(project, spec)
     args = trainer_args(built, options.steps, options.generations, options.checkpointing_steps, spec)
     args += tuple(options.extra_args)
-    record = runner._ran(runner._launch(project, options, args))
+    record = runner._launch(project, options, args)
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
     model_dir = built.skyreels_model_dir if spec.smoke.param("first_frame") else built.model_dir

@@ -363,10 +363,11 @@ def import_failure(tail) -> str | None:
     return f"{where}: {code[frames[-1]]}" if frames[-1] in code else where
 
 
-def _ran(record):
+def _ran(record, advised: bool = False):
     """The run's record, or one error naming why the training run failed: an import that failed is
     named with its file and line (no step ran, so nothing about checkpoints helps); a failed run's
-    advice is kept where it has a checkpoint to continue from."""
+    advice is kept where it has a checkpoint to continue from, and said once: ``advised`` when the
+    launch printed it already (-v shows the launch's own lines)."""
     if record.returncode != 0:
         failure = record.summary.get("failure") or {}
         # the exception line (run.failure.error_line), not the log's last line: a progress bar
@@ -379,6 +380,8 @@ def _ran(record):
             raise DancegrpoError(f"smoke: the training run failed at an import (exit {record.returncode}): {why}, "
                                  f"at {where}", f"{see}; install what it imports, or fix the import")
         advice = continuation.get("line") if status != "failed" or continuation.get("checkpoint") else None
+        if advised:
+            advice = None
         raise DancegrpoError(
             f"smoke: the training run {status if status in ('failed', 'stalled') else 'was ' + status} "
             f"(exit {record.returncode})"
@@ -394,7 +397,7 @@ def run_with_tool_fixtures(project: Project, options: SmokeOptions, spec, start:
 
     # with the tree: the dataset is also read back through the patched LatentDataset
     fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-    record = _ran(_launch(project, options, all_trainer_args(options, fixtures)))
+    record = _launch(project, options, all_trainer_args(options, fixtures))
     steps = read_metrics(record.run_dir, options.steps)
     budget = decay_budget(all_trainer_args(options, fixtures), options.steps)
     check = (check_lora_checkpoint if spec.smoke.lora else check_full_checkpoint)(
@@ -417,7 +420,7 @@ def run_with_depset_fixtures(project: Project, options: SmokeOptions, spec, star
     built = trainers.load(smoke.fixtures)(project, hps.prompts, spec, python)
     args = trainers.load(smoke.arguments)(built, hps, max_train_steps(spec, options.steps), options.generations, spec)
     args += tuple(options.extra_args)
-    record = _ran(_launch(project, options, args))
+    record = _launch(project, options, args)
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
     checkpoint, updates = trained.last_checkpoint(options.steps, smoke.passes)
@@ -482,6 +485,8 @@ def refuse_complete(run_dir: Path, steps: int) -> None:
 
 
 def _launch(project: Project, options: SmokeOptions, args):
+    """The smoke's training run, launched; its record, or the one error of a run that did not end
+    well (``_ran``)."""
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.run.resume import resume_spec
 
@@ -489,7 +494,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         spec = replace(resume_spec(project, options.resume, max_restarts=options.max_restarts), verb="smoke",
                        stall_timeout=options.stall_timeout)
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
-            return _launched(launch(project, spec))
+            return _ran(_launched(launch(project, spec)), advised=options.verbose)
 
     trainer = trainers.smoke_spec(trainer_of(options))
     spec = LaunchSpec(
@@ -507,7 +512,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         stall_timeout=options.stall_timeout,
     )
     with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
-        return _launched(launch(project, spec))
+        return _ran(_launched(launch(project, spec)), advised=options.verbose)
 
 
 def _launched(record):

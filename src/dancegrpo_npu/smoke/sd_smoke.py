@@ -79,7 +79,7 @@ def run(project, options, spec, start: float):
     from dancegrpo_npu.smoke import trained
     from dancegrpo_npu.smoke.checks import DecayBudget, check_training_moved, read_metrics
     from dancegrpo_npu.smoke.fixtures import PROMPTS, build_fixtures
-    from dancegrpo_npu.smoke.runner import SmokeResult, _launch, _ran
+    from dancegrpo_npu.smoke.runner import SmokeResult, _launch
     from dancegrpo_npu.smoke.sd_fixtures import build_sd_fixtures
 
     if options.resume is None:
@@ -90,7 +90,7 @@ def run(project, options, spec, start: float):
     built = build_sd_fixtures(project.build_dir / f"fixtures-{spec.name}")
     args = trainer_args(project.workdir, built.model_dir, hps, options.steps, options.generations,
                         options.checkpointing_steps, spec.smoke.sampling_steps) + tuple(options.extra_args)
-    record = _ran(_launch(project, options, args))
+    record = _launch(project, options, args)
     steps = read_metrics(record.run_dir, options.steps)
     equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
     check = check_unet(record.run_dir / "outputs" / f"checkpoint_epoch_{options.steps - 1}", built.model_dir,

@@ -29,6 +29,7 @@ from conftest import PROJECT_ROOT, require_msprobe
 
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.cli import main
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 
 pytest.importorskip("torch")
@@ -51,11 +52,21 @@ needs_trainer_side = pytest.mark.skipif(
 )
 
 
-def smoke_run(project, nproc: int = 1, **align) -> Path:
+def smoke_run(project, nproc: int = 1, learned: bool = True, **align) -> Path:
+    """A recorded smoke run's directory.  ``learned=False``: a run whose planted fault made the tiny
+    reward score a step's samples alike is still a record to compare (the smoke refuses it as a
+    smoke: it learned nothing that step)."""
     from dancegrpo_npu.smoke import runner as smoke
 
     options = smoke.SmokeOptions(nproc=nproc, device="cpu", align=AlignOptions(**align))
-    return smoke.run_smoke(project, options).run_dir
+    before = set(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else set()
+    try:
+        return smoke.run_smoke(project, options).run_dir
+    except DancegrpoError as e:
+        if learned or "learned nothing" not in e.message:
+            raise
+        (run,) = set(project.runs_dir.iterdir()) - before
+        return run
 
 
 def compare(project, capsys, a: Path, b: Path, *more) -> tuple[int, str]:
@@ -161,7 +172,8 @@ def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monke
 @pytest.mark.parametrize("fault", list(SMALL_FAULTS))
 def test_a_2pct_fault_is_named_where_it_stands_out(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
     edits, module = SMALL_FAULTS[fault]
-    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), rng="cpu", record_modules=True)
+    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), learned=False, rng="cpu",
+                       record_modules=True)
     rc, out = compare(patched_tree.project, capsys, clean_modules_run, faulty)
     assert rc == 1, out
     line = first_divergence(out)

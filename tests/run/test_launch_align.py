@@ -171,7 +171,8 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     from dancegrpo_npu.smoke import runner
 
     seen = {}
-    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: seen.setdefault("spec", spec))
+    ended = type("Record", (), {"returncode": 0, "run_dir": tmp_path})()  # a run that ended well
+    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: seen.setdefault("spec", spec) and ended)
     fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
                                                      "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
     align = AlignOptions(rng="cpu", record_modules=True)

@@ -514,7 +514,9 @@ def test_no_strict_reaches_the_launch(monkeypatch, tmp_path):
     assert build_parser().parse_args(["smoke", "--no-strict"]).no_strict is True
     assert build_parser().parse_args(["smoke"]).no_strict is False
     seen = []
-    monkeypatch.setattr("dancegrpo_npu.run.launch.launch", lambda project, spec, dry_run=False: seen.append(spec))
+    ended = SimpleNamespace(returncode=0, run_dir=tmp_path)  # a run that ended well: its record, as launch's
+    monkeypatch.setattr("dancegrpo_npu.run.launch.launch",
+                        lambda project, spec, dry_run=False: seen.append(spec) or ended)
     monkeypatch.setattr(smoke, "all_trainer_args", lambda options, fixtures: ())
     project = SimpleNamespace(runs_dir=tmp_path)  # where the step lines would be read from
     smoke._launch(project, smoke.SmokeOptions(), ())

@@ -78,8 +78,7 @@ def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path
     calls = []
     monkeypatch.setattr(depsets, "python_for", lambda *a, **k: "python")
     monkeypatch.setattr(fixtures, "build_fixtures", lambda *a, **k: type("HPS", (), {"prompts": None})())
-    monkeypatch.setattr(runner, "_launch", lambda *a: None)
-    monkeypatch.setattr(runner, "_ran", lambda record: type("R", (), {"run_dir": tmp_path})())
+    monkeypatch.setattr(runner, "_launch", lambda *a: type("R", (), {"run_dir": tmp_path})())
     monkeypatch.setattr(runner, "read_metrics", lambda *a: ())
     monkeypatch.setattr(runner, "decay_budget", lambda *a: None)
     monkeypatch.setattr(runner, "check_training_moved", lambda check: None)

@@ -88,3 +88,21 @@ def exclusive(lock_file: Path, busy: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie its parent has not reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        pass
+    if Path("/proc/self/stat").exists():  # a /proc without the pid: no such process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dancegrpo_npu.contract import HEARTBEAT_DIR, STACKS_DIR, STACKS_FILE, STACKS_SIGNAL
+from dancegrpo_npu.files import process_alive
 
 OFF = "off"
 FLOOR_S = 600.0  # the least a default limit is, after the first step has started
@@ -205,24 +206,6 @@ def read_beats(run_dir: Path, host: str) -> list[Beat]:
     return [beats[r] for r in sorted(beats)]
 
 
-def alive(pid: int) -> bool:
-    """The process runs (a zombie, which torchrun has not reaped yet, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        pass
-    if Path("/proc/self/stat").exists():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ------------------------------------------------------------------ the watchdog
 
 
@@ -240,7 +223,7 @@ class Watchdog:
     stacks_wait_s: float = STACKS_WAIT_S
     say: object = None  # one line to the user (default: stderr)
     kill: object = os.kill
-    alive: object = alive
+    alive: object = process_alive
     stalls: list = field(default_factory=list)  # each firing's record (summary.json's "stalls")
     ended: set = field(default_factory=set)  # pids the watchdog ended: their heartbeats are old news
 

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 
+from dancegrpo_npu.files import process_alive
 from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, TIMED_PHASES, RunInfo, read_metrics
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def status_of(run: RunInfo) -> str:
@@ -25,7 +15,7 @@ def status_of(run: RunInfo) -> str:
     if status == "succeeded" and run.smoke.get("passed") is False:
         return "failed"
     pid, host = run.environment.get("pid"), run.environment.get("host")
-    if status == "running" and isinstance(pid, int) and host == socket.gethostname() and not _alive(pid):
+    if status == "running" and isinstance(pid, int) and host == socket.gethostname() and not process_alive(pid):
         return "died"
     return status
 

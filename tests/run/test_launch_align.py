@@ -207,3 +207,16 @@ def test_msprobe_bad_task_or_not_installed_is_refused_in_one_line(project, capsy
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None)
     rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--msprobe", "tensor")
     assert rc == 2 and err.count("\n") == 1 and "msprobe) is not installed" in err and "dancegrpo-npu[msprobe]" in err
+
+
+def test_a_replay_fits_hunyuans_use_same_noise_as_the_shared_initial_noise():
+    """HunyuanVideo's recipe passes --use_same_noise, which its trainer records as init_same_noise
+    (the overlay's hunyuan.settle): a replay of such a run must fit a launch of the same recipe."""
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.run.launch import replay_values
+
+    args = ["--h", "480", "--w", "848", "--use_same_noise", "--max_train_steps", "2"]
+    assert replay_values(trainers.get("hunyuan"), args, 8)["init_same_noise"] is True
+    assert replay_values(trainers.get("hunyuan"), args[:4], 8)["init_same_noise"] is False
+    # a trainer without the flag: it means nothing there
+    assert replay_values(trainers.get("flux"), args, 8)["init_same_noise"] is False

@@ -124,6 +124,12 @@ def _profile_args(spec: LaunchSpec) -> list[str]:
     return ["--profile_steps", spec.profile_steps]
 
 
+def replay_values(info: TrainerSpec, script_args: list[str], world_size: int) -> dict[str, object]:
+    """What a replay's records must fit (contract.REPLAY_FIT): the values this launch's trainer runs with."""
+    return {**trainer_values(script_args, dict(info.renamed_values)), **dict(info.fixed_values),
+            "world_size": world_size}
+
+
 def _alignment_args(project: Project, spec: LaunchSpec, info: TrainerSpec, script_args: list[str],
                     world_size: int) -> list[str]:
     """The contract's trainer arguments for spec.align, appended to the final script arguments;
@@ -138,7 +144,7 @@ def _alignment_args(project: Project, spec: LaunchSpec, info: TrainerSpec, scrip
             "use launch's --rng / --record / --record-steps / --record-modules / --replay only",
             exit_code=2,
         )
-    planned = {**trainer_values(script_args), **dict(info.fixed_values), "world_size": world_size}
+    planned = replay_values(info, script_args, world_size)
     if align.rng == "cpu" and planned["seed"] is None:
         raise DancegrpoError("--rng cpu: the launch sets no --seed to seed the CPU generator from",
                              "pass --seed N after --", exit_code=2)

@@ -203,13 +203,15 @@ TRAINER_ARGPARSE_DEFAULTS: dict[str, object] = {
 _STORE_TRUE = ("init_same_noise",)
 
 
-def trainer_values(script_args: tuple[str, ...] | list[str]) -> dict[str, object]:
+def trainer_values(script_args: tuple[str, ...] | list[str], renamed: dict[str, str] | None = None) -> dict[str, object]:
     """The values the trainer will run with for TRAINER_ARGPARSE_DEFAULTS' arguments, read from
     the final script arguments as argparse would (the last occurrence wins); ints where they
-    parse, else the text (which then differs from any recorded value)."""
+    parse, else the text (which then differs from any recorded value).  ``renamed``: the script's
+    own flag -> the name (a row's renamed_values)."""
     values = dict(TRAINER_ARGPARSE_DEFAULTS)
+    renamed = renamed or {}
     for flag, value, _ in split_flags(script_args):
-        name = flag[2:]
+        name = renamed.get(flag[2:], flag[2:])
         if name not in values:
             continue
         if name in _STORE_TRUE:

@@ -36,6 +36,7 @@ ROWS = (
         ),
         output_in_run_dir=True, recipe_glob="scripts/finetune/finetune_hunyuan_grpo*.sh", dataset="hunyuan",
         preprocess="preprocess-hunyuan", aligns=True, image_sizes=SIZES,
+        renamed_values=(("use_same_noise", "init_same_noise"),),  # its recipe shares the initial noise
         smoke=Smoke(title="HunyuanVideo GRPO (5 frames)", label="HunyuanVideo",
                     run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),

@@ -145,6 +145,9 @@ class TrainerSpec:
     # What the script always does whatever its flags say, as the values a replay must match
     # (run.upstream_args.TRAINER_ARGPARSE_DEFAULTS' names): the SD trainer shares its initial latents.
     fixed_values: tuple[tuple[str, object], ...] = ()
+    # The script's own flags for those values under another name: (its flag, the name), e.g.
+    # HunyuanVideo's --use_same_noise is init_same_noise (as the overlay's hunyuan.settle reads it).
+    renamed_values: tuple[tuple[str, str], ...] = ()
     # Why the recipe's batch is a rank's and is not rescaled at another world size ("": it is
     # rescaled to keep the prompts a step and the effective batch: run.recipes.scale).
     per_rank_batch: str = ""

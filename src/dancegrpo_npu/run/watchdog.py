@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dancegrpo_npu.argtypes import positive
 from dancegrpo_npu.contract import HEARTBEAT_DIR, STACKS_DIR, STACKS_FILE, STACKS_SIGNAL
 from dancegrpo_npu.files import process_alive
 
@@ -58,14 +59,9 @@ def stall_timeout(text: str):
     if str(text).strip().lower() == OFF:
         return OFF
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of seconds nor off") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds (give seconds, or off)")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not above 0 (give seconds, or off to turn the watchdog off)")
-    return value
+        return positive(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (give seconds, or off to turn the watchdog off)") from None
 
 
 def describe(timeout) -> str:
@@ -197,7 +193,8 @@ def read_beats(run_dir: Path, host: str) -> list[Beat]:
     for path in sorted((run_dir / HEARTBEAT_DIR).glob("rank-*.json")):
         try:
             data = json.loads(path.read_text())
-            rank, pid, when = int(data["rank"]), int(data["pid"]), float(data["time"])
+            rank, when = int(data["rank"]), float(data["time"])
+            int(data["pid"])  # a heartbeat names the process to signal
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or not a heartbeat
         if data.get("host") != host or not math.isfinite(when):

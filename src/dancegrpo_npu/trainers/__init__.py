@@ -1,25 +1,42 @@
 """The trainer registry: every script ``launch`` runs, one row each (``spec.TrainerSpec``).
 
 It is the one place of the tool that knows a trainer: launch, smoke, bench, plan, doctor and
-runs read its rows, and every ``--help`` lists them from here.  One module a family of models
-(``flux``, ``wan``, ``qwenimage``) holds its rows; adding a trainer is adding a row (and, in the
-patch series, its seam patch and model fixes): docs/architecture.md.
+runs read its rows, and every ``--help`` lists them from here.  One folder a family of models
+(``trainers/<family>/``, found here by walking the package) holds its rows and everything the
+tool knows of it; adding a trainer is adding a folder or a row (and, in the patch series, its
+seam patch and model fixes): docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.trainers import flux, hunyuan, qwenimage, sd, wan
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 __all__ = ["REGISTRY", "Bench", "BenchPreset", "ImageSizes", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
            "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
            "trainers", "unknown"]
 
-FAMILIES = (flux, wan, qwenimage, sd, hunyuan)
-REGISTRY: dict[str, TrainerSpec] = {spec.name: spec for family in FAMILIES for spec in family.ROWS}
+
+
+def _families() -> list:
+    """Every family folder of this package (a subpackage with ``ROWS``), in their ``ORDER``
+    (then by name): a folder copied here under a new name is a new family, with no list to edit."""
+    found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+             if info.ispkg]
+    families = [module for module in found if hasattr(module, "ROWS")]
+    return sorted(families, key=lambda module: (getattr(module, "ORDER", 100), module.__name__))
+
+
+FAMILIES = tuple(_families())
+REGISTRY: dict[str, TrainerSpec] = {}
+for _family in FAMILIES:
+    for _spec in _family.ROWS:
+        if _spec.name in REGISTRY:
+            raise ImportError(f"two trainer rows are named {_spec.name!r} ({_family.__name__} and another family)")
+        REGISTRY[_spec.name] = _spec
 
 
 def names() -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# where the family's rows come in the registry (and every list made from it)
+ORDER = 20
+
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,

@@ -3,6 +3,9 @@ ml_collections (``--config fastvideo/config_sd/dgx.py:hpsv2``), on the FLUX depe
 
 from __future__ import annotations
 
+# where the family's rows come in the registry (and every list made from it)
+ORDER = 40
+
 from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS
 from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
 

@@ -3,6 +3,9 @@ the VideoAlign reward, and their embeddings preprocessing, on the FLUX dependenc
 
 from __future__ import annotations
 
+# where the family's rows come in the registry (and every list made from it)
+ORDER = 50
+
 from dancegrpo_npu.trainers.common import PREPROCESS_PATH_FLAGS, TRAIN_PATH_FLAGS, dataset_input, preprocess_defaults, \
     weights_input
 from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec

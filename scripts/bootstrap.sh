@@ -119,7 +119,7 @@ choose_torch() {
   TORCH_WARNING=$(sed -n 's/^warning=//p' <<<"$out")
 }
 
-EXTRAS=flux,video,test,msprobe
+EXTRAS=train,video,test,msprobe
 HPSV2_SPEC="hpsv2==1.2.0"
 # hpsv2's wheel asks for pytest==7.2.0 and protobuf<4 (and more it never imports);
 # install it without them, with the one module it imports that nothing else brings (clint).
@@ -224,7 +224,7 @@ PY
 
 # the choice needs only the standard library: the virtualenv's Python, or the one that will make it
 if [ -x "$VENV/bin/python" ]; then choose_torch "$VENV/bin/python"; else pick_python; choose_torch "$PICKED_PYTHON"; fi
-[ "$TORCH_ASCEND" = 1 ] && EXTRAS=flux,video,test,msprobe,npu
+[ "$TORCH_ASCEND" = 1 ] && EXTRAS=train,video,test,msprobe,npu
 if [ "$MODE" = print-torch ]; then
   printf '%s\n' "$TORCH_WHY" >&2
   [ -n "$TORCH_WARNING" ] && printf 'bootstrap.sh: warning: %s\n' "$TORCH_WARNING" >&2

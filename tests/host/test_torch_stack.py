@@ -273,7 +273,7 @@ exec {sys.executable} "$@"
     assert calls[0] == ["--disable-pip-version-check", "install", "-q", "--index-url",
                         "https://download.pytorch.org/whl/cpu", "torch==2.10.0", "torchvision==0.25.0"]
     assert calls[1] == ["--disable-pip-version-check", "install", "-q", "torch-npu==2.10.0.post6"]
-    assert calls[2][-2:] == ["-e", ".[flux,video,test,msprobe,npu]"]
+    assert calls[2][-2:] == ["-e", ".[train,video,test,msprobe,npu]"]
     assert "TorchNPU 26.1.1 row" in proc.stdout  # it says what it chose and why
     mirror = {**env, "DANCEGRPO_TORCH_INDEX": "http://mirror.invalid/cpu"}
     (venv / ".dancegrpo-npu-setup").unlink()

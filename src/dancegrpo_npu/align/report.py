@@ -14,7 +14,7 @@ from dancegrpo_npu.contract import shown_steps
 from dancegrpo_npu.rundirs.records import module_group
 from dancegrpo_npu.files import write_atomic
 
-MAX_MODULE_ROWS = 40  # more modules than this (a real FLUX): the table shows a summary and the failures
+MAX_MODULE_ROWS = 40  # more modules than this (a full-size model): the table shows a summary and the failures
 MAX_FAILED_MODULE_ROWS = 20
 NOISE_VERDICT = "noise differs: not a like-for-like comparison; use --rng cpu or --replay"
 
@@ -230,7 +230,7 @@ def write_reports(result) -> dict:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        written["notes"].append("compare.png not written: matplotlib is not installed (the flux or test extra)")
+        written["notes"].append("compare.png not written: matplotlib is not installed (the train or test extra)")
         return written
     write_png(result, out / "compare.png")
     written["files"].append(out / "compare.png")

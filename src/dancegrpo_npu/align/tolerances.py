@@ -6,7 +6,7 @@ errors divide by RUN_A's values, as msprobe divides by its golden (``-gp``) dump
 
 How the defaults were chosen (the field figures are in /work/shared/notes/field-facts.md):
 
-- Rewards and images are what teams porting Flux GRPO to 910B judge a port by: mean rewards within
+- Rewards and images are what teams porting DanceGRPO to 910B judge a port by: mean rewards within
   0.02% of the GPU run (they report 0.015-0.018%) and images "almost identical", which we take
   as PSNR >= 40 dB (an RMS error of 1% of the pixel range, 2.55 levels of 255).
 - Module outputs: msprobe's own rule for "not reached" (cosine < 0.99 and max abs error > 0.001,
@@ -54,14 +54,14 @@ TOLERANCES: tuple[Tolerance, ...] = (
     Tolerance(
         "images_psnr_db", 40.0, "min", " dB",
         "PSNR of each decoded image pair (uint8, peak 255); the step's worst image counts",
-        "field reports for Flux GRPO on 910B: images 'almost identical' with CPU-drawn noise; 40 dB = RMS "
+        "field reports for DanceGRPO on 910B: images 'almost identical' with CPU-drawn noise; 40 dB = RMS "
         "error of 1% of the pixel range",
     ),
     Tolerance(
         "rewards_rel_pct", 0.02, "max", "%",
         "relative error |B-A|/|A| of the step's mean reward (all samples, all ranks), in percent; the "
         "worst sample's error is reported beside it",
-        "field reports for Flux GRPO on 910B: reward error 0.015-0.018% against the GPU run (reward "
+        "field reports for DanceGRPO on 910B: reward error 0.015-0.018% against the GPU run (reward "
         "curves); the port's goal is <= 0.02%.  Per sample it cannot apply: upstream's rewards are "
         "bf16 values, one bf16 step being 0.4-0.8% of any reward",
     ),

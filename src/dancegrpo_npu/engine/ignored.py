@@ -4,8 +4,8 @@ directory.  git ignores it (the block fetch writes into ``.git/info/exclude``), 
 neither status, verify nor apply counts it as an edit or an untracked file.
 
 The weights' folders are not listed here: they are the top-level folders of the default
-paths of the trainer registry's rows (``data/``, ``hps_ckpt/``, ``videoalign_ckpt/``,
-``Qwen2-VL-2B-Instruct/``, ...), less upstream's own folders (``assets/``), so that a
+paths of the trainer registry's rows (``data/``, ``hps_ckpt/``, ``videoalign_ckpt/``, ...),
+less upstream's own folders (``assets/``), so that a
 row's new weights folder is ignored as soon as the row names it.  Every engine command
 brings an older tree's block up to date (``keep_ignored``).
 """

@@ -1,7 +1,7 @@
 """Facts about an Ascend host that launch and doctor both need, read without importing torch.
 
-- The NPU environment a training job gets: Ascend's own FLUX DanceGRPO launch in MindSpeed-MM
-  (``examples/dancegrpo/posttrain_flux_dancegrpo.sh``) sets these; each is a default that the
+- The NPU environment a training job gets: Ascend's own DanceGRPO launch in MindSpeed-MM
+  (its ``examples/dancegrpo/`` post-training script) sets these; each is a default that the
   user's environment or ``--env KEY=VALUE`` overrides.
 - Which NPUs this host has: the driver creates one ``/dev/davinci<N>`` node per NPU (inside a
   container, one per NPU mapped in).  ``ASCEND_RT_VISIBLE_DEVICES`` takes logical ids
@@ -45,7 +45,7 @@ NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault(
         "MULTI_STREAM_MEMORY_REUSE", "2",
         "reuse memory across streams; torch_npu's docs call 2 'not recommended' (it keeps strong references "
-        "to tensors); MindSpeed-MM's FLUX DanceGRPO launch sets it",
+        "to tensors); MindSpeed-MM's DanceGRPO launch sets it",
     ),
     EnvDefault(
         "PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "caching allocator grows segments instead of failing"

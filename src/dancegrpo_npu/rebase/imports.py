@@ -1,8 +1,8 @@
 """After a rebase: every trainer's script imported under its own dependency set.
 
 Lines git merged cleanly outside any conflict region, and upstream's own new lines, are
-checked by nobody else: a module-level ``from diffusers import WanTransformer3DModel`` in a
-module every trainer imports breaks all the trainers of the diffusers-0.32 set at start, and
+checked by nobody else: a module-level import of a class diffusers 0.32 lacks, in a module
+every trainer imports, breaks all the trainers of the diffusers-0.32 set at start, and
 a module-level ``import torchtitan`` in a trainer breaks that one.  So once the series has
 been replayed and the work tree moved (the tree the trainers run: upstream + series +
 overlay), each trainer's script is imported as a module (``__name__`` is not

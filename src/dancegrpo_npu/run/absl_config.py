@@ -1,4 +1,4 @@
-"""An absl / ml_collections configuration (the SD trainer's ``--config FILE:NAME`` and its
+"""An absl / ml_collections configuration (a trainer's ``--config FILE:NAME`` and its
 ``--config.KEY=VALUE`` overrides) read before anything starts, the way the trainer reads it.
 
 The trainer defines the flag at import (``config_flags.DEFINE_config_file("config", ...)``) and

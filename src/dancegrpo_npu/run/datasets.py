@@ -1,9 +1,9 @@
 """Each model's RL-embeddings dataset in a directory of its own, and a record of what made it.
 
 Upstream's preprocessing scripts all write ``data/rl_embeddings/`` and its trainers all read
-``data/rl_embeddings/videos2caption.json``: preprocessing Qwen-Image after FLUX replaces FLUX's
-embeddings, and the FLUX trainer then trains on Qwen-Image's text embeddings (or stops on their
-shapes, after loading every model).  With upstream's defaults, launch gives each model's
+``data/rl_embeddings/videos2caption.json``: preprocessing one model after another replaces the
+first one's embeddings, and the first one's trainer then trains on the other's text embeddings (or
+stops on their shapes, after loading every model).  With upstream's defaults, launch gives each model's
 preprocessing its own ``--output_dir``, ``data/rl_embeddings/<model>/``, and that model's
 trainers read their ``--data_json_path`` from there (a trainer's dry run lists it among the
 values that differ from upstream's script; a preprocessing run has no recipe to differ from).  Upstream's own layout stays reachable by naming it after ``--``.

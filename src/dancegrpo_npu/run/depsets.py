@@ -1,9 +1,9 @@
 """The named dependency sets a trainer runs with, and the interpreter of each.
 
-The FLUX trainers run with diffusers 0.32.0 (pyproject's ``flux`` extra, in the virtualenv the
-tool itself runs in: the default set).  Wan2.1 and Qwen-Image need classes that diffusers 0.32
-does not have; they run with ``diffusers-0.35``, the versions upstream's own Wan and Qwen-Image
-scripts install (``scripts/deps/diffusers-0.35.txt``).  That set is a second virtualenv layered
+Most trainers run with diffusers 0.32.0 (pyproject's ``train`` extra, in the virtualenv the
+tool itself runs in: the default set).  Those whose models diffusers 0.32 does not have run
+with ``diffusers-0.35``, the versions upstream's own scripts for them install
+(``scripts/deps/diffusers-0.35.txt``); each row names its set.  That set is a second virtualenv layered
 on the first (``scripts/bootstrap.sh --with diffusers-0.35``): it holds only the packages the
 set pins, and what they need newer, ahead of a ``.pth`` file that appends the first
 virtualenv's site-packages, so torch is installed once.  docs/dependencies.md says why two sets
@@ -34,7 +34,7 @@ class DepSet:
 
 DEFAULT = "diffusers-0.32"
 DEPSETS: dict[str, DepSet] = {
-    # pyproject.toml's flux extra
+    # pyproject.toml's train extra
     "diffusers-0.32": DepSet("diffusers-0.32", (("diffusers", "0.32.0"), ("transformers", "4.46.1"),
                                                 ("peft", "0.13.2")), layered=False),
     # scripts/deps/diffusers-0.35.txt

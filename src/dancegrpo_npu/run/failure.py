@@ -20,7 +20,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # torchrun's --tee prefixes the console copy with "[default0]:".
 _PREFIX = re.compile(r"^(?:\[[\w-]+\]:\s?)+")
 _TRACEBACK = "Traceback (most recent call last):"
-# argparse's parser.error ("train_grpo_flux.py: error: ..."), which the overlay's refusals use too,
+# argparse's parser.error ("train_grpo_<model>.py: error: ..."), which the overlay's refusals use too,
 # and absl's refusal of its flags ("FATAL Flags parsing error: ..."): a rank's own one-line refusal.
 _REFUSAL = re.compile(r"^(?:\S+: error: |FATAL Flags parsing error: )")
 # Those, and an exception line printed without its traceback ("torch.OutOfMemoryError: ...").

@@ -2,7 +2,7 @@
 
 Upstream's trainers and preprocessing scripts build their parser in ``if __name__ ==
 "__main__":`` and parse ``sys.argv`` there, after every rank has loaded torch, diffusers and the
-models: a flag the script lacks (``--use_ema`` for Wan) would stop every rank after start-up.
+models: a flag the script lacks (``--use_ema`` in some) would stop every rank after start-up.
 Here the statements of that block up to the ``parse_args`` call are taken from the script's
 syntax tree (with the module-level imports and definitions they name, e.g. the port's
 ``hooks.add_arguments``) and run in a child process of the run's dependency set, which then

@@ -5,8 +5,8 @@ run's name and the device it ran on.  Figures come from metrics.jsonl (contract 
 upstream's reward.txt when a run has no metrics.jsonl (then there is no loss curve).  The GRPO
 health keys (alignment contract: clip fraction, ratios, log-prob difference before the first
 update, ...) get a panel each group, when some run has them; so do the phase times (seconds per
-step of each phase of the contract: rollout, decode, reward, train, and the condition phase of
-SkyReels-I2V's first frame), one line per run and phase, when some run has them.
+step of each phase of the contract: rollout, decode, reward, train, and the condition phase of an
+image-to-video trainer's first frame), one line per run and phase, when some run has them.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def _safetensors():
     except ImportError:
         raise DancegrpoError(
             "compare needs the safetensors and numpy packages",
-            "install the flux extra: pip install 'dancegrpo-npu[flux]'",
+            "install the train extra: pip install 'dancegrpo-npu[train]'",
             exit_code=2,
         ) from None
     return safe_open

@@ -43,8 +43,8 @@ HEALTH_COLUMNS = ("grad_norm", *HEALTH_KEYS)
 
 # Phase times of a GRPO step: the trainers write them through their seam (overlay
 # dancegrpo_port/phases.py): time_<phase> seconds, and peak_memory_bytes {phase: bytes} with its
-# kind, for every phase of the contract, those only some trainers enter too (SkyReels-I2V's
-# condition).
+# kind, for every phase of the contract, those only some trainers enter too (an image-to-
+# video trainer's condition).
 TIMED_PHASES = STEP_PHASES + OPTIONAL_PHASES
 
 

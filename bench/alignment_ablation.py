@@ -1,11 +1,11 @@
-"""What the float32-RoPE patch (0006) does to the numbers: the smoke's run on the full series vs
+"""What the float32-RoPE patch (float32-rope.patch) does to the numbers: the smoke's run on the full series vs
 the same run on the series without that patch, both with ``--rng cpu --record``, then ``compare``.
 
     PYTHONPATH=src python bench/alignment_ablation.py [-C PROJECT] [--steps 10] [--nproc 1] [--size 64]
 
 Needs the patched tree with the alignment patches (``dancegrpo-npu fetch && dancegrpo-npu apply``).
 The tree without the patch: a copy of the patched tree at build/ablation-norope/DanceGRPO whose
-trainer does not call ``install_float32_rope`` (the only effect of patch 0006 on the run: the
+trainer does not call ``install_float32_rope`` (the only effect of float32-rope.patch on the run: the
 transformer keeps diffusers' float64 RoPE, upstream's numerics).  Until ``apply --without`` exists
 that copy is not a tree the engine can verify, so this script alone tells launch to trust it.
 Both runs have strict mode off (the float64 RoPE would stop a strict run) and the smoke's other
@@ -37,8 +37,8 @@ def tree_without_float32_rope(tree: Path, dest: Path) -> Path:
         path = dest / "fastvideo" / name
         text = path.read_text()
         if text.count(CALL) != 1:
-            sys.exit(f"{path}: the install_float32_rope call is not there once; is patch 0006 in the series?")
-        path.write_text(text.replace(CALL, "    pass  # ablation: diffusers' float64 RoPE (no patch 0006)\n"))
+            sys.exit(f"{path}: the install_float32_rope call is not there once; is float32-rope.patch in the series?")
+        path.write_text(text.replace(CALL, "    pass  # ablation: diffusers' float64 RoPE (no float32-rope.patch)\n"))
     return dest
 
 

@@ -4,7 +4,7 @@ The real patched tree and the tiny models come from other parts of the project (
 tiny launch is ``dancegrpo-npu smoke``).  Here a stand-in ``fastvideo/train_grpo_flux.py``
 does what the launcher depends on and nothing else: it runs under torchrun, reads the
 environment launch sets, and writes what upstream's trainer writes in its working directory
-(``reward.txt``, ``images/*.png``) plus contract 4's ``metrics.jsonl`` and patch 0016's
+(``reward.txt``, ``images/*.png``) plus contract 4's ``metrics.jsonl`` and allow-tf32-hf32.patch's
 ``matmul_precision.json``.
 """
 
@@ -43,7 +43,7 @@ FAKE_TRAINER = textwrap.dedent(
         total = t.item()
         dist.destroy_process_group()
 
-    if rank == 0:  # as the patched trainers' main() does first (patch 0016)
+    if rank == 0:  # as the patched trainers' main() does first (allow-tf32-hf32.patch)
         with open("matmul_precision.json", "w") as f:
             json.dump({"device": os.environ.get("DANCEGRPO_DEVICE"), "allow_tf32": True}, f)
 

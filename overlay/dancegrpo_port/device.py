@@ -44,8 +44,8 @@ installed torch_npu itself (``diffusers.models.activations``), so a CPU run on a
 needs CANN's environment too, or a virtualenv without torch_npu.
 
 Two device settings the upstream recipe assumes are made here too: :func:`allow_tf32`
-(TF32 on CUDA, HF32 on the NPU; patch 0016) and :func:`choose_attention_processors`
-(diffusers' NPU attention only on an NPU run; patch 0017).
+(TF32 on CUDA, HF32 on the NPU; allow-tf32-hf32.patch) and :func:`choose_attention_processors`
+(diffusers' NPU attention only on an NPU run; attention-from-device.patch).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def test_rebase_and_export_refuse_an_ablation_tree(s):
 
 # --- the first use: the tree without the float32-RoPE patch (real upstream) ---------------
 
-ROPE = "0008-float32-rope.patch"
+ROPE = "float32-rope.patch"
 TRAINERS = ("fastvideo/train_grpo_flux.py", "fastvideo/train_grpo_flux_lora.py")
 
 
@@ -161,7 +161,7 @@ def test_tree_without_the_rope_patch_runs_diffusers_rope(tmp_path, upstream_sour
     out = apply_worktree(project, without=("float32-rope",))
     assert out.without == (ROPE,)
     report = verify_tree(project)
-    assert report.without == (ROPE,) and "series without 0008-float32-rope.patch" in report.what
+    assert report.without == (ROPE,) and "series without float32-rope.patch" in report.what
     for rel in TRAINERS:  # diffusers' FluxPosEmbed stays: no swap for the float32 one
         assert calls(project.workdir / rel, "install_float32_rope") == 0, rel
     apply_worktree(project)  # and the full series swaps it in

@@ -28,9 +28,9 @@ pytest.importorskip("diffusers")
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
-SEAM = ("0011-seam-train-grpo-flux.patch", "0012-seam-train-grpo-flux-lora.patch")
+SEAM = ("seam-train-grpo-flux.patch", "seam-train-grpo-flux-lora.patch")
 # they call the seam's rollout module; resume-assert takes out the lines above the seam's resume call
-ON_THE_SEAM = ("0030-batched-rollout.patch", "0031-rewards-in-batches.patch", "0020-resume-assert.patch")
+ON_THE_SEAM = ("batched-rollout.patch", "rewards-in-batches.patch", "resume-assert.patch")
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 

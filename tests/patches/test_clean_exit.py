@@ -1,4 +1,5 @@
-"""Patch 0023: no rank leaves a Gloo worker thread to interpreter exit.
+"""The clean exit (the seam's in the trainers, preprocess-destroy-process-group.patch in the
+preprocessing): no rank leaves a Gloo worker thread to interpreter exit.
 
 Why it matters (docs/port.md, section 8; docs/troubleshooting.md): a Gloo worker that drops
 the last reference to a tensor Python once owned has to take the GIL; while the interpreter

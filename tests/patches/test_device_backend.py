@@ -1,4 +1,4 @@
-"""Patch 0004 with the FAKE torch_npu: each of the three patched scripts imports
+"""device-backend.patch with the FAKE torch_npu: each of the three patched scripts imports
 torch_npu.contrib.transfer_to_npu before diffusers, transformers or any other fastvideo
 module, and before CUDA is initialised.  (No NPU result: the fake only records order.)"""
 

@@ -1,8 +1,8 @@
-"""Patches 0016 and 0017, run through the patched trainers' own main() with the FAKE torch_npu.
+"""allow-tf32-hf32.patch and attention-from-device.patch, run through the patched trainers' own main() with the FAKE torch_npu.
 
-0016: main() starts with TF32 on CUDA and, on an NPU run, HF32 (torch_npu's documented
+allow-tf32-hf32: main() starts with TF32 on CUDA and, on an NPU run, HF32 (torch_npu's documented
 switches; the fake only stores them), and rank 0 writes what it set to ./matmul_precision.json.
-0017: with torch_npu installed (the fake and its dist-info, so diffusers sees it) and
+attention-from-device: with torch_npu installed (the fake and its dist-info, so diffusers sees it) and
 DANCEGRPO_DEVICE=cpu, the trainers' transformer gets diffusers' FluxAttnProcessor2_0, not its
 NPU processor, and a forward with bf16 weights never calls npu_fusion_attention (the fake
 refuses to run off the NPU).  No NPU result: every number here is computed on the CPU.

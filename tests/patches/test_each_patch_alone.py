@@ -22,77 +22,77 @@ FOUNDATION_GROUPS = 3  # the `# N.` group comments of patches/series that are th
 
 # patch -> None: the smoke passes without it; a text: the smoke fails, and its error says this
 WITHOUT = {
-    "0019-caption-list.patch": "Unsupported caption type",
-    "0020-resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
-    "0021-images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
-    "0022-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
-    "0023-sd-unet-checkpoint.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
-    "0024-sd-latents-without-mixed-precision.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
-    "0025-hunyuan-noise-per-rank.patch": None,  # the HunyuanVideo trainer's: HUNYUAN_WITHOUT
+    "caption-list.patch": "Unsupported caption type",
+    "resume-assert.patch": None,  # the smoke does not resume; with the assert the seam resumes as well
+    "images-dir.patch": None,  # launch makes ./images in the run directory, as upstream's scripts do
+    "wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "sd-unet-checkpoint.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
+    "sd-latents-without-mixed-precision.patch": None,  # the Stable Diffusion trainer's: SD_WITHOUT
+    "hunyuan-noise-per-rank.patch": None,  # the HunyuanVideo trainer's: HUNYUAN_WITHOUT
     # refused before the run starts, by the trainer's own parser (run.script_parser)
-    "0026-hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
-    "0027-preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
-    "0028-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
-    "0029-attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
-    "0030-batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
-    "0031-rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
-    "0032-preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
+    "hps-paths-as-arguments.patch": "--hps_model is not a flag of train_grpo_flux.py",
+    "preprocess-model-path.patch": None,  # the smoke builds its embeddings itself
+    "allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "attention-from-device.patch": None,  # no NPU processor to replace without torch_npu
+    "batched-rollout.patch": None,  # --sample_batch_size 1, upstream's loop
+    "rewards-in-batches.patch": None,  # one image a batch: upstream's rewards
+    "preprocess-destroy-process-group.patch": None,  # the smoke runs no preprocessing
 }
 # Group 11, after the trainers' own groups, touches every trainer; its FLUX smoke is run as group 4's
 LATER_WITHOUT = {
     # the suite's torch takes ReduceOp.AVG on gloo; torch 2.7.1's refuses it (tests/smoke/test_torch_line.py)
-    "0041-gloo-loss-average.patch": None,
+    "gloo-loss-average.patch": None,
 }
 
 # Group 12 changes VideoAlign (fastvideo/models/videoalign), the video trainers' reward, which no
 # FLUX smoke loads: the tree without it builds and keeps the Flux trainers, and upstream's
 # VideoVLMRewardInference on it stops loading a tiny VideoAlign checkpoint on the CPU with this.
 VIDEO_WITHOUT = {
-    "0042-videoalign-on-every-device.patch": "FlashAttention2 has been toggled on, but it cannot be used",
+    "videoalign-on-every-device.patch": "FlashAttention2 has been toggled on, but it cannot be used",
 }
 
-# The HunyuanVideo patches after the foundation (SkyReels-I2V's rows of 0043 and 0044 too) (its rows of the concern patches aside): the
+# The HunyuanVideo patches after the foundation (SkyReels-I2V's rows of videoalign-paths-as-arguments and videoalign-rewards too) (its rows of the concern patches aside): the
 # tree without each builds and keeps the Flux trainers (below); what the HunyuanVideo smoke does
 # on it is this (measured; extended).
 HUNYUAN_WITHOUT = {
-    "0043-videoalign-paths-as-arguments.patch": "--videoalign_ckpt is not a flag of",
-    "0044-videoalign-rewards.patch": None,  # upstream's reward, the mp4 read back; a failure scores -1.0
-    "0045-preprocess-hunyuan.patch": None,  # the smoke builds its embeddings itself
+    "videoalign-paths-as-arguments.patch": "--videoalign_ckpt is not a flag of",
+    "videoalign-rewards.patch": None,  # upstream's reward, the mp4 read back; a failure scores -1.0
+    "preprocess-hunyuan.patch": None,  # the smoke builds its embeddings itself
 }
 # The SkyReels-I2V patches of group 14: the tree without each builds and keeps the Flux trainers.
 SKYREELS_WITHOUT = {
     # refused before the run starts, by the trainer's own parser (run.script_parser)
-    "0046-skyreels-paths-as-arguments.patch": "--empty_embeddings_dir is not a flag of",
-    "0047-skyreels-first-frame-placement.patch": None,  # the smoke runs upstream's placement, the default
-    "0048-preprocess-skyreels-empty-prompt.patch": None,  # the smoke builds its embeddings itself
-    "0049-skyreels-cfg-float16-embeddings.patch": "Unexpected floating ScalarType in at::autocast::prioritize",
+    "skyreels-paths-as-arguments.patch": "--empty_embeddings_dir is not a flag of",
+    "skyreels-first-frame-placement.patch": None,  # the smoke runs upstream's placement, the default
+    "preprocess-skyreels-empty-prompt.patch": None,  # the smoke builds its embeddings itself
+    "skyreels-cfg-float16-embeddings.patch": "Unexpected floating ScalarType in at::autocast::prioritize",
 }
 # Group 15 changes only the preprocessing scripts: the tree without it builds and keeps the Flux trainers.
 PREPROCESS_WITHOUT = {
-    "0050-preprocess-order-by-prompt.patch": None,  # the smoke builds its embeddings itself
+    "preprocess-order-by-prompt.patch": None,  # the smoke builds its embeddings itself
 }
 
-# The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (0024 also adds a Wan
+# The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (wan-fsdp also adds a Wan
 # branch after the Flux one in fastvideo/utils/load.py): the FLUX smoke runs none of it, so a FLUX
 # smoke per patch would measure nothing.  The tree without each builds (below); what the Wan
-# smoke does without it is this (measured; docs/port.md), and for 0024 tested in
+# smoke does without it is this (measured; docs/port.md), and for wan-fsdp tested in
 # tests/smoke/test_smoke_wan.py::test_without_the_fsdp_patch_the_ranks_train_separate_copies.
 WAN_WITHOUT = {
-    "0033-wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
-    "0034-wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
-    "0035-preprocess-wan.patch": None,  # the smoke builds its embeddings itself
+    "wan-float32-rope.patch": "strict mode: aten.arange.start_step made a torch.float64 tensor on cpu",
+    "wan-fsdp.patch": "after training, rank 1 holds other weights than rank 0",
+    "preprocess-wan.patch": None,  # the smoke builds its embeddings itself
 }
 
 # The Qwen-Image patches change only Qwen-Image's files, which no FLUX smoke runs: the tree
 # without each builds and keeps the Flux trainers (below), and the Qwen-Image smoke on it does
 # this (extended: CI runs the Qwen-Image smokes on the full series).
 QWEN_WITHOUT = {
-    "0036-qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
-    "0037-qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
-    "0038-qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
+    "qwenimage-real-rope.patch": "strict mode: aten.polar.default made a torch.complex64 tensor",
+    "qwenimage-kernels-from-device.patch": None,  # no torch_npu: diffusers' RMSNorm takes torch's path
+    "qwenimage-cpu-offload.patch": None,  # a CPU run offloads nothing either way
     # the smokes build their embeddings themselves; the scripts without them: tests/smoke/test_qwen_fixtures.py
-    "0039-preprocess-qwenimage.patch": None,
-    "0040-preprocess-qwenimage-edit.patch": None,
+    "preprocess-qwenimage.patch": None,
+    "preprocess-qwenimage-edit.patch": None,
 }
 QWEN_IN_CI = ()  # the Qwen-Image smokes of CI run the full series; the trees without a patch are extended
 
@@ -100,14 +100,14 @@ QWEN_IN_CI = ()  # the Qwen-Image smokes of CI run the full series; the trees wi
 # of the concern patches): what the SD smoke (2 steps, 1 rank) does on the tree without each
 # (measured; extended).
 SD_WITHOUT = {
-    "0021-images-dir.patch": None,  # the rewards are scored from memory: no JPEG goes to ./images_same
-    "0022-wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
-    "0023-sd-unet-checkpoint.patch": "the trainer wrote no checkpoint",  # upstream's go to ./my_checkpoints
-    "0024-sd-latents-without-mixed-precision.patch": None,  # the smoke runs upstream's bf16: the same latents
-    "0026-hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
-    "0028-allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
-    "0029-attention-from-device.patch": None,  # no torch_npu: diffusers' GEGLU takes torch's path
-    "0031-rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
+    "images-dir.patch": None,  # the rewards are scored from memory: no JPEG goes to ./images_same
+    "wandb-disabled.patch": None,  # the smoke runs with WANDB_MODE=disabled
+    "sd-unet-checkpoint.patch": "the trainer wrote no checkpoint",  # upstream's go to ./my_checkpoints
+    "sd-latents-without-mixed-precision.patch": None,  # the smoke runs upstream's bf16: the same latents
+    "hps-paths-as-arguments.patch": "data/stable-diffusion-v1-4",  # upstream's path, in the run directory
+    "allow-tf32-hf32.patch": None,  # no TF32 or HF32 on the CPU
+    "attention-from-device.patch": None,  # no torch_npu: diffusers' GEGLU takes torch's path
+    "rewards-in-batches.patch": None,  # upstream's JPEG round trip, one image at a time
 }
 
 
@@ -129,15 +129,15 @@ def test_the_tree_without_a_patch_runs_the_sd_smoke(project, patch):
 # does this (measured; extended: a smoke a trainer a patch).
 OTHER_TRAINERS = ("flux-lora", "wan", "qwenimage", "qwenimage-edit")
 CONCERN_WITHOUT = {
-    "0019-caption-list.patch": "Unsupported caption type",
-    "0020-resume-assert.patch": None,
-    "0021-images-dir.patch": None,
-    "0022-wandb-disabled.patch": None,
-    "0026-hps-paths-as-arguments.patch": "--hps_model is not a flag of",
-    "0028-allow-tf32-hf32.patch": None,
-    "0030-batched-rollout.patch": None,  # upstream's loop, one generation at a time
-    "0031-rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
-    "0041-gloo-loss-average.patch": None,
+    "caption-list.patch": "Unsupported caption type",
+    "resume-assert.patch": None,
+    "images-dir.patch": None,
+    "wandb-disabled.patch": None,
+    "hps-paths-as-arguments.patch": "--hps_model is not a flag of",
+    "allow-tf32-hf32.patch": None,
+    "batched-rollout.patch": None,  # upstream's loop, one generation at a time
+    "rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
+    "gloo-loss-average.patch": None,
 }
 
 
@@ -279,7 +279,7 @@ def test_without_the_batched_rollout_a_batch_is_refused_at_its_first_batch(proje
     from dancegrpo_npu.smoke import runner as smoke
 
     diffusers_035_python()
-    apply_worktree(project, without=("0030-batched-rollout.patch",), force=True)
+    apply_worktree(project, without=("batched-rollout.patch",), force=True)
     options = smoke.SmokeOptions(trainer=trainer, steps=1, device="cpu", extra_args=("--sample_batch_size", "2"))
     with pytest.raises(DancegrpoError) as failed:
         smoke.run_smoke(project, options)

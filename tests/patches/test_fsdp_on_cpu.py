@@ -1,4 +1,4 @@
-"""Patches 0007 and 0008 on two gloo ranks: LoRA ranks that initialise different weights
+"""lora-same-init-on-all-ranks.patch and no-cpu-offload-on-cpu.patch on two gloo ranks: LoRA ranks that initialise different weights
 (seed + rank, as the trainer seeds) all start from rank 0's; CPU offload is not asked for
 on a CPU run; checkpoints and EMA state dicts gather under sharding; the trainer's own
 functions are used (get_dit_fsdp_kwargs, save_checkpoint, FSDP_EMA)."""

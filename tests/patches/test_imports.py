@@ -1,9 +1,10 @@
-"""Patches 0001-0003: what the Flux scripts import, imports without flash_attn,
+"""The patches of group 1 (flash-attn-optional, flux-path-without-mochi, dataset-without-decord):
+what the Flux scripts import, imports without flash_attn,
 liger_kernel/triton, loguru and decord: none of them is imported (where one is installed,
 it stays unimported; where not, the import would fail).  torch may import triton by
 itself, so packages are compared with a baseline of torch, diffusers, transformers and peft.
 
-Patch 0001's ``flash_attn_no_pad`` without flash_attn is compared with attention written
+flash-attn-optional.patch's ``flash_attn_no_pad`` without flash_attn is compared with attention written
 out by hand (softmax(QK^T * scale) V over each sequence's real tokens, in float64), not with
 the overlay function it calls: comparing a function with itself cannot fail."""
 

@@ -1,4 +1,4 @@
-"""Patches 0004/0014 on the preprocessing script: the PATCHED stock
+"""device-backend.patch and preprocess-model-path.patch on the preprocessing script: the PATCHED stock
 preprocess_flux_embedding.py, launched like any run, over the fixture pipeline, writes
 the dataset the fixtures hold - same layout, same tensors, the same index in the same order at
 2 ranks as one process writes it - and the tree's LatentDataset reads it."""

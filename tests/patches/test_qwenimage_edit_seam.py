@@ -1,7 +1,7 @@
 """The Qwen-Image-Edit trainer (fastvideo/train_grpo_qwenimage_edit.py, a near-copy of the
 Qwen-Image trainer with reference-image latents) is on the seam as the Qwen-Image trainer is:
-the same hooks, called in the same order (0013-seam-train-grpo-qwenimage-edit mirrors
-0012-seam-train-grpo-qwenimage), with the Edit trainer's own pieces (its batch's reference size,
+the same hooks, called in the same order (seam-train-grpo-qwenimage-edit mirrors
+seam-train-grpo-qwenimage), with the Edit trainer's own pieces (its batch's reference size,
 its three passes after a resume, each pass started afresh announced by data_pass_begin).  Read from the patched
 tree, nothing run: the trainers need the diffusers-0.35 set, and their runs are the Qwen-Image
 smokes' (slow)."""

@@ -1,4 +1,4 @@
-"""0004-device-backend in the Qwen-Image trainers' FSDP wrapper: FSDP on the run's device.
+"""device-backend in the Qwen-Image trainers' FSDP wrapper: FSDP on the run's device.
 
 Upstream's ``fsdp_wrapper`` divides by ``torch.cuda.device_count()`` (0 without CUDA: the first
 wrap fails with ZeroDivisionError) and builds its hybrid-shard mesh on "cuda".  In the patched

@@ -1,9 +1,9 @@
-"""The batched rollout (patches 0018-0019) and the phase times (the seam's) in the real trainers, at
+"""The batched rollout (batched-rollout.patch and rewards-in-batches.patch) and the phase times (the seam's) in the real trainers, at
 the smoke's settings with 4 generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
 --record) on the tiny fixtures:
 
 - bad --sample_batch_size / --vae_decode_chunk is refused at start, one line, no traceback;
-- --sample_batch_size 1 is the series without 0018-0019, bit for bit (records, metrics, PNG files);
+- --sample_batch_size 1 is the series without those two, bit for bit (records, metrics, PNG files);
 - --sample_batch_size 4 (= G) is aligned with it: the same records bit for bit, so
   `dancegrpo-npu compare` exits 0 and clip_frac_first is 0 on every step;
 - the LoRA trainer takes the flag too, with the same result;
@@ -28,12 +28,12 @@ BATCHED = (*ALIGNED, "--sample_batch_size", str(G), "--profile_steps", "2")
 PHASES = ("rollout", "decode", "reward", "train")
 
 
-ROLLOUT_PATCHES = ("0030-batched-rollout.patch", "0031-rewards-in-batches.patch")
+ROLLOUT_PATCHES = ("batched-rollout.patch", "rewards-in-batches.patch")
 
 
 @pytest.fixture(scope="session")
 def tree_without_batching(upstream_source, tmp_path_factory):
-    """The project applied with `apply --without 0018 --without 0019` (the overlay modules
+    """The project applied with `apply --without batched-rollout --without rewards-in-batches` (the overlay modules
     stay: the seam's features are there, the trainer samples one at a time)."""
     from dancegrpo_npu.engine.apply import apply_worktree
     from dancegrpo_npu.engine.fetch import fetch
@@ -95,7 +95,7 @@ def test_sample_batch_size_1_is_the_series_without_the_rollout_patches_bit_for_b
     base = ok(runs(*ALIGNED, tree="without"))
     ours = ok(runs(*ALIGNED))
     assert_same_records(base, ours)
-    # every figure the series without 0018-0019 writes, but wall times and memory
+    # every figure the series without the two writes, but wall times and memory
     figures = [k for k in metrics(base)[0] if k not in WALL]
     assert [[m[k] for k in figures] for m in metrics(ours)] == [[m[k] for k in figures] for m in metrics(base)]
     assert images(ours) == images(base) and len(images(base)) == G
@@ -138,7 +138,7 @@ def test_phase_times_and_the_profile(runs):
 
 
 def test_a_tree_without_the_batched_rollout_refuses_a_batch_size(runs):
-    """Without 0018 the flag still parses (the seam defines it) but the trainer samples one at a
+    """Without batched-rollout.patch the flag still parses (the seam defines it) but the trainer samples one at a
     time: the run stops at its first batch, naming why, instead of ignoring the flag."""
     record = runs(*ALIGNED, "--sample_batch_size", "2", tree="without")
     assert record.returncode != 0

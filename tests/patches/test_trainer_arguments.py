@@ -1,6 +1,6 @@
 """Bad trainer arguments stop the stock trainers at start, with one line that says what is wrong,
 before any model is loaded: the seam's check of upstream's own arguments (dancegrpo_port/
-upstream_args.py) and 0014's missing HPS file.  The scripts run as torchrun starts them (its
+upstream_args.py) and hps-paths-as-arguments.patch's missing HPS file.  The scripts run as torchrun starts them (its
 rank variables set)."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_the_last_of_chained_tracebacks_wins():
 
 
 def test_without_a_traceback():
-    # argparse's parser.error, as patch 0011 refuses partial accumulation
+    # argparse's parser.error, as the seam refuses partial accumulation
     usage = "usage: train_grpo_flux.py [-h]\ntrain_grpo_flux.py: error: 3 samples per step is not a multiple\n"
     assert error_line(rendered_lines(usage)) == "train_grpo_flux.py: error: 3 samples per step is not a multiple"
     assert error_line(rendered_lines("loading\nsomething odd happened\nSteps:  0%|    | 0/10\n")) == "something odd happened"

@@ -38,7 +38,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def upstream_dataset_tree(upstream_source, tmp_path_factory) -> Path:
-    """Upstream's own (unpatched: 0009 changes it) dataset module at the locked commit."""
+    """Upstream's own (unpatched: caption-list.patch changes it) dataset module at the locked commit."""
     from dancegrpo_npu.engine.lock import load_lock
 
     lock = load_lock(ROOT / "upstream.lock")

@@ -160,7 +160,7 @@ def test_launch_preprocess_qwenimage_edit_writes_the_fixtures_dataset(built, pat
 
 
 def test_upstreams_qwen_image_preprocessing_stops_at_its_mochi_import(patched_tree, tmp_path):
-    """What patch 0034 fixes first: the unused MochiPipeline import needs liger_kernel (CUDA-only)."""
+    """What preprocess-qwenimage.patch fixes first: the unused MochiPipeline import needs liger_kernel (CUDA-only)."""
     from depset_035 import diffusers_035_python
 
     tree = patched_tree.tree

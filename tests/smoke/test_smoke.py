@@ -114,7 +114,7 @@ def test_steps_and_generations_set_the_run(built, steps, generations):
     value = smoke.flag_values(smoke.trainer_args(built, lora=False, steps=steps, generations=generations))
     assert value["--max_train_steps"] == value["--checkpointing_steps"] == str(steps)
     assert value["--num_generations"] == value["--gradient_accumulation_steps"] == str(generations)
-    # one optimizer update a step, on the whole group (patch 0011 refuses a remainder)
+    # one optimizer update a step, on the whole group (the seam refuses a remainder)
     budget = smoke.decay_budget(smoke.trainer_args(built, lora=False, steps=steps, generations=generations), steps)
     assert budget == DecayBudget(1e-3, 1e-4, steps - 1)
 
@@ -327,7 +327,7 @@ def test_smoke_run(patched_tree, nproc, lora, monkeypatch):
     env = ()
     if (nproc, lora) == (1, False):
         # upstream's scripts disable wandb with WANDB_DISABLED next to WANDB_MODE=online; wandb
-        # >= 0.31 ignores the former and, without an API key, fails at once: 0017-wandb-disabled at work
+        # >= 0.31 ignores the former and, without an API key, fails at once: wandb-disabled.patch at work
         monkeypatch.delenv("WANDB_API_KEY", raising=False)
         env = (("WANDB_DISABLED", "true"), ("WANDB_MODE", "online"))
     result = smoke.run_smoke(patched_tree.project, smoke.SmokeOptions(nproc=nproc, lora=lora, device="cpu", env=env))

@@ -9,7 +9,7 @@ The slow tests share their runs (each distinct run once, ``WanRuns``):
 - the same with --sample_batch_size 4: ``compare`` against the first exits 0 and
   clip_frac_first is 0 on every step of both (two --rng cpu --record runs aligned);
 - one 1-rank strict run of 1 step;
-- the tree without the FSDP patch (``apply --without 0034-wan-fsdp.patch``) at 2 ranks: the
+- the tree without the FSDP patch (``apply --without wan-fsdp.patch``) at 2 ranks: the
   smoke refuses it, because the ranks end with different weights (upstream's bug);
 - a bad --sample_batch_size is refused by the trainer at start, in one line.
 
@@ -36,7 +36,7 @@ torch = pytest.importorskip("torch")
 
 G = 4
 ALIGNED = ("--rng", "cpu", "--record")
-FSDP_PATCH = "0034-wan-fsdp.patch"
+FSDP_PATCH = "wan-fsdp.patch"
 
 
 def options(nproc=2, steps=2, generations=G, extra=(), align=()) -> smoke.SmokeOptions:
@@ -132,7 +132,7 @@ def test_a_killed_run_resumes_exactly(runs, capsys):
 @pytest.mark.upstream
 def test_without_the_fsdp_patch_the_ranks_train_separate_copies(runs):
     failed = runs(tree="without-fsdp", steps=1, generations=2)  # one update already parts the copies
-    assert isinstance(failed, DancegrpoError), "the tree without 0023 passed the equal-weights check"
+    assert isinstance(failed, DancegrpoError), "the tree without wan-fsdp.patch passed the equal-weights check"
     assert "after training, rank 1 holds other weights than rank 0" in failed.message
     assert "not synchronised" in failed.hint
 

@@ -5,15 +5,14 @@ still lacks, and a real launch refuses with all of it in one line.  A directory 
 not enough: weights need each component's ``config.json`` and weight files (what
 ``from_pretrained`` reads), the embeddings directory its JSON, a file some bytes.
 
-Kinds (a registry row's ``required_inputs``, dancegrpo_npu.trainers):
+Kinds (a registry row's ``required_inputs``: ``trainers.Input``, whose ``models`` and
+``folders`` say what a directory of models must hold):
 
-- ``weights``: a model directory as the trainers read it: ``transformer/`` and ``vae/``
-- ``vae``: a directory holding ``vae/`` (the trainers' --vae_model_path)
+- ``models``: a directory of models as the trainers read it: each of the input's ``models``
+  a subfolder with its config.json and weights (``transformer/`` and ``vae/``; ``vae/`` alone)
+- ``pipeline``: a whole pipeline as preprocessing loads it: ``model_index.json``, the input's
+  ``models`` as above, and its ``folders`` (tokenizers, processors) not empty
 - ``model``: one model's directory: config.json and weights at its top
-- ``pipeline``: the whole FLUX.1-dev pipeline, as preprocessing loads it
-- ``wan-pipeline``: a pipeline with one text encoder and tokenizer (Wan2.1, Qwen-Image)
-- ``edit-pipeline``: the same with the Qwen2-VL ``processor/`` (Qwen-Image-Edit)
-- ``unet-pipeline``: a UNet pipeline with one text encoder and tokenizer (Stable Diffusion)
 - ``directory``: a directory that is not empty (source images)
 - ``embeddings``: the embeddings dataset's JSON (preprocessing writes it), a non-empty list
 - ``file``: a file that is not empty
@@ -25,11 +24,7 @@ import json
 from pathlib import Path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-FLUX_MODELS = ("transformer", "vae")
-PIPELINE_MODELS = ("transformer", "vae", "text_encoder", "text_encoder_2")
-PIPELINE_TOKENIZERS = ("tokenizer", "tokenizer_2")
-WAN_PIPELINE_MODELS = ("transformer", "vae", "text_encoder")  # Wan2.1: one (UMT5) text encoder
-UNET_PIPELINE_MODELS = ("unet", "vae", "text_encoder")  # Stable Diffusion: a UNet, one (CLIP) text encoder
+KINDS = ("models", "pipeline", "model", "directory", "embeddings", "file")
 # The embeddings JSON is read whole only below this size (a full dataset is a few MB).
 _JSON_READ_LIMIT = 256 * 2**20
 
@@ -46,20 +41,17 @@ def _model_problem(d: Path) -> str | None:
     return f"{d.name}/ has no {' and no '.join(lacks)}" if lacks else None
 
 
-def _dir_problems(p: Path, kind: str) -> list[str]:
-    if kind == "model":
+def _dir_problems(p: Path, required) -> list[str]:
+    if required.kind == "model":
         problem = _model_problem(p)
         return [problem.replace(f"{p.name}/ ", "", 1)] if problem else []
-    if kind == "directory":
+    if required.kind == "directory":
         return [] if any(p.iterdir()) else ["it is empty"]
-    models = {"weights": FLUX_MODELS, "vae": ("vae",), "pipeline": PIPELINE_MODELS, "wan-pipeline": WAN_PIPELINE_MODELS,
-              "edit-pipeline": WAN_PIPELINE_MODELS, "unet-pipeline": UNET_PIPELINE_MODELS}[kind]
-    problems = [m for m in (_model_problem(p / name) for name in models) if m]
-    if kind in ("pipeline", "wan-pipeline", "edit-pipeline", "unet-pipeline"):
+    problems = [m for m in (_model_problem(p / name) for name in required.models) if m]
+    if required.kind == "pipeline":
         if not (p / "model_index.json").is_file():
             problems.insert(0, "model_index.json is missing")
-        tokenizers = {"pipeline": PIPELINE_TOKENIZERS, "edit-pipeline": ("tokenizer", "processor")}.get(kind, ("tokenizer",))
-        for name in tokenizers:
+        for name in required.folders:
             if not (p / name).is_dir() or not any((p / name).iterdir()):
                 problems.append(f"{name}/ is missing or empty")
     return problems
@@ -85,8 +77,10 @@ def _embeddings_problem(p: Path) -> str | None:
     return None
 
 
-def input_problem(kind: str, path: Path, what: str) -> str | None:
-    """One line saying what is wrong with one input, or None when it is there and whole."""
+def input_problem(required, path: Path) -> str | None:
+    """One line saying what is wrong with one input (a row's ``trainers.Input``) at ``path``, or
+    None when it is there and whole."""
+    kind, what = required.kind, required.what
     if kind == "file":
         if not path.is_file():
             return f"{path} does not exist ({what})"
@@ -98,12 +92,12 @@ def input_problem(kind: str, path: Path, what: str) -> str | None:
         return f"{problem} ({what})" if problem else None
     if not path.is_dir():
         return f"the {what} directory {path} does not exist"
-    problems = _dir_problems(path, kind)
+    problems = _dir_problems(path, required)
     return f"the {what} directory {path} is incomplete: {', '.join(problems)}" if problems else None
 
 
 def reference_sizes_problem(values: dict) -> str | None:
-    """The Qwen-Image-Edit trainer's batches (its ``argument_checks``, given the flag values):
+    """An edit trainer's batches (the ``argument_checks`` of its row, given the flag values):
     torch's default collate stacks a batch's reference latents, so prompts of --train_batch_size
     > 1 must share their reference size (``calculated_height`` x ``calculated_width``), or the
     first batch that mixes two stops the run with a traceback."""

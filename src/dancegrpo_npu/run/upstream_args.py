@@ -178,7 +178,7 @@ def input_problems(info: TrainerSpec, script_args: list[str]) -> list[str]:
             p = Path(value)
             if not p.is_absolute():
                 continue  # a hub id: the script downloads or finds it in its cache
-            problem = input_problem(required.kind, p, required.what)
+            problem = input_problem(required, p)
             if problem:
                 problems.append(f"{flag}: {problem}")
     values = flag_values(script_args)

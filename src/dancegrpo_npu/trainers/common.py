@@ -43,8 +43,29 @@ def dataset_input(preprocess: str) -> Input:
                  what=f"RL-embeddings dataset: run `dancegrpo-npu launch {preprocess}` first")
 
 
-def weights_input(what: str, kind: str = "weights") -> Input:
-    return Input(flag="--pretrained_model_name_or_path", kind=kind, what=what)
+def weights_input(what: str) -> Input:
+    """The trainer's weights as upstream's README lays them out: transformer/ and vae/."""
+    return Input(flag="--pretrained_model_name_or_path", kind="models", models=("transformer", "vae"), what=what,
+                 weights=True)
+
+
+def vae_input(what: str) -> Input:
+    """The trainers' --vae_model_path: a directory holding vae/ (the weights' own, in upstream's recipes)."""
+    return Input(flag="--vae_model_path", kind="models", models=("vae",), what=what, weights=True)
+
+
+def pipeline_input(flag: str, what: str, models: tuple[str, ...], folders: tuple[str, ...] = ("tokenizer",),
+                   weights: bool = False) -> Input:
+    """A whole pipeline as a script loads it: model_index.json, each of ``models`` with its config
+    and weights, and ``folders`` (tokenizers, a processor) not empty."""
+    return Input(flag=flag, kind="pipeline", what=what, models=models, folders=folders, weights=weights)
+
+
+# The pipeline of a model with two text encoders (FLUX.1-dev's and HunyuanVideo's diffusers layout)
+TWO_ENCODER_PIPELINE = dict(models=("transformer", "vae", "text_encoder", "text_encoder_2"),
+                            folders=("tokenizer", "tokenizer_2"))
+# and of one with one text encoder
+ONE_ENCODER_PIPELINE = dict(models=("transformer", "vae", "text_encoder"), folders=("tokenizer",))
 
 
 def preprocess_defaults(model_path: str, prompts: str = "./assets/prompts.txt", *more) -> tuple:

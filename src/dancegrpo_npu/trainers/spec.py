@@ -17,8 +17,13 @@ class Input:
     """A flag naming something that must exist before the run starts."""
 
     flag: str
-    kind: str  # run.inputs' kinds: what the path must contain
+    kind: str  # run.inputs.KINDS: what the path must be ("models", "pipeline", "model", "file"...)
     what: str  # in messages: what it is, and where upstream expects it
+    models: tuple[str, ...] = ()  # "models", "pipeline": the subfolders each holding one model (config, weights)
+    folders: tuple[str, ...] = ()  # "pipeline": the subfolders that must not be empty (tokenizers, processors)
+    # The model's own weights (the directory upstream's README downloads): ``doctor --weights
+    # DIR`` stands for every such input of the trainer it checks.
+    weights: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

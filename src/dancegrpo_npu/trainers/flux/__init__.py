@@ -12,8 +12,11 @@ from dancegrpo_npu.trainers.common import (
     PROMPTS_INPUT,
     TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
+    TWO_ENCODER_PIPELINE,
     dataset_input,
+    pipeline_input,
     preprocess_defaults,
+    vae_input,
     weights_input,
 )
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
@@ -28,7 +31,7 @@ SIZES = ImageSizes(vae_scale=8, patch=2, why="FLUX.1-dev's VAE downsamples 8x an
 
 INPUTS = (
     weights_input("FLUX.1-dev weights"),
-    Input(flag="--vae_model_path", kind="vae", what="FLUX.1-dev VAE weights"),
+    vae_input("FLUX.1-dev VAE weights"),
     Input(flag="--dit_model_name_or_path", kind="model", what="transformer weights"),
     dataset_input("preprocess"),
     *HPS_INPUTS,
@@ -111,7 +114,7 @@ ROWS = (
         name="preprocess", relpath="fastvideo/data_preprocess/preprocess_flux_embedding.py",
         help="FLUX.1-dev's RL-embeddings dataset from a prompt file", title="FLUX.1-dev",
         defaults=preprocess_defaults(WEIGHTS_DIR), path_flags=PREPROCESS_PATH_FLAGS,
-        required_inputs=(Input(flag="--model_path", kind="pipeline", what="FLUX.1-dev weights"), PROMPTS_INPUT),
+        required_inputs=(pipeline_input("--model_path", "FLUX.1-dev weights", **TWO_ENCODER_PIPELINE), PROMPTS_INPUT),
         output_in_run_dir=False, dataset="flux",
     ),
 )

@@ -6,8 +6,16 @@ from __future__ import annotations
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 50
 
-from dancegrpo_npu.trainers.common import PREPROCESS_PATH_FLAGS, TRAIN_PATH_FLAGS, dataset_input, preprocess_defaults, \
-    weights_input
+from dancegrpo_npu.trainers.common import (
+    PREPROCESS_PATH_FLAGS,
+    TRAIN_PATH_FLAGS,
+    TWO_ENCODER_PIPELINE,
+    dataset_input,
+    pipeline_input,
+    preprocess_defaults,
+    vae_input,
+    weights_input,
+)
 from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
 
 # Where upstream's trainers read VideoAlign (hard-coded there, relative to the run directory; the
@@ -33,7 +41,7 @@ ROWS = (
         defaults=VIDEOALIGN_DEFAULTS, path_flags=(*TRAIN_PATH_FLAGS, *VIDEOALIGN_FLAGS),
         required_inputs=(
             weights_input("HunyuanVideo weights (hunyuanvideo-community/HunyuanVideo, diffusers layout)"),
-            Input(flag="--vae_model_path", kind="vae", what="HunyuanVideo VAE weights"),
+            vae_input("HunyuanVideo VAE weights"),
             dataset_input("preprocess-hunyuan"),
             *VIDEOALIGN_INPUTS,
         ),
@@ -58,10 +66,11 @@ ROWS = (
         path_flags=(*TRAIN_PATH_FLAGS, *VIDEOALIGN_FLAGS, "--reference_model_path", "--empty_embeddings_dir"),
         required_inputs=(
             weights_input("SkyReels-V1-I2V weights (xzyhku/SkyReels-V1-I2V, diffusers layout)"),
-            Input(flag="--vae_model_path", kind="vae", what="SkyReels-V1-I2V VAE weights"),
+            vae_input("SkyReels-V1-I2V VAE weights"),
             dataset_input("preprocess-skyreels-i2v"),
-            Input(flag="--reference_model_path", kind="pipeline",
-                  what="FLUX.1-dev pipeline that makes each step's first frame (black-forest-labs/FLUX.1-dev)"),
+            pipeline_input("--reference_model_path",
+                           "FLUX.1-dev pipeline that makes each step's first frame (black-forest-labs/FLUX.1-dev)",
+                           **TWO_ENCODER_PIPELINE),
             Input(flag="--empty_embeddings_dir", kind="directory",
                   what="the empty prompt's embeddings: run `dancegrpo-npu launch preprocess-skyreels-i2v` first"),
             *VIDEOALIGN_INPUTS,
@@ -87,8 +96,8 @@ ROWS = (
         help="HunyuanVideo's RL-embeddings dataset from a prompt file", title="HunyuanVideo",
         defaults=preprocess_defaults("data/HunyuanVideo", "./assets/video_prompts.txt", ("--model_type", "hunyuan_hf")),
         path_flags=PREPROCESS_PATH_FLAGS,
-        required_inputs=(Input(flag="--model_path", kind="pipeline",
-                               what="HunyuanVideo weights (hunyuanvideo-community/HunyuanVideo)"),
+        required_inputs=(pipeline_input("--model_path", "HunyuanVideo weights (hunyuanvideo-community/HunyuanVideo)",
+                                        **TWO_ENCODER_PIPELINE),
                          Input(flag="--prompt_dir", kind="file",
                                what="prompt file (upstream's is assets/video_prompts.txt: "
                                     "`dancegrpo-npu fetch --with-assets`)")),
@@ -107,8 +116,8 @@ ROWS += (
         defaults=preprocess_defaults("data/SkyReels-I2V", "./assets/consist-id.txt", ("--model_type", "hunyuan_hf"),
                                      ("--empty_output_dir", "data/empty")),
         path_flags=(*PREPROCESS_PATH_FLAGS, "--empty_output_dir"),
-        required_inputs=(Input(flag="--model_path", kind="pipeline",
-                               what="SkyReels-V1-I2V weights (xzyhku/SkyReels-V1-I2V)"),
+        required_inputs=(pipeline_input("--model_path", "SkyReels-V1-I2V weights (xzyhku/SkyReels-V1-I2V)",
+                                        **TWO_ENCODER_PIPELINE),
                          Input(flag="--prompt_dir", kind="file",
                                what="prompt file (upstream's is assets/consist-id.txt: "
                                     "`dancegrpo-npu fetch --with-assets`)")),

@@ -8,11 +8,13 @@ ORDER = 30
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,
+    ONE_ENCODER_PIPELINE,
     PREPROCESS_PATH_FLAGS,
     PROMPTS_INPUT,
     TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
     dataset_input,
+    pipeline_input,
     preprocess_defaults,
     weights_input,
 )
@@ -111,7 +113,7 @@ ROWS = (
     _preprocess(
         name="preprocess-qwenimage", relpath="fastvideo/data_preprocess/preprocess_qwenimage_embedding.py",
         title="Qwen-Image", dataset="qwenimage", defaults=preprocess_defaults("data/qwenimage"),
-        inputs=(Input(flag="--model_path", kind="wan-pipeline", what="Qwen-Image weights"), PROMPTS_INPUT),
+        inputs=(pipeline_input("--model_path", "Qwen-Image weights", **ONE_ENCODER_PIPELINE), PROMPTS_INPUT),
     ),
     # upstream scripts/preprocess/preprocess_qwen_image_edit_rl_embeddings.sh (commit 15cc71d5); its
     # images are read from --image_dir, the patch's argument for the path the script hard-codes
@@ -123,7 +125,9 @@ ROWS = (
                                      ("--width", "512"),
                                      ("--image_dir", "data/SEED-Data-Edit-Part2-3/real_editing/images")),
         inputs=(
-            Input(flag="--model_path", kind="edit-pipeline", what="Qwen-Image-Edit weights"),
+            # with the Qwen2-VL processor/ the edit pipeline reads the reference image with
+            pipeline_input("--model_path", "Qwen-Image-Edit weights", ONE_ENCODER_PIPELINE["models"],
+                           ("tokenizer", "processor")),
             Input(flag="--prompt_dir", kind="file",
                   what="edit_data.jsonl (upstream's is assets/edit_data.jsonl: `dancegrpo-npu fetch --with-assets`)"),
             # edit_data.jsonl's source_image paths are relative to it

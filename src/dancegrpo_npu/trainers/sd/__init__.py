@@ -6,8 +6,8 @@ from __future__ import annotations
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 40
 
-from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS
-from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS, pipeline_input
+from dancegrpo_npu.trainers.spec import ImageSizes, Smoke, TrainerSpec
 
 # Where upstream's trainer reads the weights and the prompts (hard-coded there; the port's flags,
 # with these defaults, relative to the patched tree).
@@ -22,8 +22,9 @@ ROWS = (
         defaults=(("--pretrained_model_name_or_path", WEIGHTS_DIR), ("--prompt_dir", PROMPTS), *HPS_DEFAULTS),
         path_flags=(*TRAIN_PATH_FLAGS, "--prompt_dir", "--config"),
         required_inputs=(
-            Input(flag="--pretrained_model_name_or_path", kind="unet-pipeline",
-                  what="Stable Diffusion v1.4 weights (CompVis/stable-diffusion-v1-4, diffusers layout)"),
+            pipeline_input("--pretrained_model_name_or_path",
+                           "Stable Diffusion v1.4 weights (CompVis/stable-diffusion-v1-4, diffusers layout)",
+                           ("unet", "vae", "text_encoder"), weights=True),
             PROMPTS_INPUT,
             *HPS_INPUTS,
         ),

@@ -8,15 +8,18 @@ ORDER = 20
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,
+    ONE_ENCODER_PIPELINE,
     PREPROCESS_PATH_FLAGS,
     PROMPTS_INPUT,
     TINY_SAMPLER,
     TRAIN_PATH_FLAGS,
     dataset_input,
+    pipeline_input,
     preprocess_defaults,
+    vae_input,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"  # Wan2.1 needs diffusers >= 0.33 (run.depsets, docs/dependencies.md)
 
@@ -76,7 +79,7 @@ ROWS = (
         title="Wan2.1-T2V-1.3B", defaults=HPS_DEFAULTS, path_flags=TRAIN_PATH_FLAGS,
         required_inputs=(
             weights_input("Wan2.1-T2V-1.3B weights"),
-            Input(flag="--vae_model_path", kind="vae", what="Wan2.1-T2V-1.3B VAE weights"),
+            vae_input("Wan2.1-T2V-1.3B VAE weights"),
             dataset_input("preprocess-wan"),
             *HPS_INPUTS,
         ),
@@ -95,7 +98,7 @@ ROWS = (
         name="preprocess-wan", relpath="fastvideo/data_preprocess/preprocess_wan_2_1_embeddings.py",
         help="Wan2.1-T2V-1.3B's RL-embeddings dataset from a prompt file", title="Wan2.1-T2V-1.3B",
         defaults=preprocess_defaults("data/Wan2.1-T2V-1.3B"), path_flags=PREPROCESS_PATH_FLAGS,
-        required_inputs=(Input(flag="--model_path", kind="wan-pipeline", what="Wan2.1-T2V-1.3B weights"),
+        required_inputs=(pipeline_input("--model_path", "Wan2.1-T2V-1.3B weights", **ONE_ENCODER_PIPELINE),
                          PROMPTS_INPUT),
         output_in_run_dir=False, depset=DEPSET, dataset="wan",
     ),

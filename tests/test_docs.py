@@ -205,16 +205,3 @@ def test_code_patches_and_docs_speak_of_the_software_only():
             if OWN_ISSUE.search(line) and path != Path(__file__).resolve():
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
     assert not found, "\n".join(found)
-
-
-def test_code_and_docs_name_patches_by_name_not_by_number():
-    """Numbers say only where a patch sits in the series (export renumbers them): src/, docs/
-    and README.md name a patch by its name (``batched-rollout``), never by its number."""
-    from dancegrpo_npu.engine.series import patch_stem, read_series_names
-
-    stems = "|".join(re.escape(patch_stem(n)) for n in read_series_names(ROOT / "patches" / "series"))
-    by_number = re.compile(rf"\b\d{{4}}-(?:{stems})\b|\bpatch(?:es)? \d{{4}}\b|--without \d+\b|\bwithout \d{{4}}\b")
-    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
-    found = [f"{path.relative_to(ROOT)}:{n}: {m.group(0)}" for path in files
-             for n, line in enumerate(path.read_text().splitlines(), 1) for m in by_number.finditer(line)]
-    assert not found, "patches named by number:\n" + "\n".join(found)

@@ -127,34 +127,27 @@ def test_todo_description_is_flagged_not_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("dancegrpo-npu: warning: 1 patch(es) still have a TODO Description: 0002-stub.patch")
 
 
-def test_a_patch_is_named_by_its_name_without_the_number():
-    from dancegrpo_npu.engine.series import is_numbered, numbered_name, patch_stem, renumbering
+def test_a_patch_is_named_by_its_file_name_without_patch():
+    from dancegrpo_npu.engine.series import patch_stem
 
-    assert patch_stem("0018-batched-rollout.patch") == "batched-rollout"
-    assert patch_stem("batched-rollout.patch") == "batched-rollout" and patch_stem("0007") == "0007"
-    assert numbered_name(9, "0021-wan-device-and-paths.patch") == "0009-wan-device-and-paths.patch"
-    assert numbered_name(3, "fix.patch") == "0003-fix.patch"  # gbp pq: '%04d-' % position
-    assert is_numbered(["0001-a.patch", "0002-b.patch"]) and not is_numbered(["0001-a.patch", "b.patch"])
-    # 0021 and 0028 sit before 0009: the drifted ones, and only those, get their position
-    names = ["0001-a.patch", "0021-w.patch", "0028-q.patch", "0009-s.patch", "0005-t.patch"]
-    assert renumbering(names) == [("0021-w.patch", "0002-w.patch"), ("0028-q.patch", "0003-q.patch"),
-                                  ("0009-s.patch", "0004-s.patch")]
-    assert renumbering(["0001-a.patch", "0002-b.patch"]) == []
+    assert patch_stem("batched-rollout.patch") == "batched-rollout"
+    assert patch_stem("0018-some-fix.patch") == "0018-some-fix"  # digits are part of a name
+    assert patch_stem("0007") == "0007"
 
 
-def test_without_takes_a_patchs_name_its_file_name_or_number_and_refuses_ambiguity():
+def test_without_takes_a_patchs_name_or_its_file_name_and_nothing_else():
     from dancegrpo_npu.engine.series import Patch, select_without
 
     patches = [Patch(n, None, {}, "", b"") for n in
-               ("0001-flash-attn-optional.patch", "0018-batched-rollout.patch", "0019-fix.patch", "0020-fix.patch")]
-    for given in ("batched-rollout", "batched-rollout.patch", "0018-batched-rollout", "0018-batched-rollout.patch", "18"):
+               ("flash-attn-optional.patch", "batched-rollout.patch", "0019-fix.patch", "fix.patch", "x", "x.patch")]
+    for given in ("batched-rollout", "batched-rollout.patch"):
         kept, left_out = select_without(patches, [given])
-        assert left_out == ("0018-batched-rollout.patch",) and len(kept) == 3, given
-    with pytest.raises(DancegrpoError) as ambiguous:
-        select_without(patches, ["fix"])
-    assert ambiguous.value.exit_code == 2
-    assert "--without fix: ambiguous (0019-fix.patch, 0020-fix.patch)" in ambiguous.value.one_line()
-    assert "\n" not in ambiguous.value.one_line() and "file name" in ambiguous.value.one_line()
-    assert select_without(patches, ["0020-fix.patch"])[1] == ("0020-fix.patch",)  # the file name is one patch
-    with pytest.raises(DancegrpoError, match="no patch of patches/series"):
-        select_without(patches, ["rollout"])
+        assert left_out == ("batched-rollout.patch",) and len(kept) == 5, given
+    assert select_without(patches, ["fix"])[1] == ("fix.patch",)  # not 0019-fix.patch: its name has the digits
+    assert select_without(patches, ["0019-fix"])[1] == ("0019-fix.patch",)
+    assert select_without(patches, ["x"])[1] == ("x",) and select_without(patches, ["x.patch"])[1] == ("x.patch",)
+    for given in ("rollout", "19", "2", "0019"):  # a position or a number is no name
+        with pytest.raises(DancegrpoError) as refused:
+            select_without(patches, [given])
+        assert refused.value.exit_code == 2 and refused.value.one_line().count("\n") == 0
+        assert f"--without {given}: no patch of patches/series" in refused.value.one_line()

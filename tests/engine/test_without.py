@@ -31,11 +31,11 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _series(s):
-    """0002 makes the module 0003 then edits: 0003 needs 0002; 0001 is independent."""
+    """module makes the module module-more then edits: module-more needs module; train is independent."""
     return {
-        "0001-train.patch": s.patch("train", {"fastvideo/train.py": TRAIN.replace("line 9\n", "line 9 npu\n")}),
-        "0002-module.patch": s.patch("a module", {"fastvideo/npu/dev.py": "DEVICE = 'npu'\n"}),
-        "0003-module-more.patch": s.diff_after(
+        "train.patch": s.patch("train", {"fastvideo/train.py": TRAIN.replace("line 9\n", "line 9 npu\n")}),
+        "module.patch": s.patch("a module", {"fastvideo/npu/dev.py": "DEVICE = 'npu'\n"}),
+        "module-more.patch": s.diff_after(
             {"fastvideo/npu/dev.py": "DEVICE = 'npu'\n"}, {"fastvideo/npu/dev.py": "DEVICE = 'npu'\nSTRICT = True\n"}
         ),
     }
@@ -48,7 +48,7 @@ def s(tmp_path):
     def diff_after(first, then):  # a patch written on top of ``first``
         from synthetic_upstream import add_commit, dep3, diff_of
 
-        base = add_commit(s.up, first, "scratch: what 0002 makes")
+        base = add_commit(s.up, first, "scratch: what module.patch makes")
         diff = diff_of(s.up, then, s.tmp / "scratch2", rev=base.commit)
         subprocess.run(["git", "reset", "-q", "--hard", "HEAD~1"], cwd=s.up.path, check=True)
         return dep3("more of the module", diff)
@@ -66,20 +66,20 @@ def cli(project, *args):
 
 
 def test_apply_without_a_patch_and_back(s):
-    s.apply(without=("0001-train.patch",))
+    s.apply(without=("train.patch",))
     assert (s.tree / "fastvideo/train.py").read_text() == TRAIN  # left out
     assert (s.tree / "fastvideo/npu/dev.py").read_text() == "DEVICE = 'npu'\nSTRICT = True\n"
     report = verify_tree(s.project)  # exactly what it is meant to be: no failure ...
-    assert report.without == ("0001-train.patch",)
-    assert report.what == "lock + series without 0001-train.patch + overlay"  # ... and not the full series
+    assert report.without == ("train.patch",)
+    assert report.what == "lock + series without train.patch + overlay"  # ... and not the full series
     states = {p.name: p.state for p in inspect(s.project).patches}
-    assert states == {"0001-train.patch": "left out", "0002-module.patch": "applied", "0003-module-more.patch": "applied"}
-    assert s.apply(without=("0001",)).noop  # the same ablation again: nothing to do
+    assert states == {"train.patch": "left out", "module.patch": "applied", "module-more.patch": "applied"}
+    assert s.apply(without=("train",)).noop  # the same ablation again: nothing to do
 
     r = cli(s.project, "verify")
-    assert r.returncode == 0 and "2 of 3 patches (series without 0001-train.patch)" in r.stdout
+    assert r.returncode == 0 and "2 of 3 patches (series without train.patch)" in r.stdout
     r = cli(s.project, "status")
-    assert "left out" in r.stdout and "verdict    exactly lock + series without 0001-train.patch + overlay" in r.stdout
+    assert "left out" in r.stdout and "verdict    exactly lock + series without train.patch + overlay" in r.stdout
 
     out = s.apply()  # a plain apply restores the full series
     assert not out.noop and out.without == ()
@@ -89,26 +89,26 @@ def test_apply_without_a_patch_and_back(s):
     assert cli(s.project, "verify").stdout.endswith("+ 3 patches + overlay\n")
 
 
-@pytest.mark.parametrize("name", ["train", "0001-train.patch", "0001-train", "0001", "1"])
-def test_names_with_or_without_patch_or_the_number(s, name):
-    assert s.apply(without=(name,)).without == ("0001-train.patch",)
+@pytest.mark.parametrize("name", ["train", "train.patch"])
+def test_names_with_or_without_patch(s, name):
+    assert s.apply(without=(name,)).without == ("train.patch",)
 
 
-def test_the_cli_takes_a_patchs_name_without_its_number(s):
-    r = cli(s.project, "apply", "--without", "module-more")  # not "module": that is 0002's name
+def test_the_cli_takes_a_patchs_name(s):
+    r = cli(s.project, "apply", "--without", "module-more")  # not "module": that is module.patch's name
     assert r.returncode == 0, r.stderr
-    assert "series without 0003-module-more.patch" in r.stdout
+    assert "series without module-more.patch" in r.stdout
 
 
 def test_a_patch_a_later_one_needs_is_refused_naming_both(s):
     s.apply()
     before = snapshot(s.tree)
-    text = refused(s.apply, r"apply --without 0002-module.patch: 0003-module-more.patch no longer applies without it", without=("0002",))
-    assert "--without 0003-module-more.patch" in text  # what to do: leave it out too
+    text = refused(s.apply, r"apply --without module.patch: module-more.patch no longer applies without it", without=("module",))
+    assert "--without module-more.patch" in text  # what to do: leave it out too
     assert snapshot(s.tree) == before
-    s.apply(without=("0002", "0003"))  # both out: fine
+    s.apply(without=("module", "module-more"))  # both out: fine
     assert not (s.tree / "fastvideo/npu").exists()
-    assert verify_tree(s.project).without == ("0002-module.patch", "0003-module-more.patch")
+    assert verify_tree(s.project).without == ("module.patch", "module-more.patch")
 
 
 def test_unknown_patch_is_a_one_line_error_and_touches_nothing(s):
@@ -123,18 +123,18 @@ def test_unknown_patch_is_a_one_line_error_and_touches_nothing(s):
 
 
 def test_launch_check_passes_and_records_what_was_left_out(s):
-    s.apply(without=("0001-train.patch",))
+    s.apply(without=("train.patch",))
     state = tree_state(s.project)
-    assert state["state"] == "verified" and state["without"] == ["0001-train.patch"]
-    assert "series without 0001-train.patch" in state["detail"]
-    assert upstream_facts(s.project)["patches_left_out"] == ["0001-train.patch"]
+    assert state["state"] == "verified" and state["without"] == ["train.patch"]
+    assert "series without train.patch" in state["detail"]
+    assert upstream_facts(s.project)["patches_left_out"] == ["train.patch"]
     s.apply()
     assert tree_state(s.project)["without"] == [] and upstream_facts(s.project)["patches_left_out"] == []
 
 
 def test_rebase_and_export_refuse_an_ablation_tree(s):
-    s.apply(without=("0001-train.patch",))
-    refused(start_rebase, r"series without 0001-train.patch \(apply --without\); rebase needs the whole series", s.project, "main")
+    s.apply(without=("train.patch",))
+    refused(start_rebase, r"series without train.patch \(apply --without\); rebase needs the whole series", s.project, "main")
     refused(export_edits, r"export needs the whole series.*run `dancegrpo-npu apply` there first", s.project, "x")
 
 

@@ -1,4 +1,5 @@
-"""export NAME: hand edits in the patched tree become a new patch at the end of the series."""
+"""export NAME: hand edits in the patched tree become patches/NAME.patch, one line appended to the
+series; nothing is renamed (the order is the lines of patches/series)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from dancegrpo_npu.engine.apply import apply_worktree
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.series import read_series_names
-from dancegrpo_npu.rebase.export import export_edits, patch_file_name, renumber_series
+from dancegrpo_npu.rebase.export import export_edits, patch_file_name
 from dancegrpo_npu.engine.lock import load_lock
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.rebase.session import start_rebase
@@ -16,8 +17,8 @@ from rebase_helpers import PatchSpec, base_history, make_project, project_state,
 
 
 SPECS = [
-    PatchSpec("0001-train.patch", "device", {"fastvideo/train.py": set_line(10, "device = pick()")}),
-    PatchSpec("0002-utils.patch", "utils", {"fastvideo/utils.py": set_line(5, "y = 2")}),
+    PatchSpec("train.patch", "device", {"fastvideo/train.py": set_line(10, "device = pick()")}),
+    PatchSpec("utils.patch", "utils", {"fastvideo/utils.py": set_line(5, "y = 2")}),
 ]
 
 
@@ -47,7 +48,7 @@ def test_modified_file_becomes_a_patch(world, tmp_path):
 
     result = export_edits(project, "fix hccl timeout")
 
-    assert result.patch == project.patches_dir / "0003-fix-hccl-timeout.patch"
+    assert result.patch == project.patches_dir / "fix-hccl-timeout.patch"
     assert result.files == ("M fastvideo/train.py",)
     text = result.patch.read_text()
     assert text.startswith("Description: TODO: say in one line what this patch changes\n TODO: say why")
@@ -55,7 +56,7 @@ def test_modified_file_becomes_a_patch(world, tmp_path):
     assert "Last-Update: 2026-01-01\n---\ndiff --git a/fastvideo/train.py b/fastvideo/train.py\n" in text
     assert "+train_value_30 = 30  # hccl fix" in text and "index " not in text
     assert "device = pick()" not in text.split("---\n", 1)[1].replace(" device = pick()", "")  # only the new edit
-    assert project.series_path.read_text().splitlines()[-1] == "0003-fix-hccl-timeout.patch"
+    assert project.series_path.read_text().splitlines()[-1] == "fix-hccl-timeout.patch"
     assert project.lock_path.read_bytes() == lock_before  # train.py was already locked
     assert_tree_is_series(tmp_path, history, base, project)
 
@@ -110,82 +111,100 @@ def test_exported_edits_survive_a_rebase(world):
     export_edits(project, "utils-zero")
     result = start_rebase(project, "main")
     assert result.status == "done"
-    assert "0003-utils-zero.patch  applied, context moved" in result.report
+    assert "utils-zero.patch  applied, context moved" in result.report
 
 
 def test_names():
-    # the number is the new patch's position in the series, as gbp pq numbers patches
-    assert patch_file_name("Fix HCCL timeout!", ["0001-a.patch", "0009-b.patch"]) == "0003-fix-hccl-timeout.patch"
-    assert patch_file_name("x", []) == "0001-x.patch"
-    assert patch_file_name("x", ["a.patch"]) == "x.patch"
-    assert patch_file_name("my.patch", ["0001-a.patch"]) == "0002-my.patch"
-    assert patch_file_name("0007-my.patch", ["0001-a.patch"]) == "0002-my.patch"
+    assert patch_file_name("Fix HCCL timeout!", ["a.patch", "b.patch"]) == "fix-hccl-timeout.patch"
+    assert patch_file_name("x", []) == "x.patch"
+    assert patch_file_name("my.patch", ["a.patch"]) == "my.patch"
+    assert patch_file_name("0007-my.patch", ["a.patch"]) == "0007-my.patch"  # digits are part of the name
+    with pytest.raises(DancegrpoError, match="already lists a.patch"):
+        patch_file_name("a", ["a.patch"])
     with pytest.raises(DancegrpoError):
         patch_file_name("!!!", [])
 
 
-def drift(project, order):
-    """Reorder patches/series (its patches keep their files: their numbers drift)."""
+def reorder(project, order):
+    """Rewrite patches/series in ``order`` (its patches keep their files and names)."""
     text = project.series_path.read_text()
     lines = [ln for ln in text.splitlines() if ln.startswith("#")] + ["# a comment kept"] + order
     project.series_path.write_text("\n".join(lines) + "\n")
 
 
-def test_export_renumbers_a_series_whose_numbers_drifted(world, tmp_path):
+def numbered_out_of_order(project):
+    """The series as train.patch and utils.patch renamed 0002-train.patch and 0001-utils.patch,
+    listed train first: names whose digits say nothing of the order."""
+    for old, new in (("train.patch", "0002-train.patch"), ("utils.patch", "0001-utils.patch")):
+        (project.patches_dir / old).rename(project.patches_dir / new)
+    reorder(project, ["0002-train.patch", "0001-utils.patch"])
+    apply_worktree(project)
+
+
+def test_export_renames_nothing_in_a_series_whose_names_carry_numbers(world, tmp_path):
     history, base, project = world
-    drift(project, ["0002-utils.patch", "0001-train.patch"])  # utils first: its number is no longer its place
-    assert apply_worktree(project).patches == 2
-    utils = (project.patches_dir / "0002-utils.patch").read_bytes()
+    numbered_out_of_order(project)
+    before = project_state(project.root)
+    series = project.series_path.read_text()
     p = project.workdir / "fastvideo/train.py"
     p.write_text(p.read_text().replace("train_value_30 = compute('train', 30)", "train_value_30 = 30"))
 
     result = export_edits(project, "fix")
 
-    assert result.patch == project.patches_dir / "0003-fix.patch"
-    assert result.renamed == (("0002-utils.patch", "0001-utils.patch"), ("0001-train.patch", "0002-train.patch"))
-    assert sorted(p.name for p in project.patches_dir.glob("*.patch")) == ["0001-utils.patch", "0002-train.patch",
-                                                                          "0003-fix.patch"]
-    assert (project.patches_dir / "0001-utils.patch").read_bytes() == utils  # renamed, not rewritten
-    assert project.series_path.read_text().splitlines()[-4:] == ["# a comment kept", "0001-utils.patch",
-                                                                 "0002-train.patch", "0003-fix.patch"]
+    assert result.patch == project.patches_dir / "fix.patch"
+    after = project_state(project.root)
+    assert set(after) - set(before) == {"patches/fix.patch"}
+    unchanged = [k for k in before if k != "patches/series"]
+    assert [after[k] for k in unchanged] == [before[k] for k in unchanged]  # the lock and every patch, byte for byte
+    assert project.series_path.read_text() == series + "fix.patch\n"  # one line appended
     assert_tree_is_series(tmp_path, history, base, project)
 
 
-def test_export_renumber_alone_renumbers_the_whole_series(world):
+def test_a_patch_inserted_in_the_middle_changes_one_line_of_series_and_adds_one_file(world, tmp_path):
+    """Exported (appended), then its line moved up in patches/series: the series applies with it
+    there, and the change is one line of series and one new file; no other patch is renamed or
+    rewritten."""
     history, base, project = world
-    drift(project, ["0002-utils.patch", "0001-train.patch"])
-    r = run_cli(project.root, "export", "--renumber")
-    assert r.returncode == 0, r.stderr
-    assert "0002-utils.patch -> 0001-utils.patch" in r.stdout and "0001-train.patch -> 0002-train.patch" in r.stdout
-    assert read_series_names(project.series_path) == ["0001-utils.patch", "0002-train.patch"]
-    r = run_cli(project.root, "export", "--renumber")
-    assert r.returncode == 0 and "nothing renamed" in r.stdout
-    r = run_cli(project.root, "export")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NAME" in r.stderr and "--renumber" in r.stderr
+    before = project_state(project.root)
+    series_before = project.series_path.read_text().splitlines()
+    p = project.workdir / "fastvideo/utils.py"
+    p.write_text(p.read_text().replace("utils_value_40 = compute('utils', 40)", "utils_value_40 = 40"))
+    export_edits(project, "utils-forty")
+    lines = project.series_path.read_text().splitlines()
+    assert lines[-1] == "utils-forty.patch"
+    lines.insert(lines.index("utils.patch"), lines.pop())  # before utils.patch, after train.patch
+    project.series_path.write_text("\n".join(lines) + "\n")
+
+    outcome = apply_worktree(project)
+
+    assert outcome.patches == 3 and verified(project.root)
+    series_after = project.series_path.read_text().splitlines()
+    assert series_after == series_before[:series_before.index("utils.patch")] + ["utils-forty.patch"] + \
+        series_before[series_before.index("utils.patch"):]
+    after = project_state(project.root)
+    assert set(after) - set(before) == {"patches/utils-forty.patch"}
+    changed = {k for k in before if after[k] != before[k]}
+    assert changed == {"patches/series"}, changed  # the lock too: utils.py was locked already
 
 
-def test_renumbering_refuses_to_overwrite_a_file_the_series_does_not_list(world):
+def test_a_rebase_renames_nothing(world):
     history, base, project = world
-    drift(project, ["0002-utils.patch", "0001-train.patch"])
-    stray = project.patches_dir / "0001-utils.patch"
-    stray.write_text("not in the series\n")
-    before = {p.name: p.read_bytes() for p in project.patches_dir.iterdir()}
-    with pytest.raises(DancegrpoError, match="0001-utils.patch, which exists and is not in patches/series"):
-        renumber_series(project)
-    assert {p.name: p.read_bytes() for p in project.patches_dir.iterdir()} == before  # nothing moved
-
-
-def test_a_renumbered_series_still_rebases(world):
-    history, base, project = world
-    drift(project, ["0002-utils.patch", "0001-train.patch"])
-    renumber_series(project)
-    apply_worktree(project)
+    numbered_out_of_order(project)
     history.edit_line("fastvideo/train.py", 30, "train_value_30 = 'moved upstream'")
     history.commit("upstream moves on")
     result = start_rebase(project, "main")
     assert result.status == "done", result.report
-    assert read_series_names(project.series_path) == ["0001-utils.patch", "0002-train.patch"]
+    assert read_series_names(project.series_path) == ["0002-train.patch", "0001-utils.patch"]
+    assert sorted(p.name for p in project.patches_dir.glob("*.patch")) == ["0001-utils.patch", "0002-train.patch"]
     assert verified(project.root)
+
+
+def test_cli_needs_a_name_and_has_no_renumbering(world):
+    history, base, project = world
+    r = run_cli(project.root, "export")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NAME" in r.stderr
+    r = run_cli(project.root, "export", "--renumber")
+    assert r.returncode == 2 and "--renumber" in r.stderr
 
 
 def test_refused_during_a_rebase(world):
@@ -203,7 +222,7 @@ def test_cli(world):
     (project.workdir / "fastvideo/utils.py").write_text("changed\n")
     r = run_cli(project.root, "export", "rewrite-utils", env={"SOURCE_DATE_EPOCH": "1767225600"})
     assert r.returncode == 0, r.stderr
-    assert "exported 1 file(s) to patches/0003-rewrite-utils.patch" in r.stdout
+    assert "exported 1 file(s) to patches/rewrite-utils.patch" in r.stdout
     assert "edit the TODO lines" in r.stdout
     r = run_cli(project.root, "export", "again")
     assert r.returncode == 1 and "nothing to export" in r.stderr and "Traceback" not in r.stderr
@@ -257,6 +276,6 @@ def test_cli_lists_what_it_left_out(world):
     history, base, project = world
     (project.workdir / "fastvideo/utils.py").write_text("changed\n")
     (project.workdir / "scratch.py").write_text("x = 1\n")
-    r = run_cli(project.root, "export", "utils", env={"SOURCE_DATE_EPOCH": "1767225600"})
+    r = run_cli(project.root, "export", "utils-rewrite", env={"SOURCE_DATE_EPOCH": "1767225600"})
     assert r.returncode == 0, r.stderr
     assert "exported 1 file(s)" in r.stdout and "  ? scratch.py" in r.stdout and "--include PATH" in r.stdout

@@ -146,10 +146,17 @@ def test_export_then_three_way_merge_in_the_real_tree(tmp_path, upstream_source,
     n, u = block.a + block.size // 2, block.b + block.size // 2  # the same line, patched tree / upstream
     lines[n] = lines[n].rstrip("\n") + "  # hand fix\n"
     path.write_text("".join(lines))
+    before = project_state(project.root)
+    series = project.series_path.read_text()
 
     result = export_edits(project, "hand-fix", description="A hand fix made on the cluster")
-    assert result.files == (f"M {rel}",)
+    assert result.files == (f"M {rel}",) and result.patch == project.patches_dir / "hand-fix.patch"
     assert verified(project.root) and not inspect(project).edits
+    # the real series renames nothing: one new file, one line appended, every other file as it was
+    after = project_state(project.root)
+    assert set(after) - set(before) == {"patches/hand-fix.patch"}
+    assert [k for k in before if after[k] != before[k]] == ["patches/series"]
+    assert project.series_path.read_text() == series + "hand-fix.patch\n"
 
     # upstream moves: the line two below the fix changes (inside the patch's context)
     upstream_text[u + 2] += "  # upstream change"

@@ -40,8 +40,8 @@ def register(sub, common) -> None:
     p.add_argument("--force", action="store_true", help="save local edits as a patch file, then re-apply over them")
     p.add_argument(
         "--without", action="append", metavar="PATCH",
-        help="leave this patch of the series out (repeatable; its name, e.g. batched-rollout, or its file name; a"
-        " name that is more than one patch is refused): an ablation tree, e.g. `--workdir build/norope --without"
+        help="leave this patch of the series out (repeatable; its name, e.g. batched-rollout, or its file name):"
+        " an ablation tree, e.g. `--workdir build/norope --without"
         " float32-rope`; refused, naming it, when a later patch"
         " needs it; status and verify then say 'series without PATCH', and a plain apply restores the full series",
     )

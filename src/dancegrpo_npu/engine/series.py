@@ -143,7 +143,7 @@ def read_series_names(series_path: Path) -> list[str]:
         if not _SAFE_NAME.match(name) or name == "series":
             raise DancegrpoError(
                 f"{series_path}:{lineno}: {name!r} is not a plain patch file name",
-                "name patches like NNNN-what-it-does.patch, directly under patches/",
+                "name patches like what-it-does.patch, directly under patches/",
             )
         if name in names:
             raise DancegrpoError(f"{series_path}:{lineno}: {name} is listed twice", "list each patch once")
@@ -165,56 +165,28 @@ def series_sha256(patches: list[Patch]) -> str:
     return h.hexdigest()
 
 
-# A patch's number: the digits before the first dash of its file name (gbp pq's num_prefix).
-_NUMBER = re.compile(r"^(\d+)-(?=.)")
-
-
 def patch_stem(file_name: str) -> str:
-    """A patch's name, what a user types: its file name without the number and ``.patch``
-    (``NNNN-batched-rollout.patch`` -> ``batched-rollout``)."""
-    return _NUMBER.sub("", file_name, count=1).removesuffix(".patch")
-
-
-def is_numbered(names: list[str]) -> bool:
-    """Every patch of the series has a number (an empty series counts as numbered)."""
-    return all(_NUMBER.match(n) for n in names)
-
-
-def numbered_name(position: int, file_name: str) -> str:
-    """The file name of the patch at ``position`` (from 1) of the series, as ``gbp pq`` numbers
-    patches: ``'%04d-' % position``, then the name without its old number."""
-    return f"{position:04d}-{_NUMBER.sub('', file_name, count=1)}"
-
-
-def renumbering(names: list[str]) -> list[tuple[str, str]]:
-    """(old, new) for each patch whose number is not its position in ``names``."""
-    pairs = [(old, numbered_name(i, old)) for i, old in enumerate(names, 1)]
-    return [(old, new) for old, new in pairs if old != new]
+    """A patch's name, what a user types: its file name without ``.patch``
+    (``batched-rollout.patch`` -> ``batched-rollout``).  The series' order is the lines of
+    ``series`` alone: a name that starts with digits is a name like any other."""
+    return file_name.removesuffix(".patch")
 
 
 def select_without(patches: list[Patch], names) -> tuple[list[Patch], tuple[str, ...]]:
     """The series minus the patches ``names`` gives (each a patch's name, ``batched-rollout``,
-    or its file name with or without ``.patch``, ``NNNN-batched-rollout.patch``, or its number,
-    ``NNNN``): (the patches kept, in order; the names left out, in series order).  A name that
-    is no patch of the series, or more than one, is a one-line error."""
+    or its file name, ``batched-rollout.patch``): (the patches kept, in order; the names left
+    out, in series order).  A name that is no patch of the series is a one-line error."""
     chosen: set[str] = set()
     for given in names:
         given = given.strip()
-        found = [p.name for p in patches if p.name == given] or [p.name for p in patches if _names_patch(given, p.name)]
-        if len(found) != 1:
-            what = "no patch of patches/series" if not found else f"ambiguous ({', '.join(found)})"
-            hint = ("name a patch as `dancegrpo-npu series` lists it: its name (batched-rollout) or its file name"
-                    if not found else "give its file name (NNNN-name.patch), which is one patch")
-            raise DancegrpoError(f"--without {given}: {what}", hint, exit_code=2)
-        chosen.add(found[0])
+        found = next((p.name for p in patches if p.name == given), None) or \
+            next((p.name for p in patches if patch_stem(p.name) == given), None)
+        if found is None:
+            raise DancegrpoError(f"--without {given}: no patch of patches/series",
+                                 "name a patch as `dancegrpo-npu series` lists it: its name (batched-rollout) or its "
+                                 "file name (batched-rollout.patch)", exit_code=2)
+        chosen.add(found)
     return [p for p in patches if p.name not in chosen], tuple(p.name for p in patches if p.name in chosen)
-
-
-def _names_patch(given: str, name: str) -> bool:
-    if given in (name, name.removesuffix(".patch"), patch_stem(name), patch_stem(name) + ".patch"):
-        return True
-    number = _NUMBER.match(name)
-    return bool(given.isdigit() and number and int(number.group(1)) == int(given))
 
 
 def series_label(without: tuple[str, ...]) -> str:

@@ -2,16 +2,15 @@
 
 A fix made while debugging on a cluster is never lost and never needs ``diff`` by
 hand: the edits to upstream files (changed, new and deleted files) become
-``patches/NNNN-NAME.patch``, appended to the series with a DEP-3 header stub, and
+``patches/NAME.patch``, one line appended to ``series``, with a DEP-3 header stub, and
 upstream.lock gains the hashes of the upstream files it newly touches.  Edits to
 overlay files are copied back into ``overlay/``.  Afterwards the patched tree is
 exactly lock + series + overlay again, so ``dancegrpo-npu verify`` passes.
 
-Numbers follow the series' order, as ``gbp pq`` writes them (``'%04d-' % position``): a
-numbered series (every patch has a number) is renumbered on every export, each patch whose
-number is not its position renamed (its file and its line in ``series``; nothing else names
-it: upstream.lock holds upstream's files only).  ``export --renumber`` renumbers the whole
-series alone, and numbers one that was not numbered.
+The order of the series is the lines of ``series``, as quilt's and Debian's: file names carry
+no numbers, and an export renames nothing.  A patch that belongs earlier in the series is
+exported (appended), then its line is moved in ``series`` and ``apply`` checks it applies
+there: one line and one file change, whatever the series' length.
 
 Only files the series or the overlay owns are taken on their own: upstream's files and the
 files patches create.  A new file that none of them has (a scratch script, a log) is listed
@@ -44,8 +43,7 @@ from dancegrpo_npu.project import Project
 from dancegrpo_npu.rebase.finish import apply_with_engine, overlay_files
 from dancegrpo_npu.engine.rebase_state import RebasePaths
 from dancegrpo_npu.engine.series import (
-    Patch, format_header, is_numbered, load_series, parse_header, patch_stem, read_series_names, renumbering,
-    split_patch,
+    Patch, format_header, load_series, parse_header, patch_stem, read_series_names, split_patch,
 )
 from dancegrpo_npu.engine.stage import read_state
 from dancegrpo_npu.engine.worktree import require_full_series, session
@@ -60,55 +58,23 @@ class ExportResult:
     overlay: tuple[str, ...]  # overlay files copied back from the tree
     notes: tuple[str, ...]
     left_out: tuple[str, ...] = ()  # new files nothing owns, not asked for with --include
-    renamed: tuple[tuple[str, str], ...] = ()  # (old, new) file names of the patches renumbered
 
 
 def patch_file_name(name: str, existing: list[str]) -> str:
-    """``NAME`` as the file name of a patch appended to the series ``existing``: in a
-    numbered series ``NNNN-name.patch``, NNNN its position; else ``name.patch``.  A NAME given
-    as a file name (``name.patch``, ``NNNN-name.patch``) gives its name."""
+    """``NAME`` as the file name of a new patch of the series ``existing``: ``name.patch``.
+    A NAME given as a file name (``name.patch``) is that file name; a name the series already
+    lists is refused."""
     slug = name.strip() if name.endswith(".patch") else re.sub(r"[^A-Za-z0-9._+-]+", "-", name.strip()).strip("-.").lower()
     slug = patch_stem(slug)
     if not slug:
         raise DancegrpoError(f"{name!r} gives no usable patch name", "use letters, digits and dashes, e.g. fix-hccl-timeout",
                              exit_code=2)
-    base = f"{len(existing) + 1:04d}-{slug}.patch" if is_numbered(existing) else f"{slug}.patch"
+    base = f"{slug}.patch"
     if not _SAFE.match(base) or base == "series":
         raise DancegrpoError(f"{base!r} is not a plain patch file name", "use letters, digits, dots and dashes", exit_code=2)
+    if base in existing:
+        raise DancegrpoError(f"patches/series already lists {base}", "choose another NAME", exit_code=2)
     return base
-
-
-def renumber_series(project: Project) -> tuple[tuple[str, str], ...]:
-    """Rename every patch whose number is not its position in ``series`` (``gbp pq``'s
-    ``'%04d-' % position``; an unnumbered patch gets its number): its file, then its line in
-    ``series``, comments and layout kept.  The (old, new) names; nothing when none drifted.
-    Refused, with nothing renamed, while a rebase is in progress (it holds the names) or
-    when a new name is a file the series does not list."""
-    if project.workdir.exists() and (project.workdir / ".git").exists():
-        main = open_workdir_repo(project.workdir)
-        if RebasePaths(main.git_dir(), project.workdir).state_dir.exists():
-            raise DancegrpoError("a rebase is in progress", "finish it (`dancegrpo-npu rebase --continue`) or --abort it, then renumber")
-    names = read_series_names(project.series_path)
-    renames = renumbering(names)
-    if not renames:
-        return ()
-    listed = set(names)
-    for old, new in renames:
-        if new not in listed and (project.patches_dir / new).exists():
-            raise DancegrpoError(f"renumbering would rename {old} to {new}, which exists and is not in patches/series",
-                                 f"move patches/{new} away (or list it in patches/series), then renumber", exit_code=1)
-    load_series(project.patches_dir)  # every listed file is there and readable before any is moved
-    for old, _ in renames:  # two steps: a new name may be another patch's old one
-        (project.patches_dir / old).rename(project.patches_dir / f".renumber-{old}")
-    for old, new in renames:
-        (project.patches_dir / f".renumber-{old}").rename(project.patches_dir / new)
-    mapping = dict(renames)
-    lines = []
-    for line in project.series_path.read_text(encoding="utf-8").splitlines(keepends=True):
-        entry = line.split("#", 1)[0].strip()
-        lines.append(line.replace(entry, mapping[entry], 1) if entry in mapping else line)
-    write_atomic(project.series_path, "".join(lines))
-    return tuple(renames)
 
 
 def stub_header(project: Project, files: list[str], description: str | None) -> str:
@@ -161,10 +127,8 @@ def export_edits(
     description: str | None = None,
     context: int | None = None,
     include: tuple[str, ...] = (),
-    renumber: bool = False,
 ) -> ExportResult:
-    """Export the tree's edits as the patch NAME; then renumber the series when it is numbered
-    (or ``renumber``): see the module doc."""
+    """Export the tree's edits as the patch NAME, appended to the series: see the module doc."""
     main = open_workdir_repo(project.workdir)
     if RebasePaths(main.git_dir(), project.workdir).state_dir.exists():
         raise DancegrpoError("a rebase is in progress", "finish it (`dancegrpo-npu rebase --continue`) or --abort it, then export")
@@ -195,13 +159,10 @@ def export_edits(
         if changes:
             written = write_patch(project, lock, patches, git, base, tip, now, changes, target, description, context)
         copy_overlay(project, copied)
-    renamed = renumber_series(project) if renumber or is_numbered(read_series_names(project.series_path)) else ()
-    if changes and renamed:
-        written = project.patches_dir / dict(renamed).get(written.name, written.name)
     note = record_applied(project)  # outside the session: apply opens its own
     notes.append(note.replace("is clean", "lists only the new files left out") if left_out else note)
     files = tuple(f"{c.status} {c.path}" for c in changes)
-    return ExportResult(written if changes else None, files, tuple(copied), tuple(notes), tuple(left_out), renamed)
+    return ExportResult(written if changes else None, files, tuple(copied), tuple(notes), tuple(left_out))
 
 
 def write_patch(
@@ -275,4 +236,4 @@ def check_with_engine(git: Git, base: str, patches: list[Patch], workdir: Path) 
                 )
 
 
-__all__ = ["export_edits", "ExportResult", "patch_file_name", "renumber_series"]
+__all__ = ["export_edits", "ExportResult", "patch_file_name"]

@@ -121,15 +121,42 @@ def test_replay_that_does_not_fit_is_refused_naming_what_differs(project, capsys
     assert err.startswith("dancegrpo-npu: error: --replay") and err.count("\n") == 1
 
 
-def test_replay_checks_the_trainers_own_defaults_without_upstream_defaults(project, capsys):
-    """--no-upstream-defaults (as smoke runs): a flag not given is the trainer's argparse default
-    (num_generations 16, init_same_noise off), not the shell script's."""
+# A stand-in trainer whose parser launch can read (run.script_parser): the defaults are its own.
+PARSED_TRAINER = """\
+import argparse
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    for flag in ("--output_dir", "--replay"):
+        parser.add_argument(flag)
+    for flag in ("--h", "--w", "--sampling_steps", "--max_train_steps", "--seed"):
+        parser.add_argument(flag, type=int, default=None)
+    parser.add_argument("--num_generations", type=int, default={generations})
+    parser.add_argument("--{same_noise}", action="store_true", default=False)
+    args = parser.parse_args()
+"""
+
+
+@pytest.mark.parametrize("script, generations, same_noise", [
+    ("flux", 16, "init_same_noise"),
+    ("hunyuan", 12, "use_same_noise"),  # the row's renamed_values: its init_same_noise
+])
+def test_replay_checks_the_trainers_own_defaults_without_upstream_defaults(project, capsys, script, generations,
+                                                                            same_noise):
+    """--no-upstream-defaults (as smoke runs): a flag not given is the trainer's own parser's default
+    (each row's: read from its script), not the shell script's, nor another trainer's."""
+    (project.workdir / trainers.get(script).relpath).write_text(
+        PARSED_TRAINER.format(generations=generations, same_noise=same_noise))
     recorded(project, "20260101-100000-src")
-    rc, _, err = dry_run(project, capsys, "flux", "--dry-run", "--no-upstream-defaults", "--replay", "src", "--",
-                         "--h", "16", "--w", "16", "--sampling_steps", "3", "--max_train_steps", "2")  # fmt: skip
+    small = ("--h", "16", "--w", "16", "--sampling_steps", "3", "--max_train_steps", "2")
+    rc, _, err = dry_run(project, capsys, script, "--dry-run", "--no-upstream-defaults", "--replay", "src", "--",
+                         *small)
     assert rc == 2
-    assert "recorded with num_generations 2, init_same_noise true, but this launch has num_generations 16, " \
-           "init_same_noise false" in err  # fmt: skip
+    assert f"recorded with num_generations 2, init_same_noise true, but this launch has num_generations " \
+           f"{generations}, init_same_noise false" in err  # fmt: skip
+    rc, _, err = dry_run(project, capsys, script, "--dry-run", "--no-upstream-defaults", "--replay", "src", "--",
+                         *small, "--num_generations", "2", f"--{same_noise}")
+    assert rc == 0, err
 
 
 def test_replay_of_a_bad_index(project, capsys):
@@ -211,12 +238,21 @@ def test_msprobe_bad_task_or_not_installed_is_refused_in_one_line(project, capsy
 
 def test_a_replay_fits_hunyuans_use_same_noise_as_the_shared_initial_noise():
     """HunyuanVideo's recipe passes --use_same_noise, which its trainer records as init_same_noise
-    (the overlay's hunyuan.settle): a replay of such a run must fit a launch of the same recipe."""
-    from dancegrpo_npu import trainers
+    (the overlay's hunyuan.settle): a replay of such a run must fit a launch of the same recipe.
+    The values are read from the namespace the script's own parser makes (its defaults too)."""
     from dancegrpo_npu.run.launch import replay_values
+    from dancegrpo_npu.run.upstream_args import trainer_values
 
+    hunyuan, flux = trainers.get("hunyuan"), trainers.get("flux")
+    namespace = {"h": 480, "w": 848, "use_same_noise": True, "max_train_steps": 2, "num_generations": 16}
+    assert replay_values(hunyuan, trainer_values(hunyuan, [], namespace), 8)["init_same_noise"] is True
+    assert trainer_values(hunyuan, [], {**namespace, "use_same_noise": False})["init_same_noise"] is False
+    # a trainer without the alias: the flag means nothing there
+    assert trainer_values(flux, [], {**namespace, "init_same_noise": False})["init_same_noise"] is False
+    # without the parser's namespace, the arguments as given
     args = ["--h", "480", "--w", "848", "--use_same_noise", "--max_train_steps", "2"]
-    assert replay_values(trainers.get("hunyuan"), args, 8)["init_same_noise"] is True
-    assert replay_values(trainers.get("hunyuan"), args[:4], 8)["init_same_noise"] is False
-    # a trainer without the flag: it means nothing there
-    assert replay_values(trainers.get("flux"), args, 8)["init_same_noise"] is False
+    assert trainer_values(hunyuan, args, None)["init_same_noise"] is True
+    assert trainer_values(hunyuan, args[:4], None)["init_same_noise"] is None
+    assert trainer_values(flux, args, None)["init_same_noise"] is None
+    # the SD trainer always shares its initial latents, whatever its flags say
+    assert replay_values(trainers.get("sd"), trainer_values(trainers.get("sd"), [], {}), 1)["init_same_noise"] is True

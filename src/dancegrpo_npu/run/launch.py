@@ -124,19 +124,19 @@ def _profile_args(spec: LaunchSpec) -> list[str]:
     return ["--profile_steps", spec.profile_steps]
 
 
-def replay_values(info: TrainerSpec, script_args: list[str], world_size: int) -> dict[str, object]:
-    """What a replay's records must fit (contract.REPLAY_FIT): the values this launch's trainer runs with."""
-    return {**trainer_values(script_args, dict(info.renamed_values)), **dict(info.fixed_values),
-            "world_size": world_size}
+def replay_values(info: TrainerSpec, values: dict[str, object], world_size: int) -> dict[str, object]:
+    """What a replay's records must fit (contract.REPLAY_FIT): the values this launch's trainer runs
+    with (``values``: run.upstream_args.trainer_values), the row's fixed ones and the world size."""
+    return {**values, **dict(info.fixed_values), "world_size": world_size}
 
 
-def _alignment_args(project: Project, spec: LaunchSpec, info: TrainerSpec, script_args: list[str],
-                    world_size: int) -> list[str]:
-    """The contract's trainer arguments for spec.align, appended to the final script arguments;
-    a replay is checked here, against what this launch will run with."""
+def _alignment_args(project: Project, spec: LaunchSpec) -> tuple[list[str], Path | None]:
+    """The contract's trainer arguments for spec.align, appended to the final script arguments, and
+    the run a replay reads (checked by ``_check_alignment`` once the script's parser has read the
+    arguments)."""
     align = spec.align
     if not align.given():
-        return []
+        return [], None
     typed = {flag for flag, _, _ in split_flags(spec.args)} & set(TRAINER_FLAGS)
     if typed:
         raise DancegrpoError(
@@ -144,22 +144,30 @@ def _alignment_args(project: Project, spec: LaunchSpec, info: TrainerSpec, scrip
             "use launch's --rng / --record / --record-steps / --record-modules / --replay only",
             exit_code=2,
         )
-    planned = replay_values(info, script_args, world_size)
-    if align.rng == "cpu" and planned["seed"] is None:
+    source = find_run(project.runs_dir, align.replay) if align.replay is not None else None
+    return list(align.trainer_args(None if source is None else source / "records")), source
+
+
+def _check_alignment(spec: LaunchSpec, info: TrainerSpec, script_args: list[str], parsed: dict | None,
+                     world_size: int, source: Path | None) -> None:
+    """--rng cpu's seed and a replay's fit, against what this launch's trainer runs with: the values
+    its own parser reads from the final arguments (``parsed``; None: the arguments as given)."""
+    if not spec.align.given():
+        return
+    planned = replay_values(info, trainer_values(info, script_args, parsed), world_size)
+    if spec.align.rng == "cpu" and planned["seed"] is None:
         raise DancegrpoError("--rng cpu: the launch sets no --seed to seed the CPU generator from",
                              "pass --seed N after --", exit_code=2)
-    replay_records = None
-    if align.replay is not None:
-        replay_records = check_replay(find_run(project.runs_dir, align.replay), planned)
-    return list(align.trainer_args(replay_records))
+    if source is not None:
+        check_replay(source, planned)
 
 
 def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], spec: LaunchSpec,
-                       environ: dict[str, str], problems: list[str], dry_run: bool) -> str:
+                       environ: dict[str, str], problems: list[str], dry_run: bool) -> tuple[str, dict | None]:
     """The final arguments parsed by the script's own parser (run.script_parser), in the run's
     dependency set (the tool's interpreter when that set is not installed: a dry run lists it
     among the problems); a bad one is refused in one line, exit 2.  Returns what the plan says
-    about the check."""
+    about the check, and the namespace the script's parser makes of them (None: not read)."""
     from dancegrpo_npu.run import script_parser
 
     try:
@@ -176,9 +184,9 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
         if e.exit_code == 2 or not dry_run:
             raise
         problems.append(e.one_line())
-        return "not checked (see below)"
+        return "not checked (see below)", None
     if parsed is None:
-        return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`"
+        return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`", None
     if info.foreign_flags:  # absl's --config, read as the script's absl reads it, and the overlay's check
         from dancegrpo_npu.run import absl_config
 
@@ -189,8 +197,8 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
             if e.exit_code == 2 or not dry_run:
                 raise
             problems.append(e.one_line())
-            return "not checked (see below)"
-    return f"checked by {Path(info.relpath).name}'s own parser"
+            return "not checked (see below)", parsed.values
+    return f"checked by {Path(info.relpath).name}'s own parser", parsed.values
 
 
 def build_plan(
@@ -203,15 +211,17 @@ def build_plan(
     dev_dir: Path = Path("/dev"),
     python: str | None = None,
     dry_run: bool = False,
+    verified: dict | None = None,
 ) -> LaunchPlan:
-    """Everything about a launch, checked; nothing is written or started.
+    """Everything about a launch, checked; nothing is written or started.  ``verified``: the
+    command's verification of the patched tree (``engine.treecheck.tree_state``); None: verified here.
 
     Missing or incomplete inputs are refused, unless ``dry_run``: then they are listed in
     ``plan.problems``.  Whether this host can run it (an NPU plan on a host without NPUs) is
     left to ``launch``: a dry run on a login node prints the plan for the NPU node."""
     info = check_spec(spec, dry_run)
     environ = dict(os.environ if environ is None else environ)
-    state = treecheck.require_tree(project, info.relpath)
+    state = treecheck.require_tree(project, info.relpath, verified)
     tree = project.workdir
     recipe, recipe_args, scaling = recipes.plan_recipe(spec, info, tree)
     script_args = build_script_args(
@@ -227,10 +237,12 @@ def build_plan(
     if dry_run:
         problems += network.not_checked_here(spec.nnodes, spec.node_rank, spec.master_addr, spec.ifname,
                                              network.this_host())
-    script_args += _alignment_args(project, spec, info, script_args, spec.nproc_per_node * spec.nnodes)
+    align_args, replay_source = _alignment_args(project, spec)
+    script_args += align_args
     script_args += _profile_args(spec)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
-    arguments_checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+    arguments_checked, parsed = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+    _check_alignment(spec, info, script_args, parsed, spec.nproc_per_node * spec.nnodes, replay_source)
     sizes = image_sizes_problem(flag_values(script_args), info.image_sizes)
     if sizes:
         raise DancegrpoError(sizes, "fix the script's arguments; nothing was started", exit_code=2)
@@ -308,8 +320,10 @@ def _check_runs_dir(runs: Path) -> None:
             return
 
 
-def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir: Path = Path("/dev")) -> RunRecord:
-    """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc.
+def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir: Path = Path("/dev"),
+           verified: dict | None = None) -> RunRecord:
+    """Plan, check, then (unless dry_run) run the job and keep its record.  See module doc.  The tree
+    is verified once (``verified``: as the command verified it already), its verdict kept in the plan.
 
     A dry run checks every input in one pass and prints the plan, with what would stop the
     job here (missing inputs, no NPU on this host); its return code is 0 when the job could
@@ -318,7 +332,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
     check_spec(spec, dry_run)
     spec = restart_spec(spec)
     if spec.resume_of is not None:  # the run continues in its own directory
-        plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run)
+        plan = build_plan(project, spec, spec.resume_of, dev_dir=dev_dir, dry_run=dry_run, verified=verified)
         problems = list(plan.problems)
         try:
             step, path = resume_point(plan.script_args, plan.run_dir)
@@ -343,7 +357,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         return run_plan(project, plan)
     _check_runs_dir(project.runs_dir)
     tentative = project.runs_dir / directory.run_dir_name(run_name(spec), now)
-    plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run)
+    plan = build_plan(project, spec, tentative, dev_dir=dev_dir, dry_run=dry_run, verified=verified)
     not_here = no_npu_here(plan)
     if dry_run:
         problems = list(plan.problems) + ([f"{not_here.message}: {not_here.hint}"] if not_here else [])
@@ -356,7 +370,7 @@ def launch(project: Project, spec: LaunchSpec, dry_run: bool = False, *, dev_dir
         raise not_here
     run_dir = directory.create_run_dir(project.runs_dir, run_name(spec), now)
     if run_dir != tentative:
-        plan = build_plan(project, spec, run_dir, dev_dir=dev_dir)
+        plan = build_plan(project, spec, run_dir, dev_dir=dev_dir, verified=plan.tree_state)
     if plan.recipe is not None:
         print(f"dancegrpo-npu: {recipes.recipe_line(plan)}", file=sys.stderr, flush=True)
     made = datasets.output_of(plan.script, flag_values(plan.script_args))

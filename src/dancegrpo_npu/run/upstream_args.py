@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu import trainers
+from dancegrpo_npu.contract import REPLAY_FIT
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import datasets
 
@@ -187,38 +188,33 @@ def input_problems(info: TrainerSpec, script_args: list[str]) -> list[str]:
     return problems
 
 
-# The FLUX trainers' own argparse defaults (upstream's train_grpo_flux.py and train_grpo_flux_lora.py,
-# commit 15cc71d5) for the arguments a replay must match: what the trainer uses when the launch
-# passes no such flag (smoke and --no-upstream-defaults pass only what they name).  None: no
-# default (upstream's scripts always pass one).
-TRAINER_ARGPARSE_DEFAULTS: dict[str, object] = {
-    "seed": None,
-    "h": None,
-    "w": None,
-    "num_generations": 16,
-    "sampling_steps": None,
-    "init_same_noise": False,
-    "max_train_steps": None,
-}
-_STORE_TRUE = ("init_same_noise",)
+# What a replay must match that the trainer's arguments hold (contract.REPLAY_FIT but the world
+# size), the steps it replays, and the seed ``--rng cpu`` seeds its generator from.
+REPLAY_ARGUMENTS = (*(name for name in REPLAY_FIT if name != "world_size"), "max_train_steps", "seed")
 
 
-def trainer_values(script_args: tuple[str, ...] | list[str], renamed: dict[str, str] | None = None) -> dict[str, object]:
-    """The values the trainer will run with for TRAINER_ARGPARSE_DEFAULTS' arguments, read from
-    the final script arguments as argparse would (the last occurrence wins); ints where they
-    parse, else the text (which then differs from any recorded value).  ``renamed``: the script's
-    own flag -> the name (a row's renamed_values)."""
-    values = dict(TRAINER_ARGPARSE_DEFAULTS)
-    renamed = renamed or {}
+def trainer_values(info: TrainerSpec, script_args, parsed: dict | None) -> dict[str, object]:
+    """The values the trainer runs with for REPLAY_ARGUMENTS, read as the trainer reads them: from
+    the namespace its own parser makes of the final script arguments (``parsed``: run.script_parser,
+    its defaults for the flags not given), each under the name the contract gives it (the row's
+    ``renamed_values``: HunyuanVideo's ``use_same_noise`` is ``init_same_noise``, as the overlay's
+    settle reads it).  Without that namespace (a script whose parser cannot be read) the
+    arguments as given: a bare flag True, a number where it parses, else the text; None for the
+    rest."""
+    own = {name: flag for flag, name in info.renamed_values}  # the contract's name -> the script's
+    if parsed is not None:
+        return {name: parsed.get(own.get(name, name)) for name in REPLAY_ARGUMENTS}
+    renamed = dict(info.renamed_values)
+    values: dict[str, object] = dict.fromkeys(REPLAY_ARGUMENTS)
     for flag, value, _ in split_flags(script_args):
         name = renamed.get(flag[2:], flag[2:])
         if name not in values:
             continue
-        if name in _STORE_TRUE:
+        if value is None:
             values[name] = True
             continue
         try:
-            values[name] = int(value) if value is not None else None
+            values[name] = int(value)
         except ValueError:
             values[name] = value
     return values

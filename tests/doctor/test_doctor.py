@@ -235,10 +235,15 @@ def test_npu_branch_refuses_a_device_list_torch_npu_counts_as_none(fake_npu, vis
 def test_numerics_self_check_runs_under_the_fake_and_says_it_proves_nothing(fake_npu):
     c = doctor_with_fake(fake_npu, {"DANCEGRPO_DEVICE": "npu"}, skip=("matmul", "all_reduce"), device="npu")["numerics"]
     assert c.status == SKIP and "FAKE torch_npu" in c.detail and "proves nothing" in c.detail
+    import torch
+
+    from dancegrpo_npu.doctor.numerics import model_blocks
+
     names = [n.split(" (")[0].split(None, 1)[1] for n in c.notes]
-    assert {"matmul, HF32 off", "matmul, HF32 on", "conv2d", "softmax", "layer_norm", "npu_rms_norm",
-            "gelu, erf", "gelu, tanh", "scaled_dot_product_attention", "npu_fusion_attention", "RoPE, float32",
-            "Flux double block", "HPS ViT block"} <= set(names)
+    blocks = [build(torch, torch.Generator())[0] for build in model_blocks()]  # the blocks the rows name
+    assert blocks and {"matmul, HF32 off", "matmul, HF32 on", "conv2d", "softmax", "layer_norm", "npu_rms_norm",
+                       "gelu, erf", "gelu, tanh", "scaled_dot_product_attention", "npu_fusion_attention",
+                       "RoPE, float32", *blocks, "HPS ViT block"} <= set(names)
     assert all(n.startswith("PASS ") and "msprobe" in n for n in c.notes), c.notes  # CPU against CPU
 
 
@@ -432,13 +437,13 @@ def test_a_runs_directory_that_is_a_file_is_refused_in_one_line(project, tmp_pat
 
 
 @pytest.mark.parametrize("names, has, lacks", [
-    (("hunyuan",), ["--videoalign_ckpt", "--vae_model_path"], ["--flux", "--hps"]),
-    (("skyreels-i2v",), ["doctor --flux", "--videoalign_base_model", "--empty_embeddings_dir"],
-     ["--hps", "--reference_model_path"]),
-    (("flux",), ["doctor --flux/--hps-ckpt/--hps-open-clip-ckpt", "--data_json_path", "--dit_model_name_or_path"],
-     ["--videoalign", "--hps_ckpt"]),
-    (("sd",), ["doctor --hps-ckpt/--hps-open-clip-ckpt", "--pretrained_model_name_or_path", "--prompt_dir"],
-     ["--flux", "--hps_ckpt"]),
+    (("hunyuan",), ["doctor --weights", "--videoalign_ckpt", "--data_json_path"], ["--hps", "--vae_model_path"]),
+    (("skyreels-i2v",), ["doctor --weights", "--videoalign_base_model", "--empty_embeddings_dir",
+                         "--reference_model_path"], ["--hps", "--vae_model_path"]),
+    (("flux",), ["doctor --weights/--hps-ckpt/--hps-open-clip-ckpt", "--data_json_path", "--dit_model_name_or_path"],
+     ["--videoalign", "--hps_ckpt", "--vae_model_path"]),
+    (("sd",), ["doctor --weights/--hps-ckpt/--hps-open-clip-ckpt", "--prompt_dir"],
+     ["--pretrained_model_name_or_path", "--hps_ckpt"]),
 ])
 def test_the_weights_fix_names_the_trainers_own_inputs(project, monkeypatch, names, has, lacks):
     from dancegrpo_npu.doctor import trainers
@@ -461,13 +466,24 @@ def test_doctors_flags_reach_only_the_trainers_that_have_those_inputs(project, m
         raise trainers.DancegrpoError("stop here")
 
     monkeypatch.setattr(launch, "build_plan", plan)
-    flux, hps, clip = tmp_path / "flux", tmp_path / "hps.pt", tmp_path / "clip.bin"
-    for name in ("hunyuan", "skyreels-i2v", "flux"):
-        trainers.trainer_problems(project, name, {}, flux_dir=flux, hps_ckpt=hps, hps_open_clip_ckpt=clip)
-    assert seen["hunyuan"] == ()
-    assert seen["skyreels-i2v"] == ("--reference_model_path", str(flux))
-    assert seen["flux"] == ("--pretrained_model_name_or_path", str(flux), "--vae_model_path", str(flux),
+    weights, hps, clip = tmp_path / "weights", tmp_path / "hps.pt", tmp_path / "clip.bin"
+    for name in ("hunyuan", "skyreels-i2v", "flux", "sd"):
+        trainers.trainer_problems(project, name, {}, weights_dir=weights, hps_ckpt=hps, hps_open_clip_ckpt=clip)
+    # --weights: the inputs each row marks as its model's own weights (not SkyReels' first-frame pipeline)
+    assert seen["hunyuan"] == ("--pretrained_model_name_or_path", str(weights), "--vae_model_path", str(weights))
+    assert seen["skyreels-i2v"] == ("--pretrained_model_name_or_path", str(weights), "--vae_model_path", str(weights))
+    assert seen["flux"] == ("--pretrained_model_name_or_path", str(weights), "--vae_model_path", str(weights),
                             "--hps_ckpt", str(hps), "--hps_open_clip_ckpt", str(clip))
+    assert seen["sd"] == ("--pretrained_model_name_or_path", str(weights), "--hps_ckpt", str(hps),
+                          "--hps_open_clip_ckpt", str(clip))
+
+
+@pytest.mark.parametrize("trainer_args", [[], ["--trainer", "flux", "--trainer", "wan"]])
+def test_weights_are_one_trainers_and_need_it_named(project, capsys, trainer_args):
+    rc = main(["-C", str(project.root), "doctor", "--weights", "/data/w", *trainer_args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--weights /data/w is one model's weights" in err
+    assert "doctor --trainer NAME --weights /data/w" in err
 
 
 def test_a_refusal_before_the_inputs_is_said_once_with_its_hint_once(project, monkeypatch, capsys):

@@ -161,3 +161,72 @@ def test_launch_refuses_a_video_size_its_transformer_cannot_patch(patched_tree, 
     err = capsys.readouterr().err
     assert "--h 72 is not a positive multiple of 16 (HunyuanVideo's VAE downsamples 8x" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# The overlay's side: a flag not given takes its configuration key's value (as dancegrpo_port.sd's settle).
+SETTLE = textwrap.dedent('''\
+    def settle(args, config):
+        if args.seed is None:
+            args.seed = config.seed
+        args.init_same_noise = True
+''')
+
+
+def test_the_values_a_replay_fits_are_the_configurations_where_no_flag_sets_them(tree):
+    """A trainer configured by absl (the SD recipe's --config) keeps --seed... in its configuration:
+    the values the trainer runs with are those its overlay's settle gives the port's flags."""
+    (tree / "port_settle.py").write_text(SETTLE)
+    args = ["--config", f"{tree}/configs/dgx.py:small"]
+
+    def settled(values, *more):
+        return absl_config.check_config(tree / "train.py", tree, sys.executable, [*args, *more], ("--config",),
+                                        values, "port_check:problem", "--config configs/dgx.py:small",
+                                        "port_settle:settle")
+
+    assert settled({"seed": None, "max_train_steps": None}) == {"seed": 42, "max_train_steps": None,
+                                                                "init_same_noise": True}
+    assert settled({"seed": 7, "max_train_steps": None}, "--seed", "7")["seed"] == 7
+    assert settled({"seed": None, "max_train_steps": None}, "--config.seed=3")["seed"] == 3  # the override counts
+    assert check(tree, args) is None  # no settle named: nothing to read
+
+
+@pytest.mark.upstream
+def test_a_replay_of_the_sd_recipe_fits_a_launch_of_it(patched_tree, tmp_path, monkeypatch, capsys):
+    """upstream's SD recipe sets the seed, the generations and the DDIM steps in its configuration
+    (dgx.py:hpsv2), not as flags: a run recorded with them fits a launch of the recipe."""
+    import json
+
+    from recorded_runs import index
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("DANCEGRPO_RUNS", str(runs))
+    config = patched_tree.tree / "fastvideo" / "config_sd" / "dgx.py"
+    sys.path.insert(0, str(patched_tree.tree))
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_dgx", config)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        hpsv2 = module.get_config("hpsv2")
+    finally:
+        sys.path.remove(str(patched_tree.tree))
+    updates = 2  # the recipe's updates an epoch (test_launch_sd_dry_run_refuses_what_its_absl_and_overlay_would)
+    source = runs / "20260101-100000-sd"
+    (source / "records").mkdir(parents=True)
+    (source / "summary.json").write_text("{}")
+    recorded = index(script="train_grpo_sd.py", world_size=1, seed=hpsv2.seed, h=512, w=512,
+                     num_generations=hpsv2.num_generations, sampling_steps=hpsv2.sample.num_steps,
+                     init_same_noise=True, steps=list(range(1, updates + 1)))
+    (source / "records" / "index.json").write_text(json.dumps(recorded))
+    argv = ["-C", str(patched_tree.project.root), "launch", "sd", "--dry-run", "--replay", "sd", "--",
+            "--max_train_steps", str(updates)]
+    main(argv)
+    out = capsys.readouterr()
+    assert "--replay" in out.out and f"{source / 'records'}" in out.out, out.err
+    assert "does not fit" not in out.err and "recorded with" not in out.err, out.err
+    # a launch that changes one of them is refused, naming it
+    steps = hpsv2.sample.num_steps
+    assert main([*argv, "--sampling_steps", str(steps + 1)]) == 2
+    err = capsys.readouterr().err
+    assert f"recorded with sampling_steps {steps}, but this launch has sampling_steps {steps + 1}" in err, err

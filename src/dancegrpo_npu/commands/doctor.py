@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -29,6 +30,17 @@ def _takers(flag: str) -> str:
     return ", ".join(n for n in trainers.grpo_trainers() if flag in trainers.doctor_inputs(registry.get(n)))
 
 
+def _examples() -> str:
+    """doctor's examples, with the registry's default trainer."""
+    from dancegrpo_npu import trainers as registry
+
+    name = registry.default_trainer().name
+    return (f"examples:\n"
+            f"  dancegrpo-npu doctor --device npu                      # every trainer whose dependency set is here\n"
+            f"  dancegrpo-npu doctor --trainer {name} --weights /data/weights   # its weights elsewhere\n"
+            f"  dancegrpo-npu doctor --skip all_reduce --json\n")
+
+
 def _check_runs_dir(runs_dir: Path) -> None:
     """The runs directory, or where it will be made: refused in one line where a file is in the way."""
     from dancegrpo_npu.errors import DancegrpoError
@@ -46,6 +58,8 @@ def register(sub, common) -> None:
         parents=[common],
         help="check that training can start here (NPU stack, devices, HCCL, disk, tree, weights)",
         description=report.__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog=_examples(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--device",
@@ -61,8 +75,10 @@ def register(sub, common) -> None:
              "is installed here",
     )
     p.add_argument(
-        "--flux", type=Path, metavar="DIR",
-        help=f"FLUX.1-dev directory, for {_takers('--flux')} (default: <tree>/data/flux, upstream's)"
+        "--weights", type=Path, metavar="DIR",
+        help="the weights directory of the one trainer --trainer names, as upstream's README lays it out: it "
+             "stands for that trainer's inputs that are its model's own weights (e.g. --pretrained_model_name_or_path "
+             f"and --vae_model_path; {_takers('--weights')}); default: its recipe's, in the patched tree"
     )
     p.add_argument("--hps-ckpt", type=Path, metavar="FILE",
                    help=f"for {_takers('--hps-ckpt')} (default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt)")
@@ -94,19 +110,27 @@ def register(sub, common) -> None:
 def run(args) -> int:
     from dancegrpo_npu.commands.launch import resolve_device
 
+    chosen = tuple(dict.fromkeys(args.trainer or ()))
+    if args.weights is not None and len(chosen) != 1:
+        from dancegrpo_npu.errors import DancegrpoError
+
+        raise DancegrpoError(f"doctor: --weights {args.weights} is one model's weights, and "
+                             + (f"{len(chosen)} trainers are named" if chosen else "no --trainer names it"),
+                             f"name its trainer once: `dancegrpo-npu doctor --trainer NAME --weights {args.weights}`",
+                             exit_code=2)
     project = project_from_args(args)
     _check_runs_dir(project.runs_dir)
     here = Path.cwd()
     resolve = lambda p: None if p is None else (p if p.is_absolute() else here / p).resolve()  # noqa: E731
     opts = DoctorOptions(
         device=resolve_device(args.device),
-        flux_dir=resolve(args.flux),
+        weights_dir=resolve(args.weights),
         hps_ckpt=resolve(args.hps_ckpt),
         hps_open_clip_ckpt=resolve(args.hps_open_clip_ckpt),
         min_free_gb=args.min_free_gb,
         timeout=args.timeout,
         skip=tuple(args.skip or ()),
-        trainers=tuple(dict.fromkeys(args.trainer or ())),
+        trainers=chosen,
     )
     checks = run_checks(project, opts)
     if args.json:

@@ -32,7 +32,7 @@ class Check:
 @dataclass(frozen=True)
 class DoctorOptions:
     device: str = "auto"  # what training will use: npu makes the NPU checks mandatory
-    flux_dir: Path | None = None  # default: <tree>/data/flux
+    weights_dir: Path | None = None  # the one trainer's weights (its rows' Input.weights); default: its recipe's
     hps_ckpt: Path | None = None  # default: <tree>/hps_ckpt/HPS_v2.1_compressed.pt
     hps_open_clip_ckpt: Path | None = None  # default: <tree>/hps_ckpt/open_clip_pytorch_model.bin
     min_free_gb: float = 50.0  # the floor; the disk check also asks for one resume checkpoint

@@ -1,8 +1,10 @@
 """doctor's numerics self-check: the ops the port depends on, on the NPU and on the CPU.
 
 Each op runs on the same inputs (drawn on the CPU, fixed seed) at the dtype a run uses it in
-(bfloat16: the Flux transformer; float32: RoPE, the reward's GELU, HF32 matmuls), once on
-NPU 0 and once on the CPU, and the NPU's result is compared with the CPU's:
+(bfloat16: the transformers; float32: RoPE, the reward's GELU, HF32 matmuls), once on NPU 0
+and once on the CPU, and the NPU's result is compared with the CPU's.  Beside the ops, a block
+of each model whose registry row names one (``numerics_block``: the trainers of the tool's own
+dependency set, which doctor runs in) and the reward's ViT block:
 
 - ``elementwise`` ops (GELU, softmax, the norms, RoPE): the largest relative error of an element
   (elements smaller than msprobe's small value are left out of it), against twice msprobe's
@@ -21,7 +23,7 @@ nothing.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MSPROBE = "msprobe api_accuracy_checker StandardConfig"
 
@@ -87,12 +89,11 @@ MEANINGS = {
                           "DANCEGRPO_NPU_GELU=exact (torch_npu.npu_gelu) so rewards match the GPU's",
     "gelu, erf (npu_gelu 'none')": "torch_npu.npu_gelu(approximate='none') is not the erf form either: compare the "
                                    "rewards of DANCEGRPO_NPU_GELU=exact and =upstream runs",
-    "gelu, tanh": "the tanh GELU (Flux's feed-forwards) differs",
-    "scaled_dot_product_attention": "SDPA differs: the Flux attention off the NPU processor",
+    "gelu, tanh": "the tanh GELU (the transformers' feed-forwards) differs",
+    "scaled_dot_product_attention": "SDPA differs: the transformers' attention off the NPU processor",
     "npu_fusion_attention": "the NPU's fused attention (diffusers' NPU processor, the port's fallback) differs "
                             "from SDPA: sampling drifts, compare's latents tolerance bounds it",
     "RoPE, float32": "the float32 RoPE tables differ: positions move every attention",
-    "Flux double block": "one Flux block differs beyond bfloat16 accumulation: expect the rollout to drift",
     "HPS ViT block": "the reward's ViT block (with torch's nn.GELU, as DANCEGRPO_NPU_GELU=upstream runs it) "
                      "differs: rewards move (compare's rewards tolerance is 0.02%); the npu_gelu line is the default's",
 }
@@ -169,29 +170,8 @@ def _ops(torch, npu_ops):
     return ops
 
 
-def _flux_block(torch, g):
-    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
-
-    torch.manual_seed(0)
-    block = FluxTransformerBlock(dim=64, num_attention_heads=2, attention_head_dim=32).to(torch.bfloat16)
-    hidden = (torch.randn(1, 32, 64, generator=g)).to(torch.bfloat16)
-    context = (torch.randn(1, 8, 64, generator=g)).to(torch.bfloat16)
-    temb = (torch.randn(1, 64, generator=g)).to(torch.bfloat16)
-    angles = torch.arange(40, dtype=torch.float32)[:, None] * torch.tensor(
-        [10000.0 ** (-i / 32) for i in range(0, 32, 2)])[None, :]
-    rotary = (angles.cos().repeat_interleave(2, 1), angles.sin().repeat_interleave(2, 1))
-
-    def run(device):
-        b = copy.deepcopy(block).to(device)
-        with torch.no_grad():
-            _, out = b(hidden.to(device), context.to(device), temb.to(device),
-                       image_rotary_emb=tuple(r.to(device) for r in rotary))
-        return out
-
-    return run
-
-
 def _vit_block(torch, g):
+    """("HPS ViT block", run(device)): the reward's ViT-H-14 block, narrow, with torch's nn.GELU."""
     try:
         from open_clip.transformer import ResidualAttentionBlock
     except ImportError:
@@ -205,11 +185,28 @@ def _vit_block(torch, g):
         with torch.no_grad():
             return b(x.to(device))
 
-    return run
+    return "HPS ViT block", run
 
 
-def run_numerics(torch, npu_ops, device: str) -> list[OpResult]:
-    """Every op on ``device`` and on the CPU.  ``npu_ops``: the module with torch_npu's kernels."""
+# What a WARN of a model's block means (its row names the block: ``numerics_block``).
+BLOCK_MEANING = "one {name} differs beyond bfloat16 accumulation: expect the rollout to drift"
+
+
+def model_blocks() -> list:
+    """The blocks the registry's rows name (``numerics_block``, "module:function" (torch, generator)
+    -> (name, run(device))), each once: the rows of the tool's own dependency set, which doctor
+    runs in."""
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.run import depsets
+
+    refs = [spec.numerics_block for spec in trainers.REGISTRY.values()
+            if spec.numerics_block and spec.depset == depsets.DEFAULT]
+    return [trainers.load(ref) for ref in dict.fromkeys(refs)]
+
+
+def run_numerics(torch, npu_ops, device: str, blocks=None) -> list[OpResult]:
+    """Every op on ``device`` and on the CPU, then each of ``blocks`` (None: the registry's,
+    ``model_blocks``) and the reward's ViT block.  ``npu_ops``: the module with torch_npu's kernels."""
     results = []
     g = torch.Generator().manual_seed(0)
     cases = [(name, str(dtype).split(".")[1], kind, make(g), fn, setup)
@@ -217,13 +214,18 @@ def run_numerics(torch, npu_ops, device: str) -> list[OpResult]:
     for name, dtype, kind, inputs, fn, setup in cases:
         results.append(_compare(torch, name, dtype, kind, lambda on_npu, d: fn(tuple(t.to(d) for t in inputs), on_npu),
                                 setup, device))
-    for name, dtype, builder in (("Flux double block", "bfloat16", _flux_block), ("HPS ViT block", "float32", _vit_block)):
+    built = [(builder, "bfloat16") for builder in (model_blocks() if blocks is None else blocks)]
+    for builder, dtype in (*built, (_vit_block, "float32")):
         try:
-            run = builder(torch, g)
-        except Exception as e:  # noqa: BLE001 - a missing library is reported as that op's error
+            name, run = builder(torch, g)
+        except Exception as e:  # noqa: BLE001 - a missing library is reported as that block's error
+            name = getattr(builder, "__name__", "block").replace("_", " ")
             results.append(OpResult(name, dtype, "accumulating", 0, 0, 0, "", "ERROR", f"not built: {e}"))
             continue
-        results.append(_compare(torch, name, dtype, "accumulating", lambda on_npu, d: run(d), None, device))
+        result = _compare(torch, name, dtype, "accumulating", lambda on_npu, d: run(d), None, device)
+        if builder is not _vit_block:
+            result = replace(result, meaning=BLOCK_MEANING.format(name=name))
+        results.append(result)
     if device != "cpu":
         torch.npu.matmul.allow_hf32 = False  # torch_npu's default, as found
     return results

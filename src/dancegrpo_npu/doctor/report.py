@@ -84,7 +84,7 @@ def check_weights(project: Project, opts: DoctorOptions) -> Check:
     problems, ready, failing = [], [], []
     refused: dict[str, list] = {}  # a dry run's refusal (the tree, the arguments): its trainers, its hint
     for name in names:
-        found, refusal = trainers_mod.trainer_check(project, name, opts.environ, flux_dir=opts.flux_dir,
+        found, refusal = trainers_mod.trainer_check(project, name, opts.environ, weights_dir=opts.weights_dir,
                                                     hps_ckpt=opts.hps_ckpt, hps_open_clip_ckpt=opts.hps_open_clip_ckpt)
         if refusal is not None:
             refused.setdefault(refusal.message.rstrip("."), [[], refusal.hint])[0].append(name)

@@ -45,10 +45,10 @@ def installed(project: Project, environ: dict[str, str]) -> list[str]:
     return found
 
 
-# doctor's own flags for inputs several trainers share: (doctor's flag, whether an input of a
-# trainer is the one it names).  A trainer takes the flag only where it has such an input.
+# doctor's own flags for a trainer's inputs: (doctor's flag, whether an input of a trainer's row
+# is one it stands for).  A trainer takes the flag only where it has such an input.
 DOCTOR_FLAGS = (
-    ("--flux", lambda required: required.what.startswith("FLUX.1-dev")),  # FLUX.1-dev's weights
+    ("--weights", lambda required: required.weights),  # the model's own weights directory (Input.weights)
     ("--hps-ckpt", lambda required: required.flag == "--hps_ckpt"),
     ("--hps-open-clip-ckpt", lambda required: required.flag == "--hps_open_clip_ckpt"),
 )
@@ -75,10 +75,11 @@ def input_fix(names: list[str]) -> str:
     return "put the inputs where docs/weights.md says, or pass their flags (" + "; ".join(parts) + ")"
 
 
-def _user_args(info: TrainerSpec, flux_dir: Path | None, hps_ckpt: Path | None, clip: Path | None) -> tuple[str, ...]:
-    """doctor's --flux, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags, for the
+def _user_args(info: TrainerSpec, weights_dir: Path | None, hps_ckpt: Path | None,
+               clip: Path | None) -> tuple[str, ...]:
+    """doctor's --weights, --hps-ckpt and --hps-open-clip-ckpt as the trainer's own flags, for the
     inputs the trainer has."""
-    given = {"--flux": flux_dir, "--hps-ckpt": hps_ckpt, "--hps-open-clip-ckpt": clip}
+    given = {"--weights": weights_dir, "--hps-ckpt": hps_ckpt, "--hps-open-clip-ckpt": clip}
     args: list[str] = []
     for flag, inputs in doctor_inputs(info).items():
         if given[flag] is not None:
@@ -87,15 +88,15 @@ def _user_args(info: TrainerSpec, flux_dir: Path | None, hps_ckpt: Path | None, 
     return tuple(args)
 
 
-def trainer_problems(project: Project, name: str, environ: dict[str, str], *, flux_dir: Path | None = None,
+def trainer_problems(project: Project, name: str, environ: dict[str, str], *, weights_dir: Path | None = None,
                      hps_ckpt: Path | None = None, hps_open_clip_ckpt: Path | None = None) -> list[str]:
     """What would stop ``launch NAME`` here before its job starts (empty: nothing)."""
-    problems, refusal = trainer_check(project, name, environ, flux_dir=flux_dir, hps_ckpt=hps_ckpt,
+    problems, refusal = trainer_check(project, name, environ, weights_dir=weights_dir, hps_ckpt=hps_ckpt,
                                       hps_open_clip_ckpt=hps_open_clip_ckpt)
     return [refusal.one_line()] if refusal is not None else problems
 
 
-def trainer_check(project: Project, name: str, environ: dict[str, str], *, flux_dir: Path | None = None,
+def trainer_check(project: Project, name: str, environ: dict[str, str], *, weights_dir: Path | None = None,
                   hps_ckpt: Path | None = None,
                   hps_open_clip_ckpt: Path | None = None) -> tuple[list[str], DancegrpoError | None]:
     """(what in the trainer's inputs and dependency set would stop ``launch NAME`` here, the
@@ -104,7 +105,7 @@ def trainer_check(project: Project, name: str, environ: dict[str, str], *, flux_
     from dancegrpo_npu.run.plan import LaunchSpec
 
     info = trainers.get(name, "trainer")
-    spec = LaunchSpec(name, args=_user_args(info, flux_dir, hps_ckpt, hps_open_clip_ckpt), device="cpu")
+    spec = LaunchSpec(name, args=_user_args(info, weights_dir, hps_ckpt, hps_open_clip_ckpt), device="cpu")
     try:  # the inputs are the device's own business nowhere: the CPU plan lists the same ones
         plan = build_plan(project, spec, project.runs_dir / "doctor-probe", environ=environ, dry_run=True)
     except DancegrpoError as e:

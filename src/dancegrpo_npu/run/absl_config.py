@@ -140,6 +140,12 @@ if request["check"]:
     module, _, function = request["check"].partition(":")
     args = argparse.Namespace(**request["values"])
     answer["problem"] = getattr(importlib.import_module(module), function)(args, config)
+if request["settle"] and not answer["problem"]:
+    # the port's flags as the trainer's main leaves them: a flag not given takes its configuration's value
+    module, _, function = request["settle"].partition(":")
+    args = argparse.Namespace(**request["values"])
+    getattr(importlib.import_module(module), function)(args, config)
+    answer["settled"] = {k: v for k, v in vars(args).items() if v is None or isinstance(v, (bool, int, float, str))}
 done()
 """
 
@@ -173,21 +179,22 @@ def config_flag_code(script: Path) -> tuple[str, str] | None:
 
 
 def check_config(script: Path, tree: Path, python: str, script_args: list[str], flags: tuple[str, ...],
-                 values: dict | None, check: str, example: str) -> None:
+                 values: dict | None, check: str, example: str, settle: str = "") -> dict | None:
     """Refuse, in one line (exit 2), a configuration ``script``'s absl would refuse, or one its
-    ``check`` (the overlay's, given the port's parsed ``values``) finds it cannot run with.
-    Nothing when the script defines no configuration flag; an error (exit 1) when the check
-    cannot run."""
+    ``check`` (the overlay's, given the port's parsed ``values``) finds it cannot run with; an
+    error (exit 1) when the check cannot run.  Returns the port's values as ``settle`` (the
+    overlay's, as the trainer's main calls it: a flag not given takes its configuration key's
+    value) leaves them; None without ``settle``, or when the script defines no configuration flag."""
     from dancegrpo_npu.run.script_parser import _unreadable
     from dancegrpo_npu.run.upstream_args import join_flags, split_flags
 
     found = config_flag_code(script)
     if found is None:
-        return
+        return None
     code, name = found
     flag = f"--{name}"
     if flag not in flags:
-        return
+        return None
     items = split_flags(script_args)
     absl_items = [item for item in items if item[0] == flag or item[0].startswith(flag + ".")]
     given = [value for f, value, _ in absl_items if f == flag]
@@ -199,7 +206,7 @@ def check_config(script: Path, tree: Path, python: str, script_args: list[str], 
         "tree": str(tree), "script": str(script), "script_name": script.name, "argv": list(script_args),
         "code": code, "flag": name, "absl_argv": join_flags(absl_items), "config": config, "shown": shown,
         "overrides": [f"{f}={v}" if v is not None else f for f, v, _ in absl_items if f != flag],
-        "values": values or {}, "check": check, "example": example,
+        "values": values or {}, "check": check, "example": example, "settle": settle,
     }
     try:
         proc = subprocess.run([python, "-c", _CHILD], input=json.dumps(request, default=str), capture_output=True,
@@ -216,6 +223,7 @@ def check_config(script: Path, tree: Path, python: str, script_args: list[str], 
     if answer["problem"]:
         raise DancegrpoError(f"{script.name} would refuse its arguments: {answer['problem']}",
                              "fix the script's arguments; nothing was started", exit_code=2)
+    return answer.get("settled")
 
 
 def _shown_path(path: Path, tree: Path) -> str:

@@ -191,13 +191,15 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
         from dancegrpo_npu.run import absl_config
 
         try:
-            absl_config.check_config(tree / info.relpath, tree, python, script_args, info.foreign_flags,
-                                     parsed.values, info.config_check, info.config_example)
+            settled = absl_config.check_config(tree / info.relpath, tree, python, script_args, info.foreign_flags,
+                                               parsed.values, info.config_check, info.config_example,
+                                               info.config_settle)
         except DancegrpoError as e:
             if e.exit_code == 2 or not dry_run:
                 raise
             problems.append(e.one_line())
             return "not checked (see below)", parsed.values
+        return f"checked by {Path(info.relpath).name}'s own parser", settled or parsed.values
     return f"checked by {Path(info.relpath).name}'s own parser", parsed.values
 
 

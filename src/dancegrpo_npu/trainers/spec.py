@@ -147,12 +147,19 @@ class TrainerSpec:
     config_check: str = ""
     # A configuration to name in the refusals of a bad --config (upstream's recipe's).
     config_example: str = ""
+    # The overlay's function the script's main gives the port's flags the configuration's values
+    # with ("module:function", (args, config)): a flag not given is its key's (upstream's recipe
+    # sets --seed, --num_generations and --sampling_steps there), as a replay is checked against.
+    config_settle: str = ""
     # What the script always does whatever its flags say, as the values a replay must match
     # (run.upstream_args.TRAINER_ARGPARSE_DEFAULTS' names): the SD trainer shares its initial latents.
     fixed_values: tuple[tuple[str, object], ...] = ()
     # The script's own flags for those values under another name: (its flag, the name), e.g.
     # HunyuanVideo's --use_same_noise is init_same_noise (as the overlay's hunyuan.settle reads it).
     renamed_values: tuple[tuple[str, str], ...] = ()
+    # The model's block doctor's numerics check runs on NPU 0 and on the CPU: "module:function"
+    # (torch, generator) -> (its name, run(device) -> tensor); "": the trainer names none.
+    numerics_block: str = ""
     # Why the recipe's batch is a rank's and is not rescaled at another world size ("": it is
     # rescaled to keep the prompts a step and the effective batch: run.recipes.scale).
     per_rank_batch: str = ""

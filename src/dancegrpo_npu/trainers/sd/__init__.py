@@ -38,6 +38,7 @@ ROWS = (
         no_lora=("upstream's LoRA path (config.use_lora) builds LoRAAttnProcessor(hidden_size=...), which diffusers "
                  "0.32 no longer takes"),
         foreign_flags=("--config",), config_check="dancegrpo_port.sd:configuration_problem",
+        config_settle="dancegrpo_port.sd:settle",
         config_example="--config fastvideo/config_sd/dgx.py:hpsv2",
         fixed_values=(("init_same_noise", True),),  # one initial latent for a rank's epoch (upstream's loop)
         plan_model="sd",

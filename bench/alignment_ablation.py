@@ -46,8 +46,9 @@ def run(project, fixtures, steps: int, nproc: int, size: int, name: str):
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.smoke import runner as smoke
+    from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
-    args = list(smoke.trainer_args(fixtures, lora=False))
+    args = list(trainer_args(fixtures, lora=False))
     args[args.index("--max_train_steps") + 1] = str(steps)
     args[args.index("--checkpointing_steps") + 1] = "100000"  # no checkpoint: not what is measured
     args[args.index("--h") + 1] = args[args.index("--w") + 1] = str(size)
@@ -71,7 +72,7 @@ def main() -> int:
     from dancegrpo_npu.align.compare import compare
     from dancegrpo_npu.engine import treecheck
     from dancegrpo_npu.project import find_project
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
 
     full = find_project(args.project_dir)
     fixtures = build_fixtures(full.build_dir / "fixtures", tree=full.workdir)

@@ -20,10 +20,11 @@ def main() -> int:
     import hpsv2.src.open_clip  # noqa: F401
     import torch  # noqa: F401
 
-    from dancegrpo_npu.smoke.fixtures import build_fixtures, is_current
+    from dancegrpo_npu.smoke.fixtures import is_current
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures, params_sha256
 
     t1 = time.perf_counter()
-    was_current = is_current(dest)
+    was_current = is_current(dest, params_sha256())
     fixtures = build_fixtures(dest)
     t2 = time.perf_counter()
     build_fixtures(dest)

@@ -103,14 +103,14 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda", "npu"))
     args = parser.parse_args()
 
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
     from dancegrpo_npu.project import find_project
 
     project = find_project(args.project)
     script = SCRIPTS[1] if args.lora else SCRIPTS[0]
     if not (project.workdir / "fastvideo" / script).is_file():
         sys.exit(f"bench: no patched tree at {project.workdir}; run `dancegrpo-npu fetch && dancegrpo-npu apply`")
-    build_fixtures(project.build_dir / "fixtures")  # cached from here on
+    build_fixtures(project.build_dir / "fixtures-flux")  # where the smoke builds them: cached from here on
 
     results = {n: run_smoke(project.root, n, args.lora, args.device) for n in (1, 2)}
     bare, imported = import_time(project.workdir, script)

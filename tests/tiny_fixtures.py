@@ -1,4 +1,4 @@
-"""``built``: the tiny-model fixtures (dancegrpo_npu.smoke.fixtures), a pytest fixture to import.
+"""``built``: the FLUX smoke's tiny-model fixtures (dancegrpo_npu.trainers.flux.fixtures), a pytest fixture to import.
 
 test_fixtures, test_tiny_models and test_smoke import it; each module's copy builds at
 the same path, so the first to ask builds and the others reuse that build.
@@ -11,6 +11,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
 
     return build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")

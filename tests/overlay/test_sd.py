@@ -86,7 +86,7 @@ def test_a_step_is_an_update_and_the_next_begins_inside_the_epoch(monkeypatch):
 
 def test_a_unet_checkpoint_is_written_whole_with_its_config(tmp_path):
     diffusers = pytest.importorskip("diffusers")
-    from dancegrpo_npu.smoke.sd_fixtures import UNET_CONFIG
+    from dancegrpo_npu.trainers.sd.fixtures import UNET_CONFIG
 
     unet = diffusers.UNet2DConditionModel(cross_attention_dim=16, **UNET_CONFIG)
     target = tmp_path / "checkpoint_epoch_1"

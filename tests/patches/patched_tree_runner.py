@@ -34,7 +34,7 @@ def launch_preprocessing(project, out_dir: Path, name: str, env=()):
     """The patched preprocess_flux_embedding.py on 2 CPU ranks over the fixture pipeline, launched
     like any run; returns (run record, fixtures)."""
     from dancegrpo_npu.run.launch import LaunchSpec, launch
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
 
     fixtures = build_fixtures(project.build_dir / "fixtures")
     record = launch(project, LaunchSpec(

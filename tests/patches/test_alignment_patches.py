@@ -68,10 +68,11 @@ class Runs:
     def _launch(project, extra, nproc, lora):
         from dancegrpo_npu.run.launch import LaunchSpec, launch
         from dancegrpo_npu.smoke import runner as smoke
-        from dancegrpo_npu.smoke.fixtures import build_fixtures
+        from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+        from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
         fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-        spec = LaunchSpec(script="flux-lora" if lora else "flux", args=smoke.trainer_args(fixtures, lora) + extra,
+        spec = LaunchSpec(script="flux-lora" if lora else "flux", args=trainer_args(fixtures, lora) + extra,
                           nproc_per_node=nproc, device="cpu", name="align", env=smoke.job_env("cpu", nproc),
                           upstream_defaults=False, strict=True)
         return launch(project, spec)

@@ -299,7 +299,7 @@ def test_the_tree_without_a_video_patch_runs_its_smoke(project, trainer, patch):
 LOAD_VIDEOALIGN = """
 from pathlib import Path
 import torch
-from dancegrpo_npu.smoke.videoalign_fixtures import build
+from dancegrpo_npu.trainers.hunyuan.videoalign import build
 _, ckpt = build(Path("."))
 from fastvideo.models.videoalign.inference import VideoVLMRewardInference
 VideoVLMRewardInference(str(ckpt), device="cpu", dtype=torch.bfloat16)

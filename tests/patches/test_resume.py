@@ -45,10 +45,11 @@ def launch(project, lora=False, nproc=1, env=(), extra=(), max_restarts=0):
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run.launch import LaunchSpec, launch as launch_
     from dancegrpo_npu.smoke import runner as smoke
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
     fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-    args = smoke.trainer_args(fixtures, lora, STEPS, checkpointing_steps=1) + tuple(extra)
+    args = trainer_args(fixtures, lora, STEPS, checkpointing_steps=1) + tuple(extra)
     return launch_(project, LaunchSpec(
         script="flux-lora" if lora else "flux", args=args, nproc_per_node=nproc, device="cpu", name="resume",
         env=smoke.job_env("cpu", nproc) + tuple(env), upstream_defaults=False, strict=True,

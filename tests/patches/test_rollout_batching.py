@@ -62,10 +62,11 @@ class Runs:
     def _launch(project, extra, lora):
         from dancegrpo_npu.run.launch import LaunchSpec, launch
         from dancegrpo_npu.smoke import runner as smoke
-        from dancegrpo_npu.smoke.fixtures import build_fixtures
+        from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+        from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
         fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-        args = smoke.trainer_args(fixtures, lora, generations=G) + extra
+        args = trainer_args(fixtures, lora, generations=G) + extra
         spec = LaunchSpec(script="flux-lora" if lora else "flux", args=args, nproc_per_node=1, device="cpu",
                           name="rollout", env=smoke.job_env("cpu", 1), upstream_defaults=False, strict=True)
         return launch(project, spec)

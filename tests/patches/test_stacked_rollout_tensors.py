@@ -280,7 +280,7 @@ for i in range(G):
 out["trained"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in transformer.parameters())
 ''' + REPORT
 
-# FLUX.1-dev's shapes shrunk as the smoke's fixtures shrink them (src/dancegrpo_npu/smoke/tiny_models.py)
+# FLUX.1-dev's shapes shrunk as the smoke's fixtures shrink them (src/dancegrpo_npu/trainers/flux/tiny_models.py)
 TINY_FLUX = {"patch_size": 1, "in_channels": 64, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16,
              "num_attention_heads": 2, "joint_attention_dim": 16, "pooled_projection_dim": 16, "guidance_embeds": True,
              "axes_dims_rope": [4, 6, 6]}
@@ -337,7 +337,7 @@ def run_with_diffusers_035(tree, tmp_path, code: str, *args: str):
 @pytest.mark.slow
 @pytest.mark.extended  # the same code path as Flux's, in the second dependency set
 def test_wan_rollout_and_training_step_leave_collected_tensors_alone(patched_tree, tmp_path):
-    from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
+    from dancegrpo_npu.trainers.wan.fixtures import TRANSFORMER_CONFIG
 
     config = json.dumps(TRANSFORMER_CONFIG)
     got = result(run_with_diffusers_035(patched_tree.tree, tmp_path, WAN, "measure", config))
@@ -418,10 +418,11 @@ def _free_port() -> str:
 @pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.extended)])
 def test_flux_trainer_step_leaves_reported_tensors_alone(run_in_tree, patched_tree, tmp_path, batch):
     from dancegrpo_npu.smoke import runner as smoke
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+    from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
     fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures", tree=patched_tree.tree)
-    args = smoke.trainer_args(fixtures, False, steps=1, generations=2) + (
+    args = trainer_args(fixtures, False, steps=1, generations=2) + (
         "--output_dir", str(tmp_path / "outputs"), "--sample_batch_size", str(batch))
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": _free_port(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -1,5 +1,5 @@
 """videoalign-on-every-device: upstream's VideoVLMRewardInference, from the patched tree, loads a
-tiny VideoAlign checkpoint laid out as upstream loads it (dancegrpo_npu.smoke.videoalign_fixtures)
+tiny VideoAlign checkpoint laid out as upstream loads it (dancegrpo_npu.trainers.hunyuan.videoalign)
 on the CPU, with SDPA, and scores videos held in memory; a reward that raises, or is not finite,
 is one line naming the reward, the sample and the cause (dancegrpo_port.videoalign.score).
 
@@ -28,7 +28,7 @@ import av
 import numpy as np
 import torch
 
-from dancegrpo_npu.smoke.videoalign_fixtures import build
+from dancegrpo_npu.trainers.hunyuan.videoalign import build
 
 _, ckpt = build(Path("."))  # ./Qwen2-VL-2B-Instruct and ./videoalign_ckpt, where upstream looks
 

@@ -196,15 +196,16 @@ def test_smoke_passes_the_alignment_options_to_launch(tmp_path, monkeypatch):
     from dancegrpo_npu.run.align_flags import AlignOptions
     from dancegrpo_npu.run import launch as launch_mod
     from dancegrpo_npu.smoke import runner
+    from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
     seen = {}
     ended = type("Record", (), {"returncode": 0, "run_dir": tmp_path})()  # a run that ended well
-    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: seen.setdefault("spec", spec) and ended)
+    monkeypatch.setattr(launch_mod, "launch", lambda project, spec, **kw: seen.setdefault("spec", spec) and ended)
     fixtures = type("F", (), {k: tmp_path for k in ("model_dir", "data_json", "hps_model_config",
                                                      "hps_open_clip_ckpt", "hps_ckpt")})  # fmt: skip
     align = AlignOptions(rng="cpu", record_modules=True)
     options = runner.SmokeOptions(align=align)
-    runner._launch(find_project(make_project(tmp_path / "p")), options, runner.all_trainer_args(options, fixtures))
+    runner._launch(find_project(make_project(tmp_path / "p")), options, trainer_args(fixtures, lora=False))
     assert seen["spec"].align == align and seen["spec"].align.trainer_args(None) == ("--rng", "cpu", "--record",
                                                                                      "--record_modules")  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""build_fixtures: layout, reuse, rebuild, determinism, hpsv2 vocabulary, the dataset vs upstream.
+"""The fixtures' builds (smoke.fixtures), on the FLUX fixtures (trainers.flux.fixtures): layout, reuse,
+rebuild, determinism, hpsv2 vocabulary, the dataset vs upstream; the shared reward fixtures alone.
 
 One build per test session (fixture ``built``, shared with test_tiny_models), seconds on two cores;
 the rebuild tests build a second time and compare hashes with the first build.
@@ -20,6 +21,7 @@ import pytest
 from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from dancegrpo_npu.smoke import fixtures as fx
+from dancegrpo_npu.trainers.flux import fixtures as flux
 from dancegrpo_npu.errors import DancegrpoError
 
 torch = pytest.importorskip("torch")
@@ -76,10 +78,21 @@ def test_layout_matches_the_contract(built):
     assert set(stamp["files"]) == set(tree_hashes(built.root)) - {fx.STAMP_NAME}
 
 
+def test_the_reward_fixtures_alone_are_the_ones_every_smoke_shares(built, tmp_path):
+    """The HPS reward and the prompts, built without a trainer's pipeline, are the very files the
+    FLUX fixtures hold: every trainer's smoke scores with the same reward."""
+    reward = fx.build_reward_fixtures(tmp_path / "fixtures-reward")
+    assert sorted(p.name for p in reward.hps_model_config.parents[1].iterdir()) == ["fixtures.stamp.json", "hps_ckpt",
+                                                                                      "prompts.txt"]
+    for path in ("hps_model_config", "hps_open_clip_ckpt", "hps_ckpt", "prompts"):
+        assert getattr(reward, path).read_bytes() == getattr(built, path).read_bytes(), path
+    assert fx.is_current(tmp_path / "fixtures-reward", fx.reward_params_sha256())
+
+
 def test_reused_when_present(built, monkeypatch):
     before = (built.root / fx.STAMP_NAME).stat().st_mtime_ns
-    monkeypatch.setattr(fx, "_build_into", lambda root: pytest.fail("rebuilt a complete, current fixture dir"))
-    assert fx.build_fixtures(built.root) == built
+    monkeypatch.setattr(fx, "_build_into", lambda root, write: pytest.fail("rebuilt a complete, current fixture dir"))
+    assert flux.build_fixtures(built.root) == built
     assert (built.root / fx.STAMP_NAME).stat().st_mtime_ns == before
 
 
@@ -87,7 +100,7 @@ def test_reused_when_present(built, monkeypatch):
 def test_incomplete_or_stale_dir_is_not_current(built, tmp_path, damage):
     copy = tmp_path / "fixtures"
     shutil.copytree(built.root, copy)
-    assert fx.is_current(copy)
+    assert fx.is_current(copy, flux.params_sha256())
     if damage == "no stamp":
         (copy / fx.STAMP_NAME).unlink()
     elif damage == "file deleted":
@@ -100,7 +113,7 @@ def test_incomplete_or_stale_dir_is_not_current(built, tmp_path, damage):
         stamp = json.loads((copy / fx.STAMP_NAME).read_text())
         stamp["params_sha256"] = "0" * 64
         (copy / fx.STAMP_NAME).write_text(json.dumps(stamp))
-    assert not fx.is_current(copy)
+    assert not fx.is_current(copy, flux.params_sha256())
 
 
 def test_half_built_dir_is_rebuilt_identically(built, tmp_path):
@@ -112,10 +125,10 @@ def test_half_built_dir_is_rebuilt_identically(built, tmp_path):
     shutil.rmtree(dest / "rl_embeddings")
     torch.manual_seed(12345)
     rng, env = torch.random.get_rng_state(), dict(os.environ)
-    fx.build_fixtures(dest)
+    flux.build_fixtures(dest)
     assert torch.equal(torch.random.get_rng_state(), rng), "the build's seeds leaked into the caller"
     assert dict(os.environ) == env
-    assert fx.is_current(dest)
+    assert fx.is_current(dest, flux.params_sha256())
     assert tree_hashes(dest) == tree_hashes(built.root), "two builds differ: the fixtures are not deterministic"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fixtures.lock", "fixtures"]
 
@@ -125,10 +138,10 @@ def test_dir_with_a_broken_stamp_is_replaced_whole(built, tmp_path, monkeypatch)
     shutil.copytree(built.root, dest)
     (dest / fx.STAMP_NAME).write_text("{")
     (dest / "stray-file").write_text("left by an older layout")
-    fake_build = lambda root: shutil.copytree(built.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(fx.STAMP_NAME))
+    fake_build = lambda root, write: shutil.copytree(built.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(fx.STAMP_NAME))
     monkeypatch.setattr(fx, "_build_into", fake_build)
-    fx.build_fixtures(dest)
-    assert fx.is_current(dest) and not (dest / "stray-file").exists()
+    flux.build_fixtures(dest)
+    assert fx.is_current(dest, flux.params_sha256()) and not (dest / "stray-file").exists()
 
 
 @pytest.mark.parametrize("kind", ["directory", "file"])
@@ -139,9 +152,9 @@ def test_something_else_at_dest_is_never_replaced(tmp_path, monkeypatch, kind):
         (dest / "notes.txt").write_text("mine")
     else:
         dest.write_text("mine")
-    monkeypatch.setattr(fx, "_build_into", lambda root: pytest.fail("built although dest is not ours"))
+    monkeypatch.setattr(fx, "_build_into", lambda root, write: pytest.fail("built although dest is not ours"))
     with pytest.raises(DancegrpoError, match="not a fixtures directory"):
-        fx.build_fixtures(dest)
+        flux.build_fixtures(dest)
     assert (dest / "notes.txt" if kind == "directory" else dest).read_text() == "mine"
 
 
@@ -152,16 +165,16 @@ def test_failed_build_leaves_old_dir_and_no_staging(built, tmp_path, monkeypatch
     before = tree_hashes(dest)
     (tmp_path / ".fixtures.build-crashed").mkdir()  # a staging dir of a build that died
 
-    def half_build(root):
+    def half_build(root, write):
         (root / "pipeline").mkdir()
         (root / "pipeline" / "model_index.json").write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(fx, "_build_into", half_build)
     with pytest.raises(KeyboardInterrupt):
-        fx.build_fixtures(dest)
+        flux.build_fixtures(dest)
     assert tree_hashes(dest) == before
-    assert not fx.is_current(dest)
+    assert not fx.is_current(dest, flux.params_sha256())
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fixtures.lock", "fixtures"]
 
 
@@ -175,19 +188,19 @@ def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setattr(fx.importlib.metadata, "version", version)
     with pytest.raises(DancegrpoError, match="hpsv2") as info:
-        fx.build_fixtures(tmp_path / "fixtures")
+        flux.build_fixtures(tmp_path / "fixtures")
     assert "bootstrap" in info.value.hint
     assert not (tmp_path / "fixtures").exists()
 
 
 @pytest.mark.parametrize("missing", ["_tkinter", "diffusers"])
 def test_broken_import_during_build_is_a_clear_error(tmp_path, monkeypatch, missing):
-    def build(root):
+    def build(root, write):
         raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
 
     monkeypatch.setattr(fx, "_build_into", build)
     with pytest.raises(DancegrpoError, match=f"failed to import {missing}") as info:
-        fx.build_fixtures(tmp_path / "fixtures")
+        flux.build_fixtures(tmp_path / "fixtures")
     assert ("python3-tk" if missing == "_tkinter" else "bootstrap") in info.value.hint
     assert not (tmp_path / "fixtures").exists()
 
@@ -201,12 +214,13 @@ def test_unwritable_dest_is_a_clear_error(tmp_path):
         (tmp_path / "ro").mkdir(mode=0o500)
         dest = tmp_path / "ro" / "fixtures"
     with pytest.raises(DancegrpoError, match="cannot build the fixtures in") as info:
-        fx.build_fixtures(dest)
+        flux.build_fixtures(dest)
     assert "writable" in info.value.hint
 
 
 def test_module_imports_without_torch():
-    code = "import sys, dancegrpo_npu.smoke.fixtures, dancegrpo_npu.smoke.tiny_models; sys.exit('torch' in sys.modules)"
+    code = ("import sys, dancegrpo_npu.smoke.fixtures, dancegrpo_npu.smoke.tiny_models, dancegrpo_npu.trainers.flux.fixtures, "
+            "dancegrpo_npu.trainers.flux.tiny_models; sys.exit('torch' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=str(Path(fx.__file__).parents[2]))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
 
@@ -294,12 +308,12 @@ def test_dataset_reads_through_upstreams_latent_dataset(built, upstream_dataset_
     assert prompt_embeds.dtype == pooled.dtype == text_ids.dtype == torch.bfloat16
     assert list(captions) == list(fx.PROMPTS[:2])
     # the tool's own read-back through the tree (build_fixtures(dest, tree))
-    assert fx.build_fixtures(built.root, tree=upstream_dataset_tree) == built
+    assert flux.build_fixtures(built.root, tree=upstream_dataset_tree) == built
 
 
 def test_tree_without_the_dataset_module_is_a_clear_error(built, tmp_path):
     with pytest.raises(DancegrpoError, match="latent_flux_rl_datasets.py") as info:
-        fx.build_fixtures(built.root, tree=tmp_path)
+        flux.build_fixtures(built.root, tree=tmp_path)
     assert "fetch" in info.value.hint
 
 
@@ -310,7 +324,7 @@ def test_concurrent_builds_build_once(built, tmp_path, monkeypatch):
 
     calls = []
 
-    def slow_build(root):
+    def slow_build(root, write):
         calls.append(root)
         time.sleep(0.3)
         shutil.copytree(built.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(fx.STAMP_NAME))
@@ -318,10 +332,10 @@ def test_concurrent_builds_build_once(built, tmp_path, monkeypatch):
     monkeypatch.setattr(fx, "_build_into", slow_build)
     dest = tmp_path / "fixtures"
     results = []
-    threads = [threading.Thread(target=lambda: results.append(fx.build_fixtures(dest))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: results.append(flux.build_fixtures(dest))) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
-    assert fx.is_current(dest)
+    assert fx.is_current(dest, flux.params_sha256())

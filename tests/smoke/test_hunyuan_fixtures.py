@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from snippet import run_snippet
 
-from dancegrpo_npu.smoke import hunyuan_fixtures as hy
+from dancegrpo_npu.trainers.hunyuan import fixtures as hy
 from dancegrpo_npu.smoke.child_build import STAMP_NAME
 from dancegrpo_npu.smoke.fixtures import PROMPTS
 from dancegrpo_npu.smoke.tiny_models import CLIP_TEXT_CONFIG
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKLHunyuanVideo, FluxPipeline, HunyuanVideoTransformer3DModel
 
-from dancegrpo_npu.smoke.hunyuan_fixtures import with_tokenizers_copied
+from dancegrpo_npu.trainers.hunyuan.fixtures import with_tokenizers_copied
 from fastvideo.dataset.latent_rl_datasets import LatentDataset, latent_collate_function
 from fastvideo.utils.load import load_text_encoder, load_transformer, load_vae
 

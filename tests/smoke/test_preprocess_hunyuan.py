@@ -1,6 +1,6 @@
 """``dancegrpo-npu launch preprocess-hunyuan`` and ``preprocess-skyreels-i2v``: upstream's
 preprocess_hunyuan_embeddings.py from the patched tree on the tiny HunyuanVideo and SkyReels-I2V
-pipelines (smoke.hunyuan_fixtures), on the CPU.
+pipelines (trainers.hunyuan.fixtures), on the CPU.
 
 The pipelines hold their tokenizers only in ``tokenizer/`` and ``tokenizer_2/`` (upstream's script
 first copies them into the text encoders' folders): the runs read them where they are and write
@@ -33,11 +33,11 @@ def tree_digest(directory) -> str:
 def hunyuan(patched_tree):
     import sys
 
-    from dancegrpo_npu.smoke.fixtures import PROMPTS, build_fixtures
-    from dancegrpo_npu.smoke.hunyuan_fixtures import build_hunyuan_fixtures
+    from dancegrpo_npu.smoke.fixtures import PROMPTS, build_reward_fixtures
+    from dancegrpo_npu.trainers.hunyuan.fixtures import build_hunyuan_fixtures
 
     build_dir = patched_tree.project.build_dir
-    prompts = build_fixtures(build_dir / "fixtures").prompts
+    prompts = build_reward_fixtures(build_dir / "fixtures-reward").prompts
     return build_hunyuan_fixtures(build_dir / "fixtures-hunyuan", prompts, sys.executable, patched_tree.tree), PROMPTS
 
 

@@ -1,5 +1,5 @@
 """``dancegrpo-npu launch preprocess-wan``: upstream's preprocess_wan_2_1_embeddings.py from the
-patched tree, run with the diffusers-0.35 set on the tiny Wan pipeline (smoke.wan_fixtures).
+patched tree, run with the diffusers-0.35 set on the tiny Wan pipeline (trainers.wan.fixtures).
 
 One run, one rank, on the CPU, of three prompts and a Chinese one (upstream's dataset drops
 it).  What it writes is what the trainer reads: the patched tree's own
@@ -26,12 +26,12 @@ CHINESE = "一只猫坐在红色的椅子上"
 def wan(patched_tree):
     from depset_035 import diffusers_035_python
 
-    from dancegrpo_npu.smoke.fixtures import PROMPTS, build_fixtures
-    from dancegrpo_npu.smoke.wan_fixtures import build_wan_fixtures
+    from dancegrpo_npu.smoke.fixtures import PROMPTS, build_reward_fixtures
+    from dancegrpo_npu.trainers.wan.fixtures import build_wan_fixtures
 
     python = diffusers_035_python()
     build_dir = patched_tree.project.build_dir
-    hps = build_fixtures(build_dir / "fixtures")  # the smoke's: built once a session
+    hps = build_reward_fixtures(build_dir / "fixtures-reward")  # the smoke's: built once a session
     return build_wan_fixtures(build_dir / "fixtures-wan", hps.prompts, python), PROMPTS
 
 
@@ -65,7 +65,7 @@ def trainers_dataset(tree):
 @pytest.mark.slow
 @pytest.mark.upstream
 def test_what_preprocessing_writes_is_what_the_trainer_reads(patched_tree, wan, preprocessed):
-    from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
+    from dancegrpo_npu.trainers.wan.fixtures import TRANSFORMER_CONFIG
 
     fixtures, prompts = wan
     entries = json.loads((preprocessed / "videos2caption.json").read_text())

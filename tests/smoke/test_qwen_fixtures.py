@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.upstream
 
-TEXT_WIDTH = 32  # qwen_fixtures.TEXT_CONFIG["hidden_size"]
+TEXT_WIDTH = 32  # trainers.qwenimage.fixtures.TEXT_CONFIG["hidden_size"]
 
 
 def _tool(project_root, *args, timeout=600):
@@ -55,14 +55,16 @@ def built(patched_tree):
     Qwen-Image smokes (when they run in the same process)."""
     from depset_035 import diffusers_035_python
 
-    from dancegrpo_npu.smoke import qwen_smoke
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
+    from dancegrpo_npu.smoke.fixtures import build_reward_fixtures
+    from dancegrpo_npu.trainers.qwenimage.fixtures import build_qwen_fixtures
 
     python = diffusers_035_python()
     project = patched_tree.project
-    prompts = build_fixtures(project.build_dir / "fixtures").prompts  # the HPS fixture's, as the smokes
-    plain = qwen_smoke.fixtures(project, prompts, trainers.get("qwenimage"), python)
-    edit = qwen_smoke.fixtures(project, prompts, trainers.get("qwenimage-edit"), python)
+    prompts = build_reward_fixtures(project.build_dir / "fixtures-reward").prompts  # the smokes' prompts
+    # where the rows' fixtures hook builds them (trainers.qwenimage.smoke.fixtures)
+    plain, edit = (build_qwen_fixtures(project.build_dir / f"fixtures-{name}", prompts, python,
+                                       edit=trainers.get(name).smoke.param("edit"))
+                   for name in ("qwenimage", "qwenimage-edit"))
     return {"python": python, "prompts": prompts.read_text().splitlines(), "plain": plain, "edit": edit,
             "prompts_file": prompts}
 
@@ -113,7 +115,7 @@ def test_the_qwen_image_edit_dataset_reads_as_the_trainer_reads_it(built, patche
 
 @pytest.mark.slow
 def test_a_second_build_reuses_the_fixtures(built):
-    from dancegrpo_npu.smoke.qwen_fixtures import build_qwen_fixtures
+    from dancegrpo_npu.trainers.qwenimage.fixtures import build_qwen_fixtures
 
     fixtures = built["plain"]
     stamp = fixtures.root / "fixtures.stamp.json"

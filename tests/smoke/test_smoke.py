@@ -20,9 +20,11 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from conftest import copy_project
 
-from dancegrpo_npu.smoke import passes
+from dancegrpo_npu import trainers
+from dancegrpo_npu.smoke import checks, passes
 from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.checks import DecayBudget
+from dancegrpo_npu.trainers.flux import smoke as flux
 from dancegrpo_npu.errors import DancegrpoError
 
 torch = pytest.importorskip("torch")
@@ -98,7 +100,7 @@ def test_no_metrics_file_points_at_the_logs(tmp_path):
 
 
 def test_trainer_args_are_upstreams_recipe_shrunk(built):
-    args = smoke.trainer_args(built, lora=False)
+    args = flux.trainer_args(built, lora=False)
     value = {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
     assert (value["--h"], value["--w"], value["--sampling_steps"], value["--num_generations"]) == ("64", "64", "4", "2")
     assert value["--max_train_steps"] == value["--checkpointing_steps"] == str(smoke.STEPS) == "2"
@@ -106,28 +108,29 @@ def test_trainer_args_are_upstreams_recipe_shrunk(built):
     samples = int(value["--train_batch_size"]) * int(value["--num_generations"])
     assert samples % int(value["--gradient_accumulation_steps"]) == 0
     assert value["--hps_model"].endswith(".json") and "--use_hpsv2" in args and "--lora_rank" not in args
-    assert "--lora_rank" in smoke.trainer_args(built, lora=True)
+    assert "--lora_rank" in flux.trainer_args(built, lora=True)
 
 
 @pytest.mark.parametrize("steps, generations", [(1, 2), (3, 4), (5, 3)])
 def test_steps_and_generations_set_the_run(built, steps, generations):
-    value = smoke.flag_values(smoke.trainer_args(built, lora=False, steps=steps, generations=generations))
+    value = smoke.flag_values(flux.trainer_args(built, lora=False, steps=steps, generations=generations))
     assert value["--max_train_steps"] == value["--checkpointing_steps"] == str(steps)
     assert value["--num_generations"] == value["--gradient_accumulation_steps"] == str(generations)
     # one optimizer update a step, on the whole group (the seam refuses a remainder)
-    budget = smoke.decay_budget(smoke.trainer_args(built, lora=False, steps=steps, generations=generations), steps)
+    budget = checks.decay_budget(flux.trainer_args(built, lora=False, steps=steps, generations=generations), steps)
     assert budget == DecayBudget(1e-3, 1e-4, steps - 1)
 
 
 def test_arguments_after_the_smokes_own_win(built):
     options = smoke.SmokeOptions(extra_args=("--learning_rate", "5e-4", "--weight_decay=0.01", "--h", "128"))
-    args = smoke.all_trainer_args(options, built)
+    args = smoke.trainer_arguments(None, built, options, trainers.get("flux"))
     assert args[-5:] == options.extra_args
     value = smoke.flag_values(args)
     assert (value["--learning_rate"], value["--weight_decay"], value["--h"]) == ("5e-4", "0.01", "128")
-    assert smoke.decay_budget(args, 2) == DecayBudget(5e-4, 0.01, 1)
+    assert checks.decay_budget(args, 2) == DecayBudget(5e-4, 0.01, 1)
     options = smoke.SmokeOptions(extra_args=("--gradient_accumulation_steps", "1"))
-    assert smoke.decay_budget(smoke.all_trainer_args(options, built), 3).updates == 4  # 2 updates a step
+    assert checks.decay_budget(smoke.trainer_arguments(None, built, options, trainers.get("flux")),
+                               3).updates == 4  # 2 updates a step
 
 
 def _decayed(state: dict, budget: DecayBudget) -> dict:
@@ -150,18 +153,18 @@ def test_a_change_weight_decay_explains_is_no_training(built, tmp_path):
     start = {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(_decayed(start, budget))
     model.save_pretrained(tmp_path / "checkpoint-4-0")
-    check = smoke.check_full_checkpoint(tmp_path, built.model_dir, 4, budget)
+    check = checks.check_full_checkpoint(tmp_path, built.model_dir, 4, budget, "FluxTransformer2DModel")
     decayed = sum(not torch.equal(v, model.state_dict()[k]) for k, v in start.items())
     assert decayed > 0 and 0 < check.max_change <= check.decay_max  # decay did change weights...
     assert (check.changed, check.total) == (0, len(start))  # ...but no tensor moved beyond it
     with pytest.raises(DancegrpoError, match="training did nothing: none of the .* beyond what AdamW's weight decay"):
-        smoke.check_training_moved(check)
+        checks.check_training_moved(check)
     with torch.no_grad():  # one Adam step of a real gradient: about lr on each element
         model.proj_out.bias.sub_(budget.learning_rate)
     model.save_pretrained(tmp_path / "checkpoint-4-0")
-    check = smoke.check_full_checkpoint(tmp_path, built.model_dir, 4, budget)
+    check = checks.check_full_checkpoint(tmp_path, built.model_dir, 4, budget, "FluxTransformer2DModel")
     assert check.changed == 1
-    smoke.check_training_moved(check)
+    checks.check_training_moved(check)
 
 
 def test_an_unchanged_checkpoint_is_caught(built, tmp_path):
@@ -170,14 +173,14 @@ def test_an_unchanged_checkpoint_is_caught(built, tmp_path):
     budget = DecayBudget(1e-3, 1e-4, 1)
     model = FluxTransformer2DModel.from_pretrained(str(built.model_dir), subfolder="transformer")
     model.save_pretrained(tmp_path / "checkpoint-2-0")
-    check = smoke.check_full_checkpoint(tmp_path, built.model_dir, 2, budget)
+    check = checks.check_full_checkpoint(tmp_path, built.model_dir, 2, budget, "FluxTransformer2DModel")
     assert (check.changed, check.total) == (0, len(model.state_dict()))
     with pytest.raises(DancegrpoError, match="training did nothing"):
-        smoke.check_training_moved(check)
+        checks.check_training_moved(check)
     with torch.no_grad():
         model.proj_out.bias.add_(0.5)
     model.save_pretrained(tmp_path / "checkpoint-2-0")
-    check = smoke.check_full_checkpoint(tmp_path, built.model_dir, 2, budget)
+    check = checks.check_full_checkpoint(tmp_path, built.model_dir, 2, budget, "FluxTransformer2DModel")
     assert check.changed == 1 and check.max_change == pytest.approx(0.5)
 
 
@@ -188,14 +191,15 @@ def test_a_checkpoint_saved_before_any_update_must_hold_the_start(built, tmp_pat
     none = DecayBudget(1e-3, 1e-4, 0)
     model = FluxTransformer2DModel.from_pretrained(str(built.model_dir), subfolder="transformer")
     model.save_pretrained(tmp_path / "checkpoint-1-0")
-    check = smoke.check_full_checkpoint(tmp_path, built.model_dir, 1, none)
+    check = checks.check_full_checkpoint(tmp_path, built.model_dir, 1, none, "FluxTransformer2DModel")
     assert (check.changed, check.updates, check.decay_max) == (0, 0, 0.0)
-    smoke.check_training_moved(check)  # passes: nothing could have moved yet
+    checks.check_training_moved(check)  # passes: nothing could have moved yet
     with torch.no_grad():
         model.proj_out.bias.add_(1e-6)
     model.save_pretrained(tmp_path / "checkpoint-1-0")
     with pytest.raises(DancegrpoError, match="saved before any update, yet 1 of"):
-        smoke.check_training_moved(smoke.check_full_checkpoint(tmp_path, built.model_dir, 1, none))
+        checks.check_training_moved(checks.check_full_checkpoint(tmp_path, built.model_dir, 1, none,
+                                                                 "FluxTransformer2DModel"))
 
 
 def test_a_lora_checkpoint_is_read_with_the_hub_offline(built, tmp_path, monkeypatch):
@@ -215,16 +219,16 @@ def test_a_lora_checkpoint_is_read_with_the_hub_offline(built, tmp_path, monkeyp
     FluxPipeline.save_lora_weights(tmp_path / "lora-checkpoint-2-0",
                                    transformer_lora_layers=get_peft_model_state_dict(transformer))
     monkeypatch.setattr(lora_base, "HF_HUB_OFFLINE", True)
-    check = smoke.check_lora_checkpoint(tmp_path, built.model_dir, 2, DecayBudget(1e-3, 1e-4, 1))
+    check = flux.check_lora_checkpoint(tmp_path, built.model_dir, 2, DecayBudget(1e-3, 1e-4, 1))
     assert check.changed == check.total > 0 and check.max_change == pytest.approx(0.5)
 
 
 def test_missing_checkpoints_are_reported(built, tmp_path):
     budget = DecayBudget(1e-3, 1e-4, 1)
     with pytest.raises(DancegrpoError, match="wrote no checkpoint .*checkpoint-2-0"):
-        smoke.check_full_checkpoint(tmp_path, built.model_dir, 2, budget)
+        checks.check_full_checkpoint(tmp_path, built.model_dir, 2, budget, "FluxTransformer2DModel")
     with pytest.raises(DancegrpoError, match="wrote no LoRA checkpoint .*lora-checkpoint-3-0"):
-        smoke.check_lora_checkpoint(tmp_path, built.model_dir, 3, budget)
+        flux.check_lora_checkpoint(tmp_path, built.model_dir, 3, budget)
 
 
 def test_bad_options_are_refused_before_anything_runs(tmp_path):
@@ -265,7 +269,7 @@ def test_the_tree_is_checked_before_the_fixtures_are_built(tmp_path, capsys, sta
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
     assert ("no patched upstream tree at" if state == "missing" else "is not lock + series + overlay") in err
-    assert not (s.project.build_dir / "fixtures").exists() and not s.project.runs_dir.exists()
+    assert not list(s.project.build_dir.glob("fixtures*")) and not s.project.runs_dir.exists()
 
 
 def test_the_cli_passes_the_options_and_the_tree(tmp_path, monkeypatch, capsys):
@@ -274,13 +278,13 @@ def test_the_cli_passes_the_options_and_the_tree(tmp_path, monkeypatch, capsys):
     (tmp_path / "upstream.lock").write_text("")
     seen = {}
 
-    def fake_run(project, options):
+    def fake_run(project, options, verified=None):
         seen.update(project=project, options=options)
         checkpoint = smoke.CheckpointCheck(tmp_path / "c", "X", 1, 1, 0.001, 1e-7, options.steps - 1)
         return smoke.SmokeResult(tmp_path, (), checkpoint, 1.0)
 
     monkeypatch.setattr(smoke, "run_smoke", fake_run)
-    monkeypatch.setattr(passes, "inputs_sha256", lambda project, options: None)
+    monkeypatch.setattr(passes, "inputs_sha256", lambda project, options, verified=None: None)
     rc = main(["-C", str(tmp_path), "smoke", "--workdir", str(tmp_path / "other-tree"), "--steps", "3",
                "--generations", "4", "--lora", "--", "--h", "128", "--learning_rate", "5e-4"])
     assert rc == 0
@@ -516,8 +520,7 @@ def test_no_strict_reaches_the_launch(monkeypatch, tmp_path):
     seen = []
     ended = SimpleNamespace(returncode=0, run_dir=tmp_path)  # a run that ended well: its record, as launch's
     monkeypatch.setattr("dancegrpo_npu.run.launch.launch",
-                        lambda project, spec, dry_run=False: seen.append(spec) or ended)
-    monkeypatch.setattr(smoke, "all_trainer_args", lambda options, fixtures: ())
+                        lambda project, spec, dry_run=False, verified=None: seen.append(spec) or ended)
     project = SimpleNamespace(runs_dir=tmp_path)  # where the step lines would be read from
     smoke._launch(project, smoke.SmokeOptions(), ())
     smoke._launch(project, smoke.SmokeOptions(strict=False), ())

@@ -1,7 +1,7 @@
 """``dancegrpo-npu smoke --trainer hunyuan`` and ``--trainer skyreels-i2v``: upstream's HunyuanVideo
 and SkyReels-I2V trainers on a tiny HunyuanVideo (the repo-local ``hunyuan_hf`` transformer; 32
 input channels for SkyReels), ``AutoencoderKLHunyuanVideo``, the tiny VideoAlign reward and, for
-SkyReels' first frame, the tiny FLUX pipeline (smoke.hunyuan_fixtures, smoke.videoalign_fixtures).
+SkyReels' first frame, the tiny FLUX pipeline (trainers.hunyuan.fixtures, trainers.hunyuan.videoalign).
 
 The slow tests share their runs (each distinct run once, ``HunyuanRuns``), for each trainer:
 

@@ -45,9 +45,9 @@ def test_a_line_per_step_without_verbose(tmp_path):
     ]
 
 
-def _result(loss: float, check: CheckpointCheck, equal_weights=None) -> runner.SmokeResult:
+def _result(loss: float, check: CheckpointCheck, equal_weights=None, why=None) -> runner.SmokeResult:
     steps = tuple(StepFigures(s, 0.25, loss, 0.03, 4.5) for s in (1, 2))
-    return runner.SmokeResult(Path("runs/x"), steps, check, 9.0, equal_weights)
+    return runner.SmokeResult(Path("runs/x"), steps, check, 9.0, equal_weights, why)
 
 
 QWEN_UNCHANGED = tuple(f"transformer_blocks.1.{n}" for n in (
@@ -59,7 +59,9 @@ QWEN_UNCHANGED = tuple(f"transformer_blocks.1.{n}" for n in (
 def test_a_loss_of_0_and_tensors_that_did_not_change_are_explained_where_shown():
     check = CheckpointCheck(Path("outputs/checkpoint-2-0"), "QwenImageTransformer2DModel.from_pretrained", 68, 77,
                             1e-3, 1e-7, 2, QWEN_UNCHANGED)
-    text = runner.format_result(_result(0.0, check))
+    from dancegrpo_npu.trainers.qwenimage import smoke as qwen
+
+    text = runner.format_result(_result(0.0, check, why=qwen.unchanged_note(check)))
     assert "loss 0 is upstream's GRPO loss by construction" in text and "every ratio is 1" in text
     assert "68 of 77 trainable tensors changed" in text
     assert "the other 9 are block 1's text-stream parts" in text and "no gradient reaches them" in text
@@ -67,35 +69,31 @@ def test_a_loss_of_0_and_tensors_that_did_not_change_are_explained_where_shown()
     assert "by construction" not in text  # a loss that is not 0 needs no note
     other = CheckpointCheck(Path("c"), "x", 3, 4, 1e-3, 1e-7, 2, ("proj_out.weight",))
     assert "the other 1 moved no further than weight decay alone: proj_out.weight" in runner.format_result(
-        _result(0.0, other))
+        _result(0.0, other, why=qwen.unchanged_note(other)))  # not the row's reason: named
 
 
 def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path, monkeypatch):
-    """The equal-weights check compares ranks: with one there is nothing to compare or print."""
-    from dancegrpo_npu.run import depsets
-    from dancegrpo_npu.smoke import fixtures, trained
+    """The equal-weights check compares ranks: with one there is nothing to compare or print, and a
+    row that does not check it (no --weights_digest in its arguments) is not checked at two."""
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.smoke import trained
 
     calls = []
-    monkeypatch.setattr(depsets, "python_for", lambda *a, **k: "python")
-    monkeypatch.setattr(fixtures, "build_fixtures", lambda *a, **k: type("HPS", (), {"prompts": None})())
     monkeypatch.setattr(runner, "_launch", lambda *a: type("R", (), {"run_dir": tmp_path})())
     monkeypatch.setattr(runner, "read_metrics", lambda *a: ())
-    monkeypatch.setattr(runner, "decay_budget", lambda *a: None)
     monkeypatch.setattr(runner, "check_training_moved", lambda check: None)
-    monkeypatch.setattr(trained, "check_checkpoint", lambda *a: CheckpointCheck(Path("c"), "x", 4, 4, 1.0, 0.0, 2))
     monkeypatch.setattr(trained, "check_equal_weights", lambda run_dir, nproc: calls.append(nproc) or 42)
-    from dancegrpo_npu import trainers
-
-    project = type("P", (), {"build_dir": tmp_path, "workdir": tmp_path})()
-    built = type("Built", (), {"model_dir": tmp_path})()
-    spec = trainers.get("wan")
-    monkeypatch.setattr(trainers, "load", {spec.smoke.fixtures: lambda *a: built, spec.smoke.arguments: lambda *a: ()}.get)
-    for nproc in (1, 2):
-        options = runner.SmokeOptions(trainer="wan", nproc=nproc, steps=2)
-        result = runner.run_with_depset_fixtures(project, options, spec, 0.0)
+    checked = CheckpointCheck(Path("c"), "x", 4, 4, 1.0, 0.0, 2)
+    for name, nproc, said in (("wan", 1, False), ("wan", 2, True), ("flux", 2, False)):
+        spec = trainers.get(name)
+        hooks = {spec.smoke.fixtures: lambda *a: None, spec.smoke.arguments: lambda *a: (),
+                 spec.smoke.checkpoint: lambda *a: checked}
+        monkeypatch.setattr(trainers, "load", hooks.get)
+        result = runner._pipeline(None, runner.SmokeOptions(trainer=name, nproc=nproc, steps=2), spec, {}, 0.0)
         text = runner.format_result(result)
-        assert ("every rank holds the same weights" in text) == (nproc > 1), (nproc, text)
+        assert ("every rank holds the same weights" in text) == said, (name, nproc, text)
     assert calls == [2]
+    assert not trainers.get("flux").smoke.equal_weights and trainers.get("wan").smoke.equal_weights
 
 
 def test_the_unchanged_tensors_named_are_those_qwen_image_gives_no_gradient():
@@ -106,7 +104,7 @@ def test_the_unchanged_tensors_named_are_those_qwen_image_gives_no_gradient():
     snippet = (
         "import torch\n"
         "from diffusers import QwenImageTransformer2DModel\n"
-        "from dancegrpo_npu.smoke import qwen_fixtures as q\n"
+        "from dancegrpo_npu.trainers.qwenimage import fixtures as q\n"
         "torch.manual_seed(0)\n"
         "m = QwenImageTransformer2DModel(**q.TRANSFORMER_CONFIG)\n"
         "B, h, w, T = 2, 4, 4, 8\n"
@@ -123,7 +121,9 @@ def test_the_unchanged_tensors_named_are_those_qwen_image_gives_no_gradient():
     assert r.returncode == 0, r.stderr[-2000:]
     total, names = r.stdout.strip().splitlines()[-2:]
     assert int(total) == 77 and tuple(names.split(",")) == QWEN_UNCHANGED
-    note = runner.unchanged_note(CheckpointCheck(Path("c"), "x", 68, 77, 1e-3, 1e-7, 2, tuple(names.split(","))))
+    from dancegrpo_npu.trainers.qwenimage import smoke as qwen
+
+    note = qwen.unchanged_note(CheckpointCheck(Path("c"), "x", 68, 77, 1e-3, 1e-7, 2, tuple(names.split(","))))
     assert note.startswith("the other 9 are block 1's text-stream parts")
 
 

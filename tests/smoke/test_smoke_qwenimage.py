@@ -1,5 +1,5 @@
 """``dancegrpo-npu smoke --trainer qwenimage | qwenimage-edit``: the patched stock Qwen-Image
-trainers on tiny models built from diffusers' and transformers' classes (smoke.qwen_fixtures),
+trainers on tiny models built from diffusers' and transformers' classes (trainers.qwenimage.fixtures),
 with the diffusers-0.35 dependency set (docs/dependencies.md).
 
 For each trainer the slow tests share three runs (``QwenRuns``):
@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 
 G = 4
 TRAINERS = ("qwenimage", "qwenimage-edit")
-# the Edit trainer's three passes (smoke.qwen_smoke): the fewest steps it takes is one a pass
+# the Edit trainer's three passes (trainers.qwenimage.smoke): the fewest steps it takes is one a pass
 STEPS = {"qwenimage": 2, "qwenimage-edit": 3}
 FEWEST = {"qwenimage": 1, "qwenimage-edit": 3}
 

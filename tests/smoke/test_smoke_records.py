@@ -12,7 +12,8 @@ from synthetic_tree import make_project, trust_synthetic_tree
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu.smoke import fixtures, runner
+from dancegrpo_npu.smoke import runner
+from dancegrpo_npu.trainers.flux import smoke as flux
 
 SMOKE_ARGS = ("--max_train_steps", "2", "--num_generations", "2", "--checkpointing_steps", "2")
 
@@ -22,8 +23,8 @@ def project(tmp_path, monkeypatch):
     """The synthetic project; the smoke's fixtures and arguments stood in for (the stand-in trainer
     needs neither)."""
     trust_synthetic_tree(monkeypatch)
-    monkeypatch.setattr(fixtures, "build_fixtures", lambda *a, **k: None)
-    monkeypatch.setattr(runner, "all_trainer_args", lambda options, built: SMOKE_ARGS)
+    monkeypatch.setattr(flux, "fixtures", lambda *a: None)  # the row's hooks
+    monkeypatch.setattr(flux, "arguments", lambda *a: SMOKE_ARGS)
     return find_project(make_project(tmp_path / "proj"))
 
 
@@ -80,8 +81,8 @@ def test_a_stopped_runs_continuation_is_said_once(project, monkeypatch, verbose)
     run_dir = project.runs_dir / "R"
     summary = {"status": "terminated", "failure": {"log": "logs/stderr.log"},
                "continue_with": {"line": line, "checkpoint": "outputs/resume/step-2"}}
-    monkeypatch.setattr(launch_mod, "launch", lambda project, spec: RunRecord(run_dir=run_dir, returncode=143,
-                                                                              command=(), summary=summary))
+    monkeypatch.setattr(launch_mod, "launch", lambda project, spec, **kw: RunRecord(run_dir=run_dir, returncode=143,
+                                                                                    command=(), summary=summary))
     with pytest.raises(DancegrpoError) as err:
         runner._launch(project, options(verbose=verbose), SMOKE_ARGS)
     assert err.value.message.startswith("smoke: the training run was terminated (exit 143)")

@@ -1,5 +1,5 @@
 """``dancegrpo-npu smoke --trainer sd``: upstream's Stable Diffusion trainer (accelerate, absl
-configuration) on a tiny SD pipeline built from diffusers' classes (smoke.sd_fixtures).
+configuration) on a tiny SD pipeline built from diffusers' classes (trainers.sd.fixtures).
 
 The slow tests share their runs (each distinct run once, ``SdRuns``):
 
@@ -24,7 +24,7 @@ from smoke_runs import assert_a_cut_run_resumes_exactly, metrics, passed
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
-from dancegrpo_npu.smoke import sd_smoke
+from dancegrpo_npu.trainers.sd import smoke as sd_smoke
 
 torch = pytest.importorskip("torch")
 

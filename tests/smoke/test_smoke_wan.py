@@ -179,7 +179,7 @@ sys.path.insert(0, sys.argv[1])
 from diffusers.models.transformers import transformer_wan
 from diffusers import WanTransformer3DModel
 from dancegrpo_port.models.wan_rope import Float32WanRotaryPosEmbed, use_float32_rope
-from dancegrpo_npu.smoke.wan_fixtures import TRANSFORMER_CONFIG
+from dancegrpo_npu.trainers.wan.fixtures import TRANSFORMER_CONFIG
 
 from torch.utils._python_dispatch import TorchDispatchMode
 

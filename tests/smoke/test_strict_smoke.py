@@ -19,6 +19,7 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 from dancegrpo_npu.run.launch import build_plan
 from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu.smoke import runner as smoke
+from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -44,7 +45,7 @@ PLANTS = {
 def test_strict_mode_stops_the_smokes_trainer_at_a_planted_float64_op(patched_tree, built, tmp_path, place):  # noqa: F811
     after, planted, expected = PLANTS[place]
     tree = patched_tree.tree
-    spec = LaunchSpec(script="flux", args=smoke.trainer_args(built, lora=False), device="cpu",
+    spec = LaunchSpec(script="flux", args=trainer_args(built, lora=False), device="cpu",
                       env=smoke.job_env("cpu", 1), upstream_defaults=False, strict=True)
     run_dir = tmp_path / "run"
     (run_dir / "images").mkdir(parents=True)

@@ -119,7 +119,9 @@ def test_every_row_names_what_it_needs():
         if spec.is_trainer and spec.dataset is not None:  # a trainer of an embeddings dataset names its maker
             assert spec.preprocess in trainers.preprocessing(), name
             assert trainers.get(spec.preprocess).dataset == spec.dataset, name
-        for ref in (spec.smoke.run, spec.smoke.fixtures, spec.smoke.arguments) if spec.smoke else ():
+        hooks = (spec.smoke.fixtures, spec.smoke.arguments, spec.smoke.checkpoint, spec.smoke.check_options,
+                 spec.smoke.unchanged_note) if spec.smoke else ()
+        for ref in hooks:
             assert not ref or callable(trainers.load(ref)), (name, ref)
     assert [s.name for s in trainers.REGISTRY.values() if s.default] == [trainers.default_trainer().name]
 

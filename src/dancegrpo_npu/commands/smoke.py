@@ -8,6 +8,7 @@ from dataclasses import replace
 from dancegrpo_npu.rundirs.records import records_index
 from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
+from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
 from dancegrpo_npu import trainers
@@ -15,21 +16,37 @@ from dancegrpo_npu.smoke import passes, runner
 from dancegrpo_npu.run.watchdog import stall_timeout
 
 
-EXAMPLES = """\
-examples:
-  dancegrpo-npu smoke                    # 1 process, full fine-tuning, device auto
-  dancegrpo-npu smoke --nproc 2 --lora   # the LoRA trainer on 2 ranks
-  dancegrpo-npu smoke --trainer wan --nproc 2   # Wan2.1 (the diffusers-0.35 set); checks too that
-                                         # every rank holds the same weights after training
-  dancegrpo-npu smoke --trainer qwenimage --nproc 2 -- --sample_batch_size 2   # Qwen-Image, batched rollout
-  dancegrpo-npu smoke --trainer hunyuan --steps 4   # HunyuanVideo: 5 frames, the tiny VideoAlign reward
-  dancegrpo-npu smoke --device npu -v    # on a 910B node, showing the run as it goes
-  dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128
-                                         # longer, bigger groups, 128x128 (later arguments win)
-  dancegrpo-npu smoke --workdir /tmp/tree-without-rope   # the tree at DIR instead of build/DanceGRPO
-  dancegrpo-npu smoke --steps 4 --checkpointing-steps 1  # a resume checkpoint after every step
-  dancegrpo-npu smoke --resume 20261201-101500-smoke     # continue that smoke run from its newest one
+def examples() -> str:
+    """``smoke --help``'s examples, the trainers named from the registry's rows."""
+    import textwrap
 
+    default = trainers.default_trainer()
+    smoked = [trainers.get(name) for name in trainers.smoked()]
+    lines = [("dancegrpo-npu smoke", f"1 process, {default.smoke.title} ({default.name}), device auto")]
+    if default.lora:
+        lines.append(("dancegrpo-npu smoke --nproc 2 --lora", f"its LoRA variant ({default.lora}) on 2 ranks"))
+    other_set = next((s for s in smoked if s.depset != default.depset and s.smoke.equal_weights), None)
+    if other_set is not None:
+        lines.append((f"dancegrpo-npu smoke --trainer {other_set.name} --nproc 2",
+                      f"{other_set.smoke.label} (the {other_set.depset} set); checks too that every rank holds "
+                      "the same weights after training"))
+    other_reward = next((s for s in smoked if s.smoke.reward != default.smoke.reward), None)
+    if other_reward is not None:
+        lines.append((f"dancegrpo-npu smoke --trainer {other_reward.name} --steps 4",
+                      f"{other_reward.smoke.title}: the tiny {other_reward.smoke.reward} reward"))
+    lines += [
+        ("dancegrpo-npu smoke --device npu -v", "on a 910B node, showing the run as it goes"),
+        ("dancegrpo-npu smoke --steps 10 --generations 4 -- --h 128 --w 128",
+         "longer, bigger groups, 128x128 (later arguments win)"),
+        ("dancegrpo-npu smoke --workdir /tmp/tree-without-rope", "the tree at DIR instead of build/DanceGRPO"),
+        ("dancegrpo-npu smoke --steps 4 --checkpointing-steps 1", "a resume checkpoint after every step"),
+        ("dancegrpo-npu smoke --resume 20261201-101500-smoke", "continue that smoke run from its newest one"),
+    ]
+    text = "examples:\n"
+    for command, why in lines:
+        head = f"  {command:<46} # " if len(command) <= 46 else f"  {command}\n{'':49}# "
+        text += head + textwrap.fill(why, 100, initial_indent=" " * 51, subsequent_indent=" " * 51)[51:] + "\n"
+    return text + """
 The run directory (runs/<time>-smoke/) keeps the command, every rank's log, metrics.jsonl,
 reward.txt, images/ and the checkpoint; `dancegrpo-npu runs` lists it.
 """
@@ -73,20 +90,21 @@ def run(args) -> int:
              "checkpointing-steps": args.checkpointing_steps, "device": None if args.device == "auto" else args.device}
     options = runner.resumed_options(project, options, typed)
     runner.check_options(options)
-    key = passes.inputs_sha256(project, options)
+    spec = trainers.smoke_spec(runner.trainer_of(options))
+    verified = treecheck.tree_state(project, spec.relpath)  # once: the pass's key, then the smoke and its launch
+    key = passes.inputs_sha256(project, options, verified)
     if args.if_needed:
         earlier = passes.previous_pass(project, key)
         if earlier:
             print(f"smoke: already passed for this tree, series, overlay, fixtures and options (record: {earlier}); "
                   "`dancegrpo-npu smoke` runs it again")
             return 0
-    spec = trainers.smoke_spec(runner.trainer_of(options))
     print(f"smoke: {spec.smoke.title}, {options.steps} step{'s' if options.steps > 1 else ''} at 64x64, {spec.smoke.sampling_steps} sampling steps, {options.generations} "
           f"generations, {spec.smoke.reward} reward, {'strict mode' if options.strict else 'strict mode OFF'}; {options.nproc} process{'es' if options.nproc != 1 else ''}, device {options.device}; "
           f"tree {project.workdir}", flush=True)
     if options.extra_args:
         print(f"smoke: trainer arguments after the smoke's own: {' '.join(options.extra_args)}", flush=True)
-    result = runner.run_smoke(project, options)
+    result = runner.run_smoke(project, options, verified)
     print(runner.format_result(result))
     passes.record_pass(project, key, result)
     return 0
@@ -94,9 +112,7 @@ def run(args) -> int:
 
 def _loads_with(smoke) -> str:
     """The class (or loader) the smoke loads the row's checkpoint back with."""
-    if smoke.lora:
-        return "FluxPipeline's LoRA loader"
-    return smoke.model_class or "FluxTransformer2DModel"
+    return smoke.loader or smoke.model_class
 
 
 def description() -> str:
@@ -147,7 +163,7 @@ def register(sub, common) -> None:
         parents=[common],
         help="a few GRPO steps of the patched stock trainer on tiny models: proves the port end to end",
         description=description(),
-        epilog=EXAMPLES,
+        epilog=examples(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dancegrpo_npu.engine.apply import check_head, upstream_from_git
+from dancegrpo_npu.engine.apply import check_head, overlay_sha256, upstream_from_git
 from dancegrpo_npu.engine.edits import Edit, current_state, find_edits, state_of, target_states
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.vcs.gitutil import ls_tree, status_paths
@@ -26,7 +26,7 @@ from dancegrpo_npu.engine.lock import Lock, load_lock
 from dancegrpo_npu.engine.lockfile import check_series_against_lock
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.rebase_state import describe_rebase
-from dancegrpo_npu.engine.series import load_series, series_label, todo_warning
+from dancegrpo_npu.engine.series import load_series, series_label, series_sha256, todo_warning
 from dancegrpo_npu.engine.stage import build, read_overlay, touched_files
 from dancegrpo_npu.engine.worktree import Fetched, display_path, load_applied, session, shorten
 
@@ -54,6 +54,10 @@ class Report:
     rebase: str | None = None  # the rebase in progress and what to run
     todo: str | None = None  # warning: patches whose Description: is still a TODO stub
     without: tuple[str, ...] = ()  # patches the tree was applied without (apply --without)
+    # what the tree was compared with, digested as apply records them: a verified tree's identity,
+    # read by whoever verified it (a smoke's inputs) without reading the series and overlay again
+    series_sha256: str | None = None
+    overlay_sha256: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -80,7 +84,9 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
             head = check_head(wt, fetched, lock)
         except DancegrpoError as e:
             states = tuple(PatchState(p.name, p.description, "not applied") for p in patches)
-            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase, todo_warning(patches))
+            return Report(lock, fetched, e.one_line(), states, (), "none" if not overlay else "?", (), (), (), (), rebase,
+                          todo_warning(patches), series_sha256=series_sha256(patches),
+                          overlay_sha256=overlay_sha256(overlay))
         tree = ls_tree(wt.root, head)
         problem = None
         try:
@@ -119,6 +125,7 @@ def inspect(project: Project, mid_swap_ok: bool = False) -> Report:
         return Report(
             lock, fetched, problem, tuple(states), dropped, ov_state, ov_detail, tuple(edits), untracked,
             tuple(differences), rebase, todo_warning(patches), without,
+            series_sha256=series_sha256(patches), overlay_sha256=overlay_sha256(overlay),
         )
 
 

@@ -1,7 +1,9 @@
 """Is the patched tree there, and is it exactly lock + series + overlay?
 
 The check itself belongs to the engine (``dancegrpo-npu verify``,
-``dancegrpo_npu.engine.status.verify_tree``); launch and doctor call it through here.
+``dancegrpo_npu.engine.status.verify_tree``); launch, smoke, bench and doctor call it through here.
+A command verifies the tree once and passes the verdict down (``require_tree``'s ``verified``): a
+verified tree's verdict carries the digests it was verified against (``DIGESTS``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from dancegrpo_npu.project import Project
 from dancegrpo_npu.engine.status import DIFFERS_HINT, TreeDiffers, verify_tree
 
 FIX = "run `dancegrpo-npu fetch && dancegrpo-npu apply`"
+# What a verified tree's verdict carries: the locked commit, the series and the overlay it is exactly.
+DIGESTS = ("upstream_commit", "series_sha256", "overlay_sha256")
 
 
 def tree_state(project: Project, script_relpath: str | None = None) -> dict:
-    """{"state": missing|unverified|verified, "detail": why}; a verified tree made by
-    ``apply --without`` adds "without": the patches left out."""
+    """{"state": missing|unverified|verified, "detail": why}; a verified tree adds "without" (the
+    patches ``apply --without`` left out) and the digests it is exactly (``DIGESTS``)."""
     tree = project.workdir
     if not tree.is_dir():
         return {"state": "missing", "detail": f"no patched upstream tree at {tree}"}
@@ -31,7 +35,9 @@ def tree_state(project: Project, script_relpath: str | None = None) -> dict:
         # any other problem (a broken lock, a patch that does not fit) says in its own hint what does
         return {"state": "unverified", "detail": e.one_line(), "differs": False}
     # an ablation tree (apply --without) runs, and says so: the run's record keeps it
-    return {"state": "verified", "detail": f"{tree} is {report.what}", "without": list(report.without)}
+    return {"state": "verified", "detail": f"{tree} is {report.what}", "without": list(report.without),
+            "upstream_commit": report.lock.commit, "series_sha256": report.series_sha256,
+            "overlay_sha256": report.overlay_sha256}
 
 
 def unverified_fix(state: dict) -> str | None:
@@ -46,9 +52,10 @@ def unverified_fix(state: dict) -> str | None:
     return fix
 
 
-def require_tree(project: Project, script_relpath: str) -> dict:
-    """tree_state, raising the error a launch must stop with (missing or unverified tree)."""
-    state = tree_state(project, script_relpath)
+def require_tree(project: Project, script_relpath: str, verified: dict | None = None) -> dict:
+    """tree_state, raising the error a launch must stop with (missing or unverified tree).
+    ``verified``: the tree_state the command took already (the tree is verified once a command)."""
+    state = tree_state(project, script_relpath) if verified is None else verified
     if state["state"] == "missing":
         raise DancegrpoError(state["detail"], FIX)
     if state["state"] == "unverified":

@@ -38,7 +38,7 @@ EQUAL_REWARDS_HINT = (
 SATURATED_HINT = (
     "GRPO learns from the differences between a group's rewards; a tiny reward of random weights can score one "
     "step's group alike and tell the others apart: its fixture needs a reward that depends more on the samples "
-    "(smoke/*_fixtures.py), and more --generations make such a step rarer"
+    "(trainers/<family>/fixtures.py), and more --generations make such a step rarer"
 )
 
 
@@ -102,6 +102,22 @@ class DecayBudget:
         return 2 * self.updates * per_update * start.float().abs()
 
 
+def decay_budget(args, steps: int) -> DecayBudget:
+    """What weight decay alone can do before checkpoint ``steps``, from the arguments the
+    trainer got: updates a step = samples a step / accumulation steps (the trainers' loop)."""
+    from dancegrpo_npu.run.upstream_args import flag_values
+
+    v = flag_values(args)
+    try:
+        samples = int(v["--train_batch_size"]) * (int(v["--num_generations"]) if "--use_group" in v else 1)
+        per_step = samples // int(v["--gradient_accumulation_steps"])
+        return DecayBudget(float(v["--learning_rate"]), float(v["--weight_decay"]), (steps - 1) * per_step)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DancegrpoError(f"smoke: cannot read the optimizer settings from the trainer's arguments ({exc})",
+                             "give --learning_rate, --weight_decay, --train_batch_size and "
+                             "--gradient_accumulation_steps numbers", exit_code=2) from None
+
+
 @dataclass(frozen=True)
 class CheckpointCheck:
     path: Path
@@ -153,7 +169,7 @@ def read_metrics(run_dir: Path, steps: int) -> tuple[StepFigures, ...]:
     return tuple(figures)
 
 
-def _compare(start: dict, end: dict, what: str, budget: DecayBudget) -> tuple[int, int, float, float]:
+def compare_weights(start: dict, end: dict, what: str, budget: DecayBudget) -> tuple[int, int, float, float]:
     """(tensors moved beyond the decay bound, tensors, max |change|, max decay bound)."""
     if set(start) != set(end):
         raise DancegrpoError(f"smoke: the checkpoint's {what} names differ from the model's",
@@ -176,46 +192,30 @@ def unmoved(start: dict, end: dict, budget: DecayBudget) -> tuple[str, ...]:
                  if not bool(((end[name].float() - start[name].float()).abs() > budget.bound(start[name], end[name])).any()))
 
 
-def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget,
-                          model_class: str = "FluxTransformer2DModel") -> CheckpointCheck:
-    """Upstream's ``checkpoint-<step>-0`` loaded with diffusers' ``model_class`` (the class the
-    released weights load with), against the fixture's ``transformer``."""
+def check_saved_model(path: Path, start_dir: Path, model_class: str, budget: DecayBudget,
+                      subfolder: str = "transformer") -> CheckpointCheck:
+    """The model upstream saved at ``path``, loaded with diffusers' ``model_class`` (the class the
+    released weights load with), against the fixture's ``start_dir/subfolder``."""
     import diffusers
 
-    cls = getattr(diffusers, model_class)
-    path = outputs / f"checkpoint-{step}-0"
     if not path.is_dir():
         raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
-    trained = cls.from_pretrained(str(path)).state_dict()
-    start = cls.from_pretrained(str(model_dir), subfolder="transformer").state_dict()
-    changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
+    cls = getattr(diffusers, model_class)
+    try:
+        trained = cls.from_pretrained(str(path)).state_dict()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise DancegrpoError(f"smoke: {path} does not load with {model_class}.from_pretrained: {exc}") from None
+    start = cls.from_pretrained(str(start_dir), subfolder=subfolder).state_dict()
+    changed, total, biggest, decay = compare_weights(start, trained, "parameter", budget)
     return CheckpointCheck(path, f"{model_class}.from_pretrained", changed, total, biggest, decay, budget.updates,
                            unmoved(start, trained, budget))
 
 
-LORA_WEIGHTS_FILE = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights default
-
-
-def check_lora_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget) -> CheckpointCheck:
-    import torch
-    from diffusers import FluxPipeline, FluxTransformer2DModel
-
-    path = outputs / f"lora-checkpoint-{step}-0"
-    if not path.is_dir():
-        raise DancegrpoError(f"smoke: the trainer wrote no LoRA checkpoint {path}")
-    # The file upstream's save_lora_weights writes, named: without a name diffusers guesses it,
-    # and refuses to guess under HF_HUB_OFFLINE=1 (an air-gapped host's setting).
-    state_dict, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True, weight_name=LORA_WEIGHTS_FILE)
-    transformer = FluxTransformer2DModel.from_pretrained(str(model_dir), subfolder="transformer")
-    FluxPipeline.load_lora_into_transformer(state_dict, network_alphas=alphas, transformer=transformer)
-    loaded = {k: v for k, v in transformer.state_dict().items() if ".lora_B." in k}
-    if not loaded:
-        raise DancegrpoError(f"smoke: {path} loaded, but the transformer has no LoRA layers afterwards")
-    # peft initialises lora_B to zeros, which weight decay leaves at zero: only a gradient moves it.
-    start = {k: torch.zeros_like(v) for k, v in loaded.items()}
-    changed, total, biggest, decay = _compare(start, loaded, "lora_B", budget)
-    return CheckpointCheck(path, "FluxPipeline.lora_state_dict + load_lora_into_transformer",
-                           changed, total, biggest, decay, budget.updates, unmoved(start, loaded, budget))
+def check_full_checkpoint(outputs: Path, model_dir: Path, step: int, budget: DecayBudget,
+                          model_class: str) -> CheckpointCheck:
+    """Upstream's full checkpoint of step ``step`` (``outputs/checkpoint-<step>-0``, as the trainers
+    whose loop counts from 1 save it) against the fixture's ``model_dir/transformer``."""
+    return check_saved_model(outputs / f"checkpoint-{step}-0", model_dir, model_class, budget)
 
 
 def check_training_moved(check: CheckpointCheck) -> None:

@@ -1,12 +1,11 @@
-"""Fixtures built by a child process of another dependency set's interpreter, swapped in whole.
+"""Fixtures built by a child process of another interpreter, swapped in whole.
 
-The Wan2.1 and Qwen-Image fixtures need diffusers 0.35, the tool runs on 0.32 (and the HunyuanVideo
-ones import the patched upstream tree, which the tool never imports): the tool starts
-``python -m MODULE STAGING ARGS...`` in that set's interpreter, which writes everything into a
+Some fixtures need another dependency set's libraries than the tool's (a newer diffusers), and some
+import the patched upstream tree, which the tool never imports: the tool starts
+``python -m MODULE STAGING ARGS...`` in that interpreter, which writes everything into a
 staging directory beside ``dest``; the stamp (what the build depended on) is written last, and
 the staging directory replaces ``dest`` in one rename.  A directory whose stamp matches is reused.
 """
-
 from __future__ import annotations
 
 import os

@@ -1,24 +1,19 @@
-"""The embedded default's inputs: a tiny FLUX pipeline, an HPSv2-shaped reward, a dataset.
+"""The fixtures every smoke shares, and how any fixture directory is built.
 
-``build_fixtures(dest)`` writes, under ``dest`` (default ``<project>/build/fixtures``)::
+``build_reward_fixtures(dest)`` writes, under ``dest`` (``<project>/build/fixtures-reward``)::
 
-    flux/                      FluxPipeline.from_pretrained() reads it (model_index.json,
-                               transformer/ vae/ text_encoder/ text_encoder_2/
-                               tokenizer/ tokenizer_2/ scheduler/)
     hps_ckpt/tiny-hps-vit.json the open_clip model config (--hps_model)
     hps_ckpt/open_clip_pytorch_model.bin   (--hps_open_clip_ckpt)
     hps_ckpt/HPS_v2.1_compressed.pt        (--hps_ckpt)
-    rl_embeddings/             what preprocess_flux_embedding.py writes: prompt_embed/<i>.pt,
-                               pooled_prompt_embeds/<i>.pt, text_ids/<i>.pt, videos2caption.json
-    prompts.txt                the prompts the dataset was encoded from (--prompt_dir)
+    prompts.txt                the prompts every smoke's dataset is encoded from (--prompt_dir)
     fixtures.stamp.json        written last: parameters hash and the sha256 of every file
 
-Everything is built offline from fixed seeds, into a staging directory that is
-renamed into place only when complete; a directory whose stamp does not match
-the current parameters and files is rebuilt, never trusted.  A lock file keeps
-two concurrent builds (e.g. two smoke runs) from racing.
+A family's own fixtures (its tiny pipeline and dataset: ``trainers/<family>/``) are built the
+same way (``build_stamped``), or by another dependency set's interpreter (``child_build``).
+Everything is built offline from fixed seeds, into a staging directory that is renamed into place
+only when complete; a directory whose stamp does not match the current parameters and files is
+rebuilt, never trusted.  A lock file keeps two concurrent builds (e.g. two smoke runs) from racing.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -31,9 +26,10 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.engine.lock import sha256_file
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.files import write_atomic
 
 FIXTURES_VERSION = 1
@@ -58,24 +54,18 @@ VERSIONED_PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "sente
 BPE_NAME = "bpe_simple_vocab_16e6.txt.gz"
 BPE_SHA256 = "924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a"
 
-# What a fixtures directory holds at its top level (anything else there is not ours).
-LAYOUT_NAMES = ("pipeline", "hps_ckpt", "rl_embeddings", "prompts.txt", STAMP_NAME)
+# What the reward fixtures hold at their top level.
+REWARD_NAMES = ("hps_ckpt", "prompts.txt")
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIFFUSERS_OFFLINE": "1"}
 
 
 @dataclass(frozen=True)
-class Fixtures:
-    model_dir: Path  # tiny FLUX.1-dev-shaped pipeline directory
+class RewardFixtures:
     hps_model_config: Path  # open_clip model-config JSON of the tiny HPS CLIP
     hps_open_clip_ckpt: Path  # the open_clip weights file upstream's loader reads
     hps_ckpt: Path  # the HPS_v2.1_compressed.pt-shaped file ({'state_dict': ...})
-    data_json: Path  # videos2caption.json of an RL-embeddings dataset
-    prompts: Path  # the prompts the dataset was made from
-
-    @property
-    def root(self) -> Path:
-        return self.model_dir.parent
+    prompts: Path  # the prompts the datasets are made from
 
     @property
     def hps_model_name(self) -> str:
@@ -83,37 +73,83 @@ class Fixtures:
         return self.hps_model_config.stem
 
 
-def fixtures_at(dest: Path) -> Fixtures:
-    """The paths of the fixtures under ``dest`` (built or not)."""
+@dataclass(frozen=True)
+class WithReward:
+    """A family's own fixtures (its tiny pipeline and dataset) with the reward fixtures every smoke
+    shares, as a row's fixtures hook may return them."""
+
+    models: object
+    reward: RewardFixtures
+
+
+def reward_fixtures_at(dest: Path) -> RewardFixtures:
+    """The paths of the reward fixtures under ``dest`` (built or not)."""
     from dancegrpo_npu.smoke.tiny_models import HPS_MODEL_NAME
 
-    dest = Path(dest)
-    hps = dest / "hps_ckpt"
-    return Fixtures(
-        model_dir=dest / "pipeline",
+    hps = Path(dest) / "hps_ckpt"
+    return RewardFixtures(
         hps_model_config=hps / f"{HPS_MODEL_NAME}.json",
         hps_open_clip_ckpt=hps / "open_clip_pytorch_model.bin",
         hps_ckpt=hps / "HPS_v2.1_compressed.pt",
-        data_json=dest / "rl_embeddings" / "videos2caption.json",
-        prompts=dest / "prompts.txt",
+        prompts=Path(dest) / "prompts.txt",
     )
 
 
-def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
-    """Build the fixtures at ``dest``, or reuse them when they are complete and current.
+def build_reward_fixtures(dest: Path) -> RewardFixtures:
+    """The HPS reward and the prompts at ``dest``, built unless they are complete and current."""
+    return reward_fixtures_at(build_stamped(dest, reward_params_sha256(), write_reward_fixtures, REWARD_NAMES))
 
-    With ``tree`` (a patched upstream tree), the dataset is also read back through
-    that tree's own ``LatentDataset`` before it is returned.
-    """
+
+def reward_params_sha256() -> str:
+    """What the reward fixtures depend on: the parameters, this code, the libraries' versions."""
+    from dancegrpo_npu.smoke import tiny_models
+
+    return params_sha256({"params": tiny_models.PARAMS, "prompts": PROMPTS},
+                         (Path(__file__), Path(tiny_models.__file__)))
+
+
+def write_reward_fixtures(root: Path) -> None:
+    """The HPS reward files and prompts.txt, into the directory ``root``."""
+    from dancegrpo_npu.smoke import tiny_models
+
+    ensure_hpsv2_vocab()
+    fixtures = reward_fixtures_at(root)
+    fixtures.hps_model_config.parent.mkdir(parents=True)
+    tiny_models.write_hps_checkpoints(fixtures.hps_model_config, fixtures.hps_open_clip_ckpt, fixtures.hps_ckpt)
+    fixtures.prompts.write_text("".join(p + "\n" for p in PROMPTS))
+
+
+def params_sha256(params: dict, code: tuple[Path, ...]) -> str:
+    """What a fixture build depends on: its parameters, its builders' code (hashed whole, so any
+    edit rebuilds, in seconds, rather than trusting a directory an older builder wrote), and the
+    versions of the libraries that write it."""
+    versions = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise DancegrpoError(
+                f"building the fixtures needs the Python package {name}, which is not installed",
+                "run ./scripts/bootstrap.sh, or pip install 'dancegrpo-npu[train]' and hpsv2 as it does",
+            ) from None
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in code)).hexdigest()
+    data = {"version": FIXTURES_VERSION, **params, "packages": versions, "code": digest}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def build_stamped(dest: Path, params: str, write: Callable[[Path], None], layout: tuple[str, ...]) -> Path:
+    """``dest`` (made absolute) holding a complete build stamped ``params``: reused when current,
+    else ``write(staging)`` fills an empty staging directory (offline, torch's generator state
+    kept from the caller), stamped and swapped in whole.  ``layout``: the names a build holds at
+    its top level (anything else there is not ours: refused, never replaced)."""
     dest = Path(os.path.abspath(dest))
-    params = params_sha256()
     if not is_current(dest, params):
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with _build_lock(dest):
                 if not is_current(dest, params):  # another process may have built it meanwhile
-                    _check_replaceable(dest)
-                    _build_and_swap(dest, params)
+                    _check_replaceable(dest, layout)
+                    _build_and_swap(dest, params, write)
         except OSError as exc:
             raise DancegrpoError(
                 f"cannot build the fixtures in {dest}: {exc}", "check that its directory is writable and has space"
@@ -122,41 +158,16 @@ def build_fixtures(dest: Path, tree: Path | None = None) -> Fixtures:
             if exc.name in ("tkinter", "_tkinter"):  # hpsv2's factory.py has `from turtle import forward`
                 hint = "hpsv2's open_clip imports turtle, which needs Tk: install your Python's Tk (e.g. apt-get install python3-tk)"
             else:
-                hint = "run ./scripts/bootstrap.sh --deps-only to install the Flux stack"
+                hint = "run ./scripts/bootstrap.sh --deps-only to install the default dependency set"
             raise DancegrpoError(f"building the fixtures failed to import {exc.name or exc}: {exc}", hint) from None
-    fixtures = fixtures_at(dest)
-    if tree is not None:
-        check_dataset_with_tree(fixtures, Path(tree))
-    return fixtures
+    return dest
 
 
-def params_sha256() -> str:
-    """What the fixtures depend on: our parameters, our builder code, the libraries' versions.
-
-    The builder code is hashed whole, so any edit to it rebuilds (seconds) rather
-    than trusting a directory an older builder wrote.
-    """
-    from dancegrpo_npu.smoke import tiny_models
-
-    versions = {}
-    for name in VERSIONED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            raise DancegrpoError(
-                f"building the fixtures needs the Python package {name}, which is not installed",
-                "run ./scripts/bootstrap.sh, or pip install 'dancegrpo-npu[flux]' and hpsv2 as it does",
-            ) from None
-    code = hashlib.sha256(Path(__file__).read_bytes() + Path(tiny_models.__file__).read_bytes()).hexdigest()
-    data = {"version": FIXTURES_VERSION, "params": tiny_models.PARAMS, "prompts": PROMPTS, "packages": versions, "code": code}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def is_current(dest: Path, params: str | None = None) -> bool:
+def is_current(dest: Path, params: str) -> bool:
     """True when ``dest`` holds a complete build for these parameters, every file intact."""
     try:
         stamp = json.loads((Path(dest) / STAMP_NAME).read_text())
-        if stamp.get("params_sha256") != (params or params_sha256()) or not stamp.get("files"):
+        if stamp.get("params_sha256") != params or not stamp.get("files"):
             return False
         return all(sha256_file(Path(dest) / rel) == digest for rel, digest in stamp["files"].items())
     except (OSError, ValueError, AttributeError, TypeError):
@@ -198,71 +209,21 @@ def clip_bpe_path() -> Path:
     if path is None or not path.is_file() or sha256_file(path) != BPE_SHA256:
         raise DancegrpoError(
             f"CLIP's BPE vocabulary ({BPE_NAME}) was not found in open_clip_torch",
-            "install open_clip_torch (pip install 'dancegrpo-npu[flux]')",
+            "install open_clip_torch (pip install 'dancegrpo-npu[train]')",
         )
     return path
-
-
-def write_rl_embeddings(model_dir: Path, prompts: list[str], out_dir: Path) -> None:
-    """The RL-embeddings dataset, written as upstream's preprocess_flux_embedding.py writes it.
-
-    Same pipeline load (bfloat16), same ``encode_prompt(prompt=, prompt_2=)``
-    call on a batch of one, same ``torch.save`` of the ``[idx]`` views, same
-    names (``<i>.pt``) and JSON entries; in file order rather than shuffled.
-    """
-    import torch
-    from diffusers import FluxPipeline
-
-    pipe = FluxPipeline.from_pretrained(str(model_dir), torch_dtype=torch.bfloat16)
-    for sub in ("prompt_embed", "text_ids", "pooled_prompt_embeds"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
-    entries = []
-    with torch.inference_mode():
-        for i, caption in enumerate(prompts):
-            captions, idx, name = [caption], 0, f"{i}.pt"
-            prompt_embeds, pooled_prompt_embeds, text_ids = pipe.encode_prompt(prompt=captions, prompt_2=captions)
-            torch.save(prompt_embeds[idx], out_dir / "prompt_embed" / name)
-            torch.save(pooled_prompt_embeds[idx], out_dir / "pooled_prompt_embeds" / name)
-            torch.save(text_ids[idx], out_dir / "text_ids" / name)
-            entries.append({"prompt_embed_path": name, "text_ids": name, "pooled_prompt_embeds_path": name, "caption": captions[idx]})
-    (out_dir / "videos2caption.json").write_text(json.dumps(entries, indent=4))
-
-
-def check_dataset_with_tree(fixtures: Fixtures, tree: Path) -> None:
-    """Read the dataset back through ``tree``'s own LatentDataset and collate function."""
-    module_path = tree / "fastvideo" / "dataset" / "latent_flux_rl_datasets.py"
-    if not module_path.is_file():
-        raise DancegrpoError(f"{tree} has no {module_path.relative_to(tree)}", "run `dancegrpo-npu fetch` and `apply` first")
-    import torch
-
-    spec = importlib.util.spec_from_file_location("_dancegrpo_latent_flux_rl_datasets", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # imports only torch, json, os, random
-    dataset = module.LatentDataset(str(fixtures.data_json), 1, 0.0)
-    batch = module.latent_collate_function([dataset[i] for i in range(min(2, len(dataset)))])
-    prompt_embeds, pooled, text_ids, captions = batch
-    from dancegrpo_npu.smoke.tiny_models import CLIP_TEXT_CONFIG, T5_CONFIG, T5_MAX_LENGTH
-
-    n = len(captions)
-    expected = ((n, T5_MAX_LENGTH, T5_CONFIG["d_model"]), (n, CLIP_TEXT_CONFIG["hidden_size"]), (n, 3))
-    got = (tuple(prompt_embeds.shape), tuple(pooled.shape), tuple(text_ids.shape))
-    if got != expected or not all(torch.isfinite(t.float()).all() for t in batch[:3]):
-        raise DancegrpoError(
-            f"{tree}'s LatentDataset reads {fixtures.data_json} as shapes {got}, expected {expected} (all finite)",
-            f"delete {fixtures.root} to rebuild the fixtures",
-        )
 
 
 # ---- building -------------------------------------------------------------------------------
 
 
-def _check_replaceable(dest: Path) -> None:
+def _check_replaceable(dest: Path, layout: tuple[str, ...]) -> None:
     """Refuse to replace anything but an old or broken fixtures directory (never lose a user's files)."""
     if not (dest.exists() or dest.is_symlink()):
         return
     if dest.is_dir() and not dest.is_symlink():
         names = {p.name for p in dest.iterdir()}
-        if STAMP_NAME in names or names <= set(LAYOUT_NAMES):
+        if STAMP_NAME in names or names <= {*layout, STAMP_NAME}:
             return
     raise DancegrpoError(
         f"{dest} exists and is not a fixtures directory (it has no {STAMP_NAME}); not replacing it",
@@ -270,13 +231,13 @@ def _check_replaceable(dest: Path) -> None:
     )
 
 
-def _build_and_swap(dest: Path, params: str) -> None:
+def _build_and_swap(dest: Path, params: str, write: Callable[[Path], None]) -> None:
     for stale in dest.parent.glob(f".{dest.name}.build-*"):  # left by a build that died; we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
     staging = dest.parent / f".{dest.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()  # not mkdtemp: the result keeps the umask's permissions, for shared clusters
     try:
-        _build_into(staging)
+        _build_into(staging, write)
         files = {
             p.relative_to(staging).as_posix(): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()
         }
@@ -294,30 +255,12 @@ def _build_and_swap(dest: Path, params: str) -> None:
         raise
 
 
-def _build_into(root: Path) -> None:
+def _build_into(root: Path, write: Callable[[Path], None]) -> None:
     """Everything but the stamp, into the empty directory ``root``."""
     import torch
 
-    from dancegrpo_npu.smoke import tiny_models
-
-    ensure_hpsv2_vocab()
-    bpe = clip_bpe_path()
     with _offline(), torch.random.fork_rng(devices=[]):  # the seeds set here must not leak into the caller
-        _write_all(fixtures_at(root), bpe, tiny_models)
-
-
-def _write_all(fixtures: Fixtures, bpe: Path, tiny_models) -> None:
-    root = fixtures.root
-    scratch = root / ".scratch"
-    pipe = tiny_models.build_flux_pipeline(bpe, scratch)
-    pipe.save_pretrained(str(fixtures.model_dir))
-    del pipe
-    fixtures.hps_model_config.parent.mkdir(parents=True)
-    tiny_models.write_hps_checkpoints(fixtures.hps_model_config, fixtures.hps_open_clip_ckpt, fixtures.hps_ckpt)
-    fixtures.prompts.write_text("".join(p + "\n" for p in PROMPTS))
-    prompts = fixtures.prompts.read_text().splitlines()
-    write_rl_embeddings(fixtures.model_dir, prompts, fixtures.data_json.parent)
-    shutil.rmtree(scratch)
+        write(root)
 
 
 @contextlib.contextmanager

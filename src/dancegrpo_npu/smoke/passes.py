@@ -6,38 +6,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.smoke.runner import SmokeOptions, SmokeResult, trainer_of
 
 PASSED_NAME = "smoke-passed.json"
 
 
-def inputs_sha256(project: Project, options: SmokeOptions) -> str | None:
-    """What a smoke result depends on: the verified tree (lock, series, overlay - digested
-    the way apply records them), the fixtures' parameters, the smoke's own code, its
-    options (--steps, --generations and the trainer arguments after -- included) and the tree's path.  None when the tree is not exactly lock + series + overlay (then nothing can
-    be reused)."""
+def inputs_sha256(project: Project, options: SmokeOptions, verified: dict | None = None) -> str | None:
+    """What a smoke result depends on: the verified tree (lock, series, overlay - the digests its
+    verification carries, ``engine.treecheck``), the reward fixtures' parameters, the smoke's own
+    code and the code of the row's family (its fixtures and checks), its options (--steps,
+    --generations and the trainer arguments after -- included) and the tree's path.  ``verified``: the
+    command's verification of the tree (None: verified here).  None when the tree is not exactly
+    lock + series + overlay (then nothing can be reused)."""
     import hashlib
+    import importlib.util
 
-    from dancegrpo_npu.engine.apply import overlay_sha256
-    from dancegrpo_npu.smoke.fixtures import params_sha256
-    from dancegrpo_npu.engine.series import load_series, series_sha256
-    from dancegrpo_npu.engine.stage import read_overlay
-    from dancegrpo_npu.engine.status import verify_tree
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.engine import treecheck
+    from dancegrpo_npu.smoke.fixtures import reward_params_sha256
 
-    try:
-        report = verify_tree(project)
-        parts = (report.lock.commit, series_sha256(load_series(project.patches_dir)),
-                 overlay_sha256(read_overlay(project.overlay_dir)), repr(report.without))  # an ablation tree is another input
-    except DancegrpoError:
-        return None
-    code = [p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))]  # the smoke's checks too
     name = trainer_of(options)
+    spec = trainers.smoke_spec(name)
+    tree = verified if verified is not None else treecheck.tree_state(project, spec.relpath)
+    digests = [tree.get(key) for key in treecheck.DIGESTS]
+    if tree.get("state") != "verified" or not all(digests):
+        return None
+    parts = (*digests, repr(tuple(tree.get("without") or ())))  # an ablation tree is another input
+    family = Path(importlib.util.find_spec(spec.smoke.fixtures.partition(":")[0]).origin).parent
+    code = [p.read_text() for folder in (Path(__file__).parent, family) for p in sorted(folder.glob("*.py"))]
     settings = (options.nproc, name, options.device, options.steps, options.generations,
                 tuple(options.extra_args), str(project.workdir), options.strict)
     h = hashlib.sha256()
-    for part in (*parts, params_sha256(), *code, repr(settings)):
+    for part in (*parts, reward_params_sha256(), *code, repr(settings)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()
 

@@ -1,11 +1,10 @@
-"""The arguments every smoke passes its trainer: upstream's GRPO recipe shrunk to 64x64, one
-latent frame, 4 sampling steps, on tiny models and the HPS fixture.
+"""The arguments the smokes of the trainers of upstream's shared argparse pass: upstream's GRPO
+recipe shrunk to 64x64, one latent frame, 4 sampling steps, on tiny models and the HPS fixture.
 
-The FLUX and Wan2.1 trainers take the same flags (their argparse is a near-copy); what differs
-(the step count, the checkpoint interval, Wan's CFG) is each trainer's own, in smoke/runner.py
-and smoke/wan_smoke.py.
+The trainers whose argparse is a near-copy of one another take the same flags; what differs (the
+step count, the checkpoint interval, a CFG) is each trainer's own, in its family's smoke hooks
+(``trainers/<family>/smoke.py``).
 """
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,35 +1,35 @@
 """``dancegrpo-npu smoke``: the embedded default - a few GRPO steps of the stock trainer on tiny models.
 
-It builds (once; reused) the fixtures - a tiny FLUX.1-dev-shaped pipeline, an HPSv2-shaped
-reward and an RL-embeddings dataset (``dancegrpo_npu.smoke.fixtures``) - then launches the *patched
-stock* trainer of the registry's default row (``--lora``: its LoRA variant; ``--trainer NAME``: that row) from the tree
-(build/DanceGRPO, or --workdir) through ``dancegrpo-npu launch``, so the smoke run gets a run
-directory like any launch: 2 GRPO steps (--steps) at 64x64, 4 sampling steps, 2 generations
-per prompt (--generations), HPSv2 reward, strict mode on.
+One pipeline runs every trainer the registry smokes, through the row's hooks (``trainers.Smoke``):
+it builds the row's fixtures (once; reused) - a tiny pipeline shaped like the trainer's model, the
+shared HPSv2-shaped reward (``smoke.fixtures``) and a dataset - builds the trainer's arguments
+(upstream's recipe shrunk), launches the *patched stock* trainer of the row (the registry's default,
+``--lora``: its LoRA variant; ``--trainer NAME``: that row) from the tree (build/DanceGRPO, or
+--workdir) through ``dancegrpo-npu launch``, so the smoke run gets a run directory like any launch
+(2 GRPO steps by default, --steps, at 64x64, 2 generations per prompt, --generations, strict mode
+on), then reads back what the script itself wrote.
 
-It passes only if, read back from what the script itself wrote:
+It passes only if:
 
 * ``metrics.jsonl`` has every step, with finite rewards and losses and a finite, non-zero
   grad norm (the loss of GRPO's first inner iteration is 0 by design: not a check), and no step
   whose rewards are all equal (every advantage 0: it learns nothing; the step is named);
-* the checkpoint upstream writes at the last step N (``outputs/checkpoint-N-0``, or
-  ``outputs/lora-checkpoint-N-0``) loads back the way upstream and diffusers intend -
-  ``FluxTransformer2DModel.from_pretrained``, or ``FluxPipeline.lora_state_dict`` +
-  ``load_lora_into_transformer`` (what ``FluxPipeline.load_lora_weights`` does) - and
-  its trainable parameters moved from where training started (the fixture weights; for
-  LoRA, peft's zero-initialised ``lora_B``) further than AdamW's weight decay alone moves
-  them: weight decay changes every weight whether or not a gradient arrives.
+* the checkpoint upstream writes at the last step loads back the way upstream and diffusers
+  intend (the row's checkpoint hook: the class the released weights load with, or the LoRA
+  loader), and its trainable parameters moved from where training started further than AdamW's
+  weight decay alone moves them: weight decay changes every weight whether or not a gradient
+  arrives;
+* at more than one rank, for the rows that check it, every rank holds the same weights.
 
 Upstream saves a checkpoint only at the *start* of a step whose number is a multiple of
-``--checkpointing_steps`` (the smoke passes N): checkpoint N holds the weights after step
-N-1's update, and upstream never saves the last step's update (the port's resume checkpoint,
-``outputs/resume/step-N``, holds it: docs/resume.md).  With --steps 1 the checkpoint holds the
-starting weights, so only the grad norm shows that training reached the model.
+``--checkpointing_steps``: a checkpoint N holds the weights after step N-1's update, and upstream
+never saves the last step's update (the port's resume checkpoint, ``outputs/resume/step-N``, holds
+it: docs/resume.md).  With --steps 1 the checkpoint holds the starting weights, so only the grad
+norm shows that training reached the model.
 
 ``--checkpointing-steps K`` (a divisor of --steps) checkpoints every K steps; ``--resume RUN``
 continues a smoke run that stopped from its newest complete checkpoint, as ``launch --resume``.
 """
-
 from __future__ import annotations
 
 import io
@@ -49,16 +49,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run.upstream_args import flag_values  # noqa: F401  (smoke.flag_values, as tests use it)
-from dancegrpo_npu.smoke.recipe import shrunk_recipe
-from dancegrpo_npu.smoke.checks import (
-    CheckpointCheck,
-    DecayBudget,
-    StepFigures,
-    check_full_checkpoint,
-    check_lora_checkpoint,
-    check_training_moved,
-    read_metrics,
-)
+from dancegrpo_npu.smoke.checks import CheckpointCheck, StepFigures, check_training_moved, read_metrics
 
 STEPS = 2  # the default --steps
 GENERATIONS = 2  # the default --generations
@@ -97,6 +88,7 @@ class SmokeResult:
     checkpoint: CheckpointCheck
     wall_time_s: float
     equal_weights: int | None = None  # tensors every rank holds equal after training (trainers that check it)
+    unchanged_why: str | None = None  # the row's reason why the tensors that did not move cannot (its model's)
 
 
 def max_train_steps(spec, steps: int) -> int:
@@ -123,31 +115,6 @@ def lora_trainer() -> str:
 
 def trainer_of(options: SmokeOptions) -> str:
     return options.trainer or (lora_trainer() if options.lora else trainers.default_trainer().name)
-
-
-def trainer_args(fixtures, lora: bool, steps: int = STEPS, generations: int = GENERATIONS,
-                 checkpointing_steps: int | None = None) -> tuple[str, ...]:
-    """Exactly the arguments the smoke passes (no upstream defaults): upstream's recipe
-    (finetune_flux_grpo*.sh), shrunk to ``steps`` steps at 64x64 on the fixtures."""
-    args = shrunk_recipe(fixtures.model_dir, fixtures.data_json, fixtures, generations, steps,
-                         checkpointing_steps or steps)
-    if lora:
-        args += ["--lora_rank", "4", "--lora_alpha", "8"]
-    return tuple(args)
-
-
-def decay_budget(args, steps: int) -> DecayBudget:
-    """What weight decay alone can do before checkpoint ``steps``, from the arguments the
-    trainer got: updates a step = samples a step / accumulation steps (the trainers' loop)."""
-    v = flag_values(args)
-    try:
-        samples = int(v["--train_batch_size"]) * (int(v["--num_generations"]) if "--use_group" in v else 1)
-        per_step = samples // int(v["--gradient_accumulation_steps"])
-        return DecayBudget(float(v["--learning_rate"]), float(v["--weight_decay"]), (steps - 1) * per_step)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DancegrpoError(f"smoke: cannot read the optimizer settings from the trainer's arguments ({exc})",
-                             "give --learning_rate, --weight_decay, --train_batch_size and "
-                             "--gradient_accumulation_steps numbers", exit_code=2) from None
 
 
 def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
@@ -291,13 +258,20 @@ def check_options(options: SmokeOptions) -> None:
         problem = steps_problem(options.steps, options.nproc, len(PROMPTS), trainer.label, trainer.passes)
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
+    if trainer.check_options:  # what else the row's trainer needs of the options
+        problem = trainers.load(trainer.check_options)(options, trainers.smoke_spec(trainer_of(options)))
+        if problem:
+            raise DancegrpoError(problem, "give another --steps or --nproc", exit_code=2)
 
 
 # The run directories the smoke in progress launched (``_launch`` adds them): its verdict goes there.
 _LAUNCHED: ContextVar[list | None] = ContextVar("smoke_launched", default=None)
 
 
-def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
+def run_smoke(project: Project, options: SmokeOptions, verified: dict | None = None) -> SmokeResult:
+    """The smoke of ``options``: the row's fixtures, arguments, the launch, its metrics and its
+    checkpoint, checked.  ``verified``: the command's verification of the tree (``engine.treecheck``),
+    passed down to the launch; None: verified here, once."""
     from dancegrpo_npu.engine import treecheck
 
     options = resumed_options(project, options)
@@ -305,11 +279,11 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
     start = time.monotonic()
     spec = trainers.smoke_spec(trainer_of(options))
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
-    treecheck.require_tree(project, spec.relpath)
+    verified = treecheck.require_tree(project, spec.relpath, verified)
     launched: list[Path] = []
     token = _LAUNCHED.set(launched)
     try:
-        result = trainers.load(spec.smoke.run)(project, options, spec, start)
+        result = _pipeline(project, options, spec, verified, start)
     except DancegrpoError as error:
         if launched:
             record_verdict(launched[-1], error)
@@ -318,6 +292,25 @@ def run_smoke(project: Project, options: SmokeOptions) -> SmokeResult:
         _LAUNCHED.reset(token)
     record_verdict(result.run_dir, None)
     return result
+
+
+def _pipeline(project: Project, options: SmokeOptions, spec, verified: dict, start: float) -> SmokeResult:
+    """Every trainer's smoke, through its row's hooks (``trainers.Smoke``): the fixtures (built once,
+    reused), the trainer's arguments then the user's (after --: the trainer's argparse keeps the
+    last), the launch, the metrics, every rank's equal weights (rows that check them), the checkpoint."""
+    from dancegrpo_npu.smoke import trained
+
+    smoke = spec.smoke
+    built = trainers.load(smoke.fixtures)(project, options, spec)
+    args = trainer_arguments(project, built, options, spec)
+    record = _launch(project, options, args, verified)
+    steps = read_metrics(record.run_dir, options.steps)
+    equal = trained.check_equal_weights(record.run_dir, options.nproc) if smoke.equal_weights and options.nproc > 1 \
+        else None
+    check = trainers.load(smoke.checkpoint)(record.run_dir, built, options, spec, args)
+    check_training_moved(check)
+    why = trainers.load(smoke.unchanged_note)(check) if smoke.unchanged_note else None
+    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal, why)
 
 
 def record_verdict(run_dir: Path, error: DancegrpoError | None) -> None:
@@ -390,51 +383,10 @@ def _ran(record, advised: bool = False):
     return record
 
 
-def run_with_tool_fixtures(project: Project, options: SmokeOptions, spec, start: float) -> SmokeResult:
-    """The smoke of a trainer of the tool's own dependency set: the tiny FLUX.1-dev-shaped
-    fixtures built here, the checkpoint loaded back here (full, or LoRA with ``spec.smoke.lora``)."""
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
-
-    # with the tree: the dataset is also read back through the patched LatentDataset
-    fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-    record = _launch(project, options, all_trainer_args(options, fixtures))
-    steps = read_metrics(record.run_dir, options.steps)
-    budget = decay_budget(all_trainer_args(options, fixtures), options.steps)
-    check = (check_lora_checkpoint if spec.smoke.lora else check_full_checkpoint)(
-        record.run_dir / "outputs", fixtures.model_dir, options.steps, budget)
-    check_training_moved(check)
-    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start)
-
-
-def run_with_depset_fixtures(project: Project, options: SmokeOptions, spec, start: float) -> SmokeResult:
-    """The smoke of a trainer of another dependency set (Wan2.1, Qwen-Image: diffusers-0.35): its
-    fixtures (``spec.smoke.fixtures``) built by that set's interpreter, then the FLUX smoke's
-    checks plus every rank's equal weights (smoke.trained)."""
-    from dancegrpo_npu.run.depsets import python_for
-    from dancegrpo_npu.smoke import trained
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
-
-    smoke = spec.smoke
-    python = python_for(spec.depset, needed_by=spec.name)
-    hps = build_fixtures(project.build_dir / "fixtures")  # the HPS reward files and the prompts
-    built = trainers.load(smoke.fixtures)(project, hps.prompts, spec, python)
-    args = trainers.load(smoke.arguments)(built, hps, max_train_steps(spec, options.steps), options.generations, spec)
-    args += tuple(options.extra_args)
-    record = _launch(project, options, args)
-    steps = read_metrics(record.run_dir, options.steps)
-    equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
-    checkpoint, updates = trained.last_checkpoint(options.steps, smoke.passes)
-    check = trained.check_checkpoint(record.run_dir / "outputs" / checkpoint, built.model_dir, smoke.model_class,
-                                     decay_budget(args, updates + 1), python)
-    check_training_moved(check)
-    return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
-
-
-def all_trainer_args(options: SmokeOptions, fixtures) -> tuple[str, ...]:
-    """The smoke's arguments, then the user's (after --): the trainer's argparse keeps the last."""
-    lora = trainers.smoke_spec(trainer_of(options)).smoke.lora
-    return trainer_args(fixtures, lora, options.steps, options.generations,
-                        options.checkpointing_steps) + tuple(options.extra_args)
+def trainer_arguments(project: Project, built, options: SmokeOptions, spec) -> tuple[str, ...]:
+    """The row's arguments for its fixtures ``built``, then the user's (after --): the trainer's
+    argparse keeps the last."""
+    return tuple(trainers.load(spec.smoke.arguments)(project, built, options, spec)) + tuple(options.extra_args)
 
 
 def resumed_options(project: Project, options: SmokeOptions, given: dict | None = None) -> SmokeOptions:
@@ -484,9 +436,9 @@ def refuse_complete(run_dir: Path, steps: int) -> None:
                          "start a new smoke run to train again (`dancegrpo-npu runs` shows this one)")
 
 
-def _launch(project: Project, options: SmokeOptions, args):
-    """The smoke's training run, launched; its record, or the one error of a run that did not end
-    well (``_ran``)."""
+def _launch(project: Project, options: SmokeOptions, args, verified: dict | None = None):
+    """The smoke's training run, launched on the tree as ``verified`` (None: launch verifies it);
+    its record, or the one error of a run that did not end well (``_ran``)."""
     from dancegrpo_npu.run.launch import LaunchSpec, launch
     from dancegrpo_npu.run.resume import resume_spec
 
@@ -494,7 +446,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         spec = replace(resume_spec(project, options.resume, max_restarts=options.max_restarts), verb="smoke",
                        stall_timeout=options.stall_timeout)
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
-            return _ran(_launched(launch(project, spec)), advised=options.verbose)
+            return _ran(_launched(launch(project, spec, verified=verified)), advised=options.verbose)
 
     trainer = trainers.smoke_spec(trainer_of(options))
     spec = LaunchSpec(
@@ -512,7 +464,7 @@ def _launch(project: Project, options: SmokeOptions, args):
         stall_timeout=options.stall_timeout,
     )
     with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps)):
-        return _ran(_launched(launch(project, spec)), advised=options.verbose)
+        return _ran(_launched(launch(project, spec, verified=verified)), advised=options.verbose)
 
 
 def _launched(record):
@@ -525,11 +477,6 @@ def _launched(record):
 
 # Loss values this small are upstream's 0 with float rounding (a group's advantages sum to 0 in float32).
 ZERO_LOSS = 1e-6
-# The parts of a Qwen-Image block that only make its text stream's output: the model keeps the image
-# stream alone after its last block, so in that block no loss depends on them.
-_TEXT_STREAM_OUTPUT = re.compile(r"^transformer_blocks\.(\d+)\.(attn\.(add_q_proj|norm_added_q|to_add_out)|txt_mlp)\.")
-
-
 def loss_note(steps) -> str | None:
     """Why the loss column is 0, where it is (upstream's GRPO loss, in every trainer's script)."""
     if not steps or any(abs(s.loss) > ZERO_LOSS for s in steps):
@@ -540,15 +487,13 @@ def loss_note(steps) -> str | None:
             "its gradient is not: see grad_norm")
 
 
-def unchanged_note(check) -> str | None:
-    """Why some trainable tensors did not move, where the reason is known; else their names."""
+def unchanged_note(check, known: str | None = None) -> str | None:
+    """Why some trainable tensors did not move: ``known``, the row's reason where its model has one
+    (``trainers.Smoke.unchanged_note``); else their names."""
     if not check.updates or check.changed >= check.total or not check.unchanged:
         return None
-    blocks = {m.group(1) for m in map(_TEXT_STREAM_OUTPUT.match, check.unchanged) if m}
-    if len(blocks) == 1 and all(_TEXT_STREAM_OUTPUT.match(n) for n in check.unchanged):
-        return (f"the other {len(check.unchanged)} are block {blocks.pop()}'s text-stream parts (add_q_proj, "
-                "norm_added_q, to_add_out, txt_mlp): the model keeps only the image stream after its last block, "
-                "so no output depends on them and no gradient reaches them")
+    if known:
+        return known
     shown = ", ".join(check.unchanged[:4]) + (", ..." if len(check.unchanged) > 4 else "")
     return f"the other {len(check.unchanged)} moved no further than weight decay alone: {shown}"
 
@@ -564,7 +509,7 @@ def format_result(result: SmokeResult) -> str:
     if c.updates:
         lines.append(f"checkpoint {c.path} loads with {c.loaded_with}; {c.changed} of {c.total} trainable tensors "
                      f"changed (max |change| {c.max_change:.3g}; weight decay alone: up to {c.decay_max:.2g})")
-        note = unchanged_note(c)
+        note = unchanged_note(c, result.unchanged_why)
         if note:
             lines.append(f"  {note}")
     else:

@@ -1,60 +1,22 @@
-"""Tiny, randomly initialised stand-ins for FLUX.1-dev and the HPSv2 reward.
+"""Tiny, randomly initialised text encoders, tokenizers and the HPSv2 reward every smoke shares.
 
-Every model here is a real diffusers / transformers / open_clip (hpsv2) class with
-a small configuration, written with the library's own ``save_pretrained`` /
-``torch.save``, so that upstream's loading code reads it exactly as it reads the
-real checkpoints.  Only the sizes differ; the interfaces the trainer relies on
-are kept: 16 latent channels and 8x downsampling, upstream's VAE scale/shift,
-T5 sequences of 512 tokens, CLIP's 77-token context and its full 49408-entry
-vocabulary (the tokenizers emit ids up to 49407, the end-of-text token).
+Every model here is a real transformers / open_clip (hpsv2) class with a small configuration,
+written with the library's own ``save_pretrained`` / ``torch.save``, so that upstream's loading
+code reads it exactly as it reads the real checkpoints.  Only the sizes differ; the interfaces the
+trainers rely on are kept: T5 sequences of 512 tokens, CLIP's 77-token context and its full
+49408-entry vocabulary (the tokenizers emit ids up to 49407, the end-of-text token).  The
+denoisers and VAEs are each family's (``trainers/<family>/``), built from these encoders.
 
 The configurations are plain data (``PARAMS``): their hash decides whether a
-built fixture directory is still current.  torch, diffusers, transformers and
+built fixture directory is still current.  torch, transformers and
 hpsv2 are imported inside the functions, so importing this module stays cheap.
 """
-
 from __future__ import annotations
 
 import gzip
 import io
 import json
 from pathlib import Path
-
-# FLUX.1-dev's transformer with every width shrunk: 2 heads x 16, one double and
-# one single block; the RoPE axes (4, 6, 6) add up to the head dim like (16, 56, 56).
-TRANSFORMER_CONFIG = {
-    "patch_size": 1,
-    "in_channels": 64,
-    "num_layers": 1,
-    "num_single_layers": 1,
-    "attention_head_dim": 16,
-    "num_attention_heads": 2,
-    "joint_attention_dim": 16,  # = T5_CONFIG["d_model"]
-    "pooled_projection_dim": 16,  # = CLIP_TEXT_CONFIG["hidden_size"] (pooler_output)
-    "guidance_embeds": True,  # FLUX.1-dev is guidance-distilled
-    "axes_dims_rope": [4, 6, 6],
-}
-
-# Four blocks for 8x downsampling and 16 latent channels, as FLUX's VAE; the
-# trainer hard-codes the scale 0.3611 and shift 0.1159.  sample_size 64 matches
-# the smoke run's 64x64 images, so enable_tiling() is a no-op there, as it is
-# for FLUX's 1024 sample size at 1024x1024.
-VAE_CONFIG = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [8, 8, 16, 16],
-    "layers_per_block": 1,
-    "act_fn": "silu",
-    "latent_channels": 16,
-    "norm_num_groups": 4,
-    "sample_size": 64,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-}
 
 # CLIP-L's text tower, narrow: the vocabulary and 77 positions are kept.
 CLIP_TEXT_CONFIG = {
@@ -86,19 +48,8 @@ T5_CONFIG = {
     "is_encoder_decoder": False,
     "use_cache": False,
 }
-T5_MAX_LENGTH = 512  # FluxPipeline.encode_prompt's max_sequence_length
+T5_MAX_LENGTH = 512  # the T5 pipelines' encode_prompt max_sequence_length
 T5_SPM_VOCAB = 256
-
-# FLUX.1-dev's scheduler/scheduler_config.json.
-SCHEDULER_CONFIG = {
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-    "base_shift": 0.5,
-    "max_shift": 1.15,
-    "base_image_seq_len": 256,
-    "max_image_seq_len": 4096,
-}
 
 # An open_clip model config shaped like ViT-H-14.json, tiny.  The text vocabulary
 # and context length must stay: hpsv2's tokenizer emits ids up to 49407.  The
@@ -135,24 +86,22 @@ a plate of pasta with tomato sauce and basil leaves
 a lighthouse on a rocky coast during a storm
 """
 
-SEEDS = {"transformer": 1, "vae": 2, "text_encoder": 3, "text_encoder_2": 4, "hps_open_clip": 5, "hps": 6}
+SEEDS = {"hps_open_clip": 5, "hps": 6}
 
 PARAMS = {
-    "transformer": TRANSFORMER_CONFIG,
-    "vae": VAE_CONFIG,
     "clip_text": CLIP_TEXT_CONFIG,
     "t5": T5_CONFIG,
     "t5_max_length": T5_MAX_LENGTH,
     "t5_spm_vocab": T5_SPM_VOCAB,
     "t5_corpus": T5_CORPUS,
-    "scheduler": SCHEDULER_CONFIG,
     "hps_model_name": HPS_MODEL_NAME,
     "hps_model": HPS_MODEL_CONFIG,
     "seeds": SEEDS,
 }
 
 
-def _seeded(seed: int):
+def seeded(seed: int) -> None:
+    """torch's global generator seeded: each model of a fixture is made from a seed of its own."""
     import torch
 
     torch.manual_seed(seed)
@@ -181,7 +130,7 @@ def build_clip_tokenizer(bpe_gz: Path, work_dir: Path):
     from transformers import CLIPTokenizer
 
     clip_tokenizer_files(bpe_gz, work_dir)
-    # FLUX.1-dev's tokenizer/tokenizer_config.json: pad and unk are end-of-text.
+    # as the released pipelines' tokenizer/tokenizer_config.json: pad and unk are end-of-text.
     return CLIPTokenizer(
         vocab_file=str(work_dir / "vocab.json"),
         merges_file=str(work_dir / "merges.txt"),
@@ -228,33 +177,6 @@ def build_t5_tokenizer(work_dir: Path):
     return tokenizer
 
 
-def build_flux_pipeline(bpe_gz: Path, work_dir: Path):
-    """The tiny FluxPipeline (all seven components), in float32, ready to save."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    tokenizer = build_clip_tokenizer(bpe_gz, work_dir / "clip")
-    tokenizer_2 = build_t5_tokenizer(work_dir / "t5")
-    _seeded(SEEDS["text_encoder"])
-    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_TEXT_CONFIG))
-    _seeded(SEEDS["text_encoder_2"])
-    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), **T5_CONFIG))
-    _seeded(SEEDS["transformer"])
-    transformer = FluxTransformer2DModel(**TRANSFORMER_CONFIG)
-    _seeded(SEEDS["vae"])
-    vae = AutoencoderKL(**VAE_CONFIG)
-    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
-    return FluxPipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        text_encoder_2=text_encoder_2,
-        tokenizer_2=tokenizer_2,
-        transformer=transformer,
-    )
-
-
 def write_hps_checkpoints(config_path: Path, open_clip_ckpt: Path, hps_ckpt: Path) -> None:
     """The two files upstream's HPSv2 loading reads, for the tiny CLIP at ``config_path``.
 
@@ -270,7 +192,7 @@ def write_hps_checkpoints(config_path: Path, open_clip_ckpt: Path, hps_ckpt: Pat
     config_path.write_text(json.dumps(HPS_MODEL_CONFIG, indent=4) + "\n")
     add_model_config(config_path)
     for seed, path, wrap in ((SEEDS["hps_open_clip"], open_clip_ckpt, False), (SEEDS["hps"], hps_ckpt, True)):
-        _seeded(seed)
+        seeded(seed)
         model = create_model(config_path.stem, None, precision="fp32", device="cpu")
         state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
         torch.save({"state_dict": state} if wrap else state, path)

@@ -1,11 +1,11 @@
-"""What the smokes of the diffusers-0.35 trainers (Wan2.1, Qwen-Image) check after training:
-upstream's full checkpoint loads with the model class's ``from_pretrained`` and moved, and every
-rank holds the same weights.
+"""What a smoke checks after training, beside the metrics: every rank holds the same weights, and
+the checkpoint of a trainer of another dependency set loads and moved.
 
-The tool runs with diffusers 0.32, which has neither model class: the checkpoint is loaded back
-in a child process of the 0.35 set's interpreter (``python -m dancegrpo_npu.smoke.trained``).
+A trainer of another dependency set saves a model class the tool's diffusers may not have: its
+checkpoint is loaded back in a child process of that set's interpreter
+(``python -m dancegrpo_npu.smoke.trained``).  The trainers whose loop counts from 0 and saves as it
+reaches a pass's step (a row's ``Smoke.loop_below``) name their last checkpoint here too.
 """
-
 from __future__ import annotations
 
 import json
@@ -15,17 +15,17 @@ import sys
 from pathlib import Path
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.smoke.checks import CheckpointCheck, DecayBudget
+from dancegrpo_npu.smoke.checks import CheckpointCheck, DecayBudget, decay_budget
 
 UNSYNCED_HINT = ("the ranks train separate copies of the model: their gradients are not synchronised "
                  "(no FSDP, DDP or all-reduce), and only rank 0's copy is saved")
 
 
 def last_checkpoint(steps: int, passes: int = 1) -> tuple[str, int]:
-    """The checkpoint a smoke of ``steps`` steps checks, and the updates it holds.  The Wan2.1 and
-    Qwen-Image trainers save checkpoint-<step>-<pass> as their loop reaches step S of a pass of S
-    steps (never checkpoint-1-<pass>, and checkpoint-0-<pass> before the pass's first update);
-    the Qwen-Image-Edit trainer makes 3 passes (its registry row's smoke.passes)."""
+    """The checkpoint a smoke of ``steps`` steps checks, and the updates it holds.  The trainers
+    whose loop counts from 0 save checkpoint-<step>-<pass> as their loop reaches step S of a pass of
+    S steps (never checkpoint-1-<pass>, and checkpoint-0-<pass> before the pass's first update); a
+    trainer may make several passes (its registry row's smoke.passes)."""
     per_pass = steps // passes
     if per_pass >= 2:
         return f"checkpoint-{per_pass}-{passes - 1}", steps
@@ -44,10 +44,22 @@ def steps_problem(steps: int, nproc: int, prompts: int, trainer: str, passes: in
     return None
 
 
+def check_last_checkpoint(run_dir: Path, model_dir: Path, options, spec, args) -> CheckpointCheck:
+    """The checkpoint of the last step a trainer whose loop counts from 0 saves (``last_checkpoint``),
+    against the fixture's ``model_dir/transformer``, loaded by the interpreter of the row's
+    dependency set; the decay budget from the trainer's arguments ``args``."""
+    from dancegrpo_npu.run.depsets import python_for
+
+    python = python_for(spec.depset, needed_by=spec.name)
+    checkpoint, updates = last_checkpoint(options.steps, spec.smoke.passes)
+    return check_checkpoint(run_dir / "outputs" / checkpoint, model_dir, spec.smoke.model_class,
+                            decay_budget(args, updates + 1), python)
+
+
 def check_checkpoint(path: Path, model_dir: Path, model_class: str, budget: DecayBudget,
                      python: str) -> CheckpointCheck:
-    """``path`` (upstream's checkpoint-<step>-0) against the fixture's ``model_dir/transformer``,
-    both loaded with diffusers' ``model_class`` in the 0.35 set's interpreter ``python``."""
+    """``path`` (upstream's checkpoint-<step>-<pass>) against the fixture's ``model_dir/transformer``,
+    both loaded with diffusers' ``model_class`` in the interpreter ``python``."""
     if not path.is_dir():
         raise DancegrpoError(f"smoke: the trainer wrote no checkpoint {path}")
     src = str(Path(__file__).resolve().parents[2])
@@ -90,14 +102,14 @@ def check_equal_weights(run_dir: Path, nproc: int) -> int:
 def _check_in_child(path: str, model_dir: str, model_class: str, budget_json: str) -> None:
     import diffusers
 
-    from dancegrpo_npu.smoke.checks import _compare, unmoved
+    from dancegrpo_npu.smoke.checks import compare_weights, unmoved
 
     cls = getattr(diffusers, model_class)
     lr, wd, updates = json.loads(budget_json)
     trained = cls.from_pretrained(path).state_dict()
     start = cls.from_pretrained(model_dir, subfolder="transformer").state_dict()
     budget = DecayBudget(lr, wd, updates)
-    changed, total, biggest, decay = _compare(start, trained, "parameter", budget)
+    changed, total, biggest, decay = compare_weights(start, trained, "parameter", budget)
     print(json.dumps({"changed": changed, "total": total, "max_change": biggest, "decay_max": decay,
                       "unchanged": unmoved(start, trained, budget)}))
 

@@ -1,7 +1,7 @@
 """What the tool knows of one trainer (or preprocessing script): a registry row.
 
 Rows are keyword-built, frozen data: launch, smoke, bench, plan, doctor and runs read the
-fields, and a field that names code (``Smoke.run``, ``Smoke.fixtures``...) names it as
+fields, and a field that names code (``Smoke.fixtures``, ``Smoke.checkpoint``...) names it as
 ``"module:function"`` (``trainers.load``), so that this package imports none of the packages
 that read it.  Checks and input kinds are named by the strings ``run.inputs`` defines.
 """
@@ -43,10 +43,21 @@ class ImageSizes:
 
 @dataclass(frozen=True, kw_only=True)
 class Smoke:
-    """How ``dancegrpo-npu smoke`` runs the trainer on tiny models."""
+    """How ``dancegrpo-npu smoke`` runs the trainer on tiny models: the row's hooks, which the one
+    pipeline (``smoke.runner``) calls in turn - fixtures, arguments, then (after the launch and its
+    metrics) the checkpoint check.  Each names a function of the family's folder as ``"module:function"``."""
 
     title: str  # the smoke's first line: "full FLUX GRPO"
-    run: str  # "module:function" (project, options, spec, start) -> SmokeResult
+    # (project, options, spec) -> built: the tiny models, the reward and the dataset (built once, reused)
+    fixtures: str
+    # (project, built, options, spec) -> the trainer's arguments: upstream's recipe shrunk (the user's follow)
+    arguments: str
+    # (run_dir, built, options, spec, args) -> smoke.checks.CheckpointCheck: the last checkpoint loads and moved
+    checkpoint: str
+    # (options, spec) -> why the trainer cannot run the smoke's options (one line), or None
+    check_options: str = ""
+    # (check) -> why some trainable tensors cannot move (the model's own reason), or None
+    unchanged_note: str = ""
     run_name: str = ""  # the run directory's suffix; "": smoke-<name>
     label: str = ""  # the trainer in messages
     # Trainers that count their loop from 0 and save as they reach a pass's step S
@@ -54,10 +65,10 @@ class Smoke:
     # passes over the prompts.
     loop_below: int = 0
     passes: int = 1
-    lora: bool = False  # the checkpoint is a LoRA checkpoint
-    fixtures: str = ""  # "module:function" (project, prompts, spec, python) -> fixtures
-    arguments: str = ""  # "module:function" (fixtures, hps, max_train_steps, generations, spec) -> args
+    # at more than one rank, every rank's --weights_digest is checked equal after training
+    equal_weights: bool = True
     model_class: str = ""  # the diffusers class the checkpoint loads back with
+    loader: str = ""  # what loads the checkpoint back, in --help, where it is not model_class
     sampling_steps: int = 4  # the smoke's sampling steps (its first line says them)
     reward: str = "HPSv2"  # the smoke's reward model (its first line says it)
     # per-trainer values the family's smoke functions read (``param``)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 10
+# the family's smoke hooks ("module:function", so that a copy of the folder names its own)
+HOOKS = f"{__name__}.smoke"
 
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
@@ -72,8 +74,8 @@ BENCH = Bench(
                     transformer_overrides={"num_layers": 1, "num_single_layers": 1},
                     hps_overrides={"vision_layers": 1, "text_layers": 1},
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1)),
-        # The smoke's tiny models (dancegrpo_npu.smoke.tiny_models) and sizes: seconds, for tests.
-        BenchPreset(name="tiny", models="tiny", tiny="dancegrpo_npu.smoke.tiny_models",
+        # The smoke's tiny models (trainers/flux/tiny_models.py) and sizes: seconds, for tests.
+        BenchPreset(name="tiny", models="tiny", tiny=f"{__name__}.tiny_models",
                     summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
                                **TINY_SAMPLER)),
@@ -85,8 +87,10 @@ BENCH = Bench(
 
 
 def _smoke(*, title: str, run_name: str, lora: bool) -> Smoke:
-    return Smoke(title=title, run="dancegrpo_npu.smoke.runner:run_with_tool_fixtures", run_name=run_name,
-                 lora=lora, label="FLUX")
+    return Smoke(title=title, run_name=run_name, label="FLUX", fixtures=f"{HOOKS}:fixtures",
+                 arguments=f"{HOOKS}:arguments", checkpoint=f"{HOOKS}:checkpoint",
+                 equal_weights=False, model_class="FluxTransformer2DModel",
+                 loader="FluxPipeline's LoRA loader" if lora else "", params=(("lora", lora),))
 
 
 def _trainer(*, name: str, relpath: str, help: str, smoke: Smoke, **more) -> TrainerSpec:

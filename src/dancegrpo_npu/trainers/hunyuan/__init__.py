@@ -5,6 +5,8 @@ from __future__ import annotations
 
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 50
+# the family's smoke hooks ("module:function", so that a copy of the folder names its own)
+HOOKS = f"{__name__}.smoke"
 
 from dancegrpo_npu.trainers.common import (
     PREPROCESS_PATH_FLAGS,
@@ -49,7 +51,8 @@ ROWS = (
         preprocess="preprocess-hunyuan", aligns=True, image_sizes=SIZES,
         renamed_values=(("use_same_noise", "init_same_noise"),),  # its recipe shares the initial noise
         smoke=Smoke(title="HunyuanVideo GRPO (5 frames)", label="HunyuanVideo",
-                    run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-hunyuan",
+                    fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
+                    checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-hunyuan",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
         plan_model="hunyuan", offload_flag="--use_cpu_offload",
         per_rank_batch=("best-of-n and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
@@ -80,7 +83,8 @@ ROWS = (
         image_sizes=ImageSizes(vae_scale=8, patch=2, why="SkyReels-V1-I2V's VAE downsamples 8x and its transformer "
                                "takes 2x2 latent patches (its FLUX first frame needs the same)"),
         smoke=Smoke(title="SkyReels-I2V GRPO (5 frames from a FLUX first frame, CFG 5)", label="SkyReels-I2V",
-                    run="dancegrpo_npu.smoke.hunyuan_smoke:run", run_name="smoke-skyreels-i2v",
+                    fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
+                    checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-skyreels-i2v",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),
         plan_model="skyreels-i2v", offload_flag="--use_cpu_offload",
         per_rank_batch=("the first frame and the advantages are a rank's: its prompt's generations, so the recipe runs as it "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 30
+# the family's smoke hooks ("module:function", so that a copy of the folder names its own)
+HOOKS = f"{__name__}.smoke"
 
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
@@ -50,8 +52,8 @@ BENCH = Bench(
         BenchPreset(name="qwenimage", models="qwen-image",
                     summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "
                             "upstream's recipe"),
-        # The Qwen-Image smoke's tiny models (dancegrpo_npu.smoke.qwen_fixtures): seconds, for tests.
-        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage", tiny="dancegrpo_npu.smoke.qwen_fixtures",
+        # The Qwen-Image smoke's tiny models (trainers/qwenimage/fixtures.py): seconds, for tests.
+        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage", tiny=f"{__name__}.fixtures",
                     summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at "
                             "64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
@@ -68,9 +70,9 @@ BENCH = Bench(
 
 
 def _smoke(*, title: str, label: str, passes: int, edit: bool, selective_checkpointing: str) -> Smoke:
-    return Smoke(title=title, label=label, run="dancegrpo_npu.smoke.runner:run_with_depset_fixtures",
-                 loop_below=2, passes=passes, fixtures="dancegrpo_npu.smoke.qwen_smoke:fixtures",
-                 arguments="dancegrpo_npu.smoke.qwen_smoke:trainer_args", model_class="QwenImageTransformer2DModel",
+    return Smoke(title=title, label=label, loop_below=2, passes=passes, fixtures=f"{HOOKS}:fixtures",
+                 arguments=f"{HOOKS}:arguments", checkpoint=f"{HOOKS}:checkpoint",
+                 unchanged_note=f"{HOOKS}:unchanged_note", model_class="QwenImageTransformer2DModel",
                  params=(("edit", edit), ("selective_checkpointing", selective_checkpointing)))
 
 

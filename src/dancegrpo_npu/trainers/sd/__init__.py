@@ -5,6 +5,8 @@ from __future__ import annotations
 
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 40
+# the family's smoke hooks ("module:function", so that a copy of the folder names its own)
+HOOKS = f"{__name__}.smoke"
 
 from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS, pipeline_input
 from dancegrpo_npu.trainers.spec import ImageSizes, Smoke, TrainerSpec
@@ -32,8 +34,10 @@ ROWS = (
         # the latents are --h/8 x --w/8 (the overlay refuses the rest at start); the UNet pads its
         # own down- and up-sampling, so any latent size runs
         image_sizes=ImageSizes(vae_scale=8, why="the SD VAE downsamples 8x: the initial latents are --h/8 x --w/8"),
-        smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD", run="dancegrpo_npu.smoke.sd_smoke:run",
-                    run_name="smoke-sd", model_class="UNet2DConditionModel",
+        smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD", run_name="smoke-sd",
+                    fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
+                    checkpoint=f"{HOOKS}:checkpoint", check_options=f"{HOOKS}:check_options",
+                    model_class="UNet2DConditionModel",
                     sampling_steps=6),  # at 4 DDIM steps the tiny UNet's 2 images score equal
         no_lora=("upstream's LoRA path (config.use_lora) builds LoRAAttnProcessor(hidden_size=...), which diffusers "
                  "0.32 no longer takes"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # where the family's rows come in the registry (and every list made from it)
 ORDER = 20
+# the family's smoke hooks ("module:function", so that a copy of the folder names its own)
+HOOKS = f"{__name__}.smoke"
 
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
@@ -59,8 +61,8 @@ BENCH = Bench(
                     transformer_overrides={"num_layers": 1}, hps_overrides={"vision_layers": 1, "text_layers": 1},
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, gradient_accumulation_steps=4,
                                steps=1)),
-        # The Wan smoke's tiny models (dancegrpo_npu.smoke.wan_fixtures): seconds, for tests.
-        BenchPreset(name="tiny-wan", models="tiny-wan", tiny="dancegrpo_npu.smoke.wan_fixtures",
+        # The Wan smoke's tiny models (trainers/wan/fixtures.py): seconds, for tests.
+        BenchPreset(name="tiny-wan", models="tiny-wan", tiny=f"{__name__}.fixtures",
                     summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
                                **TINY_SAMPLER)),
@@ -87,9 +89,9 @@ ROWS = (
         image_sizes=ImageSizes(vae_scale=8, patch=2, why="Wan2.1's VAE downsamples 8x and its transformer takes "
                                "1x2x2 latent patches"),
         dataset="wan", preprocess="preprocess-wan", aligns=True,
-        smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", run="dancegrpo_npu.smoke.runner:run_with_depset_fixtures",
-                    run_name="smoke-wan", loop_below=1, fixtures="dancegrpo_npu.smoke.wan_smoke:fixtures",
-                    arguments="dancegrpo_npu.smoke.wan_smoke:trainer_args", model_class="WanTransformer3DModel"),
+        smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", run_name="smoke-wan", loop_below=1,
+                    fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
+                    checkpoint=f"{HOOKS}:checkpoint", model_class="WanTransformer3DModel"),
         bench=BENCH, plan_model="wan", offload_flag="--use_cpu_offload",  # the port's FSDP of the trainer takes it
         no_lora="upstream's Wan trainer has no LoRA option",
     ),

@@ -24,11 +24,11 @@ pipelines here keep the tokenizers in ``tokenizer/`` and ``tokenizer_2/`` only, 
 are encoded from a scratch copy laid out as that copy leaves it (``with_tokenizers_copied``).
 
 Also under the fixtures directory: the tiny FLUX pipeline SkyReels makes its first frame with
-(``smoke.tiny_models``, the FLUX smoke's), and the tiny VideoAlign reward
-(``smoke.videoalign_fixtures``) at ``Qwen2-VL-2B-Instruct/`` and ``videoalign_ckpt/``.
+(``trainers.flux.tiny_models``, the FLUX smoke's), and the tiny VideoAlign reward
+(``trainers.hunyuan.videoalign``) at ``Qwen2-VL-2B-Instruct/`` and ``videoalign_ckpt/``.
 
 Built in a child process of the default dependency set's interpreter (diffusers 0.32,
-transformers 4.46.1): ``python -m dancegrpo_npu.smoke.hunyuan_fixtures DEST PROMPTS TREE``.
+transformers 4.46.1): ``python -m dancegrpo_npu.trainers.hunyuan.fixtures DEST PROMPTS TREE``.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class HunyuanFixtures:
 
 
 def hunyuan_fixtures_at(dest: Path) -> HunyuanFixtures:
-    from dancegrpo_npu.smoke.videoalign_fixtures import BASE_DIR, VIDEOALIGN_CKPT_DIR
+    from dancegrpo_npu.trainers.hunyuan.videoalign import BASE_DIR, VIDEOALIGN_CKPT_DIR
 
     dest = Path(dest)
     sky = dest / "skyreels"
@@ -165,10 +165,14 @@ def hunyuan_fixtures_at(dest: Path) -> HunyuanFixtures:
 def params_sha256(python: str, tree: Path) -> str:
     """What the build depends on: the parameters, this builder and the ones it reuses, the
     interpreter, and upstream's encoding code in ``tree``."""
-    here = Path(__file__).parent
+    from dancegrpo_npu.smoke import tiny_models as shared
+    from dancegrpo_npu.trainers.flux import tiny_models
+    from dancegrpo_npu.trainers.hunyuan import videoalign
+    from dancegrpo_npu.trainers.qwenimage import fixtures as qwen
+
     h = hashlib.sha256(json.dumps(PARAMS, sort_keys=True).encode())
-    for name in ("hunyuan_fixtures.py", "tiny_models.py", "videoalign_fixtures.py", "qwen_fixtures.py"):
-        h.update((here / name).read_bytes())
+    for module in (__file__, shared.__file__, tiny_models.__file__, videoalign.__file__, qwen.__file__):
+        h.update(Path(module).read_bytes())
     for rel in UPSTREAM_ENCODER_FILES:
         path = Path(tree) / rel
         h.update(path.read_bytes() if path.is_file() else b"")
@@ -188,7 +192,7 @@ def build_hunyuan_fixtures(dest: Path, prompts: Path, python: str, tree: Path) -
         raise DancegrpoError(f"{tree} is not a patched upstream tree (no {UPSTREAM_ENCODER_FILES[0]})",
                              "run `dancegrpo-npu fetch` and `apply` first")
     want = params_sha256(python, tree) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
-    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.hunyuan_fixtures",
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.trainers.hunyuan.fixtures",
                           [str(Path(prompts).resolve()), str(tree)], "HunyuanVideo",
                           hint="run ./scripts/bootstrap.sh --deps-only (docs/dependencies.md)")
     return hunyuan_fixtures_at(dest)
@@ -315,8 +319,9 @@ def _encode_datasets(pipeline_dir: Path, scratch: Path, datasets: list[tuple[lis
 def _main(argv: list[str]) -> int:
     import torch
 
-    from dancegrpo_npu.smoke import tiny_models, videoalign_fixtures
     from dancegrpo_npu.smoke.fixtures import clip_bpe_path
+    from dancegrpo_npu.trainers.flux import tiny_models
+    from dancegrpo_npu.trainers.hunyuan import videoalign
 
     dest, prompts, tree = Path(argv[0]), Path(argv[1]).read_text().splitlines(), Path(argv[2])
     sys.path.insert(0, str(tree))
@@ -331,7 +336,7 @@ def _main(argv: list[str]) -> int:
         _encode_datasets(fixtures.model_dir, scratch / "encode", [(prompts, fixtures.data_json.parent)])
         _encode_datasets(fixtures.skyreels_model_dir, scratch / "encode",
                          [(prompts, fixtures.skyreels_data_json.parent), ([""], fixtures.skyreels_empty_dir)])
-        videoalign_fixtures.build(dest)
+        videoalign.build(dest)
     shutil.rmtree(scratch)
     return 0
 

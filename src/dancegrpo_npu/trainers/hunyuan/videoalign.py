@@ -20,7 +20,7 @@ seeded random weights and non-zero LoRA B matrices, so the LoRA path changes the
 Videos are seen at 56x56 (``max_frame_pixels``), 4 patches a side.
 
 Run in the default dependency set's interpreter (transformers 4.46.1, peft 0.13.2):
-``python -m dancegrpo_npu.smoke.videoalign_fixtures DEST`` writes ``DEST/Qwen2-VL-2B-Instruct``
+``python -m dancegrpo_npu.trainers.hunyuan.videoalign DEST`` writes ``DEST/Qwen2-VL-2B-Instruct``
 and ``DEST/videoalign_ckpt``.
 """
 
@@ -133,7 +133,7 @@ CORPUS = [
 def build_tokenizer():
     """Qwen2's tokenizer over a byte-level BPE trained on a small corpus (reproducible): the
     Qwen-Image fixtures' builder, at this vocabulary."""
-    from dancegrpo_npu.smoke.qwen_fixtures import build_tokenizer as build_qwen_tokenizer
+    from dancegrpo_npu.trainers.qwenimage.fixtures import build_tokenizer as build_qwen_tokenizer
 
     return build_qwen_tokenizer(CORPUS, BPE_VOCAB_SIZE)
 
@@ -169,7 +169,7 @@ def build(dest: Path) -> tuple[Path, Path]:
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor
 
-    from dancegrpo_npu.smoke.qwen_fixtures import SPECIAL_TOKENS
+    from dancegrpo_npu.trainers.qwenimage.fixtures import SPECIAL_TOKENS
 
     dest = Path(dest)
     base, ckpt = dest / BASE_DIR, dest / VIDEOALIGN_CKPT_DIR

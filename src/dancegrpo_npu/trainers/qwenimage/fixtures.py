@@ -11,15 +11,15 @@ channels, 8x spatial downsampling, the VAE's latents_mean/std, 2x2 packing into 
 a tokenizer under which the pipelines' prompt templates drop exactly their system prefix (34
 tokens, 64 for Edit) as the real Qwen2.5-VL tokenizer does.
 
-The datasets are written (``smoke.qwen_embeddings``) as upstream's preprocessing writes them:
+The datasets are written (``trainers.qwenimage.embeddings``) as upstream's preprocessing writes them:
 preprocess_qwenimage_embedding.py (``prompt_embed/``, ``prompt_attention_mask/``,
 ``videos2caption.json`` with ``caption`` and ``original_length``, embeddings padded to 1024
 tokens) and preprocess_qwenimage_edit_embeddings.py (plus ``image_latents/``, ``calculated_height``/``calculated_width``, padded to 5000 tokens) from
-the source images and ``edit_data.jsonl`` written here.  The HPS reward files are the FLUX
-fixtures' (``smoke.fixtures``).
+the source images and ``edit_data.jsonl`` written here.  The HPS reward files and the prompts
+are the smoke's shared reward fixtures (``smoke.fixtures``).
 
 Qwen-Image needs the diffusers-0.35 dependency set: the tool builds these in a child process of
-that set's interpreter, ``python -m dancegrpo_npu.smoke.qwen_embeddings DEST PROMPTS [--edit]``,
+that set's interpreter, ``python -m dancegrpo_npu.trainers.qwenimage.embeddings DEST PROMPTS [--edit]``,
 which also checks the transformer's forward with the trainer's call and the VAE's decode.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 # Qwen-Image's VAE is Wan2.1's architecture (8x spatial, 4x temporal downsampling, 16 latent
 # channels, the class's own latents_mean / latents_std): the same tiny configuration.
-from dancegrpo_npu.smoke.wan_fixtures import VAE_CONFIG
+from dancegrpo_npu.trainers.wan.fixtures import VAE_CONFIG
 
 # Qwen-Image's MMDiT, narrow: 2 heads x 16, the RoPE axes (4, 6, 6) add up to the head dim as
 # (16, 56, 56) add up to 128; two blocks, so selective checkpointing has one to take.
@@ -167,7 +167,7 @@ def qwen_fixtures_at(dest: Path, edit: bool = False) -> QwenFixtures:
 def params_sha256(python: str, edit: bool) -> str:
     h = hashlib.sha256(json.dumps({"params": PARAMS, "edit": edit}, sort_keys=True).encode())
     h.update(Path(__file__).read_bytes())
-    h.update((Path(__file__).parent / "qwen_embeddings.py").read_bytes())
+    h.update((Path(__file__).parent / "embeddings.py").read_bytes())
     h.update(python.encode())
     return h.hexdigest()
 
@@ -179,7 +179,7 @@ def build_qwen_fixtures(dest: Path, prompts: Path, python: str, edit: bool = Fal
 
     want = params_sha256(python, edit) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
     args = [str(Path(prompts).resolve())] + (["--edit"] if edit else [])
-    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.qwen_embeddings", args,
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.trainers.qwenimage.embeddings", args,
                           "Qwen-Image-Edit" if edit else "Qwen-Image")
     return qwen_fixtures_at(dest, edit)
 

@@ -1,5 +1,5 @@
 """The tiny Qwen-Image pipelines' RL-embeddings datasets, written as upstream's preprocessing writes
-them (run in the diffusers-0.35 interpreter by ``smoke.qwen_fixtures``): the same pipeline calls,
+them (run in the diffusers-0.35 interpreter by ``trainers.qwenimage.fixtures``): the same pipeline calls,
 padding, file names and JSON entries as preprocess_qwenimage_embedding.py and
 preprocess_qwenimage_edit_embeddings.py on one CPU rank, in file order.  It is also the child
 build's entry point (``_main``).
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from dancegrpo_npu.smoke.qwen_fixtures import (CHECKS_NAME, EDIT_EMBED_LENGTH, EDIT_TARGET_AREA, EMBED_LENGTH, SEEDS,
+from dancegrpo_npu.trainers.qwenimage.fixtures import (CHECKS_NAME, EDIT_EMBED_LENGTH, EDIT_TARGET_AREA, EMBED_LENGTH, SEEDS,
                                                SOURCE_IMAGE_SIZE, QwenFixtures, build_pipeline,
                                                check_pipeline, qwen_fixtures_at)
 
@@ -119,7 +119,7 @@ def write_edit_rl_embeddings(model_dir: Path, fixtures: QwenFixtures, out_dir: P
 
 
 def _main(argv: list[str]) -> int:
-    """The child build (``python -m dancegrpo_npu.smoke.qwen_embeddings STAGING PROMPTS [--edit]``):
+    """The child build (``python -m dancegrpo_npu.trainers.qwenimage.embeddings STAGING PROMPTS [--edit]``):
     the pipeline, its checks, its dataset."""
     import torch
 

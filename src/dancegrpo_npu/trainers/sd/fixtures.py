@@ -6,7 +6,7 @@ reads CompVis/stable-diffusion-v1-4: a ``UNet2DConditionModel`` (cross-attention
 GEGLU feed-forwards, as SD's), an ``AutoencoderKL`` with SD's 8x downsampling and 4 latent
 channels, the smoke's narrow CLIP text encoder with CLIP's full tokenizer (77 tokens), SD v1.4's
 scheduler configuration, and no safety checker.  The HPS reward files and the prompts are the
-FLUX fixtures' (``smoke.fixtures``).  Same dependency set as the tool (diffusers 0.32): built here.
+smoke's shared reward fixtures (``smoke.fixtures``).  Same dependency set as the tool (diffusers 0.32): built here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The HunyuanVideo smoke: upstream's recipe shrunk, on tiny models, with the VideoAlign reward.
+"""The HunyuanVideo and SkyReels-I2V smokes' hooks (the rows' ``Smoke``): upstream's recipe shrunk,
+on tiny models, with the VideoAlign reward.
 
 ``train_grpo_hunyuan.py`` runs the FLUX trainer's loop: steps 1..--max_train_steps, and
 ``checkpoint-<step>-0`` saved at the *start* of a step whose number is a multiple of
@@ -9,20 +10,18 @@ and moved further than weight decay alone moves it) and, at more than one rank, 
 holds the same weights (--weights_digest).
 
 The reward is VideoAlign's, a tiny Qwen2-VL checkpoint laid out as upstream loads it
-(smoke.videoalign_fixtures), scoring each video as decoded (the port's default; upstream's mp4
+(trainers.hunyuan.videoalign), scoring each video as decoded (the port's default; upstream's mp4
 read back with --reward_from_mp4).  Videos are 5 frames of 64x64 (2 latent frames of 8x8).
 """
 
 from __future__ import annotations
 
-import time
-
-from dancegrpo_npu.smoke.checks import check_full_checkpoint, check_training_moved, read_metrics
+from dancegrpo_npu.smoke.checks import check_full_checkpoint, decay_budget
 
 
-def trainer_args(built, steps: int, generations: int, checkpointing_steps: int | None, spec) -> tuple[str, ...]:
+def arguments(project, built, options, spec) -> tuple[str, ...]:
     """Upstream's recipe (finetune_hunyuan_grpo.sh; finetune_skyreels_i2v.sh with the row's
-    ``first_frame``) shrunk: ``steps`` steps of 5 frames at 64x64, 4 sampling steps, one update a
+    ``first_frame``) shrunk: --steps steps of 5 frames at 64x64, 4 sampling steps, one update a
     step, on the tiny models and the tiny VideoAlign.  HunyuanVideo trains every generation
     (best-of-n of all of them) on VideoAlign's VQ; SkyReels-I2V samples with CFG 5.0 against the
     empty prompt, from a first frame the tiny FLUX makes, on MQ."""
@@ -40,11 +39,11 @@ def trainer_args(built, steps: int, generations: int, checkpointing_steps: int |
         "--sp_size", "1",
         "--train_sp_batch_size", "1",
         "--dataloader_num_workers", "0",
-        "--gradient_accumulation_steps", str(generations),
-        "--max_train_steps", str(steps),
+        "--gradient_accumulation_steps", str(options.generations),
+        "--max_train_steps", str(options.steps),
         "--learning_rate", "1e-3",
         "--mixed_precision", "bf16",
-        "--checkpointing_steps", str(checkpointing_steps or steps),
+        "--checkpointing_steps", str(options.checkpointing_steps or options.steps),
         "--allow_tf32",
         "--cfg", "0.0",
         "--h", "64", "--w", "64", "--t", "5",
@@ -54,7 +53,7 @@ def trainer_args(built, steps: int, generations: int, checkpointing_steps: int |
         "--sampler_seed", "1237",
         "--max_grad_norm", "1.0",
         "--weight_decay", "0.0001",
-        "--num_generations", str(generations),
+        "--num_generations", str(options.generations),
         "--use_group",
         "--use_videoalign",
         "--videoalign_ckpt", str(built.videoalign_ckpt),
@@ -77,37 +76,26 @@ def trainer_args(built, steps: int, generations: int, checkpointing_steps: int |
         "--shift", "5",
         # each generation its own initial latent (upstream's recipe shares one with --use_same_noise): the tiny
         # model's videos from one latent differ too little for the tiny VideoAlign's bfloat16 score to tell apart
-        "--bestofn", str(generations),
+        "--bestofn", str(options.generations),
         "--vq_coef", "1.0",
         "--mq_coef", "0.0",
     )  # fmt: skip
 
 
-def fixtures(project, spec):
+def fixtures(project, options, spec):
     """The tiny HunyuanVideo and SkyReels-I2V pipelines, their datasets, the tiny FLUX and the tiny
-    VideoAlign (built once for both rows, reused)."""
+    VideoAlign (built once for both rows, reused), encoded from the shared fixtures' prompts."""
     from dancegrpo_npu.run.depsets import python_for
-    from dancegrpo_npu.smoke.fixtures import build_fixtures
-    from dancegrpo_npu.smoke.hunyuan_fixtures import build_hunyuan_fixtures
+    from dancegrpo_npu.smoke.fixtures import build_reward_fixtures
+    from dancegrpo_npu.trainers.hunyuan.fixtures import build_hunyuan_fixtures
 
-    prompts = build_fixtures(project.build_dir / "fixtures").prompts  # the FLUX smoke's prompts
+    prompts = build_reward_fixtures(project.build_dir / "fixtures-reward").prompts
     return build_hunyuan_fixtures(project.build_dir / "fixtures-hunyuan", prompts,
                                   python_for(spec.depset, needed_by=spec.name), project.workdir)
 
 
-def run(project, options, spec, start: float):
-    """The smoke of the row ``spec`` (smoke.runner calls it)."""
-    from dancegrpo_npu.smoke import runner, trained
-
-    built = fixtures(project, spec)
-    args = trainer_args(built, options.steps, options.generations, options.checkpointing_steps, spec)
-    args += tuple(options.extra_args)
-    record = runner._launch(project, options, args)
-    steps = read_metrics(record.run_dir, options.steps)
-    equal = trained.check_equal_weights(record.run_dir, options.nproc) if options.nproc > 1 else None
+def checkpoint(run_dir, built, options, spec, args):
+    """The last checkpoint, against the row's model: SkyReels-I2V's where it makes a first frame."""
     model_dir = built.skyreels_model_dir if spec.smoke.param("first_frame") else built.model_dir
-    check = check_full_checkpoint(record.run_dir / "outputs", model_dir, options.steps,
-                                  runner.decay_budget(args, options.steps), spec.smoke.model_class)
-    check_training_moved(check)
-    return runner.SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal)
-
+    return check_full_checkpoint(run_dir / "outputs", model_dir, options.steps, decay_budget(args, options.steps),
+                                 spec.smoke.model_class)

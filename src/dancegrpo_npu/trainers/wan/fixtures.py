@@ -8,10 +8,10 @@ kept: 16 latent channels, 8x spatial and 4x temporal downsampling, the VAE's lat
 UMT5 sequences of WanPipeline.encode_prompt's 226 tokens.  The dataset is written as upstream's
 ``preprocess_wan_2_1_embeddings.py`` writes it (``WanPipeline.encode_prompt``, one prompt a
 batch, ``prompt_embed/<i>.pt`` and ``negative_prompt_embeds/<i>.pt``).  The HPS reward files
-are the FLUX fixtures' (``smoke.fixtures``).
+and the prompts are the smoke's shared reward fixtures (``smoke.fixtures``).
 
 Wan needs the diffusers-0.35 dependency set: the tool (diffusers 0.32) builds these in a child
-process of that set's interpreter, ``python -m dancegrpo_npu.smoke.wan_fixtures DEST PROMPTS``.
+process of that set's interpreter, ``python -m dancegrpo_npu.trainers.wan.fixtures DEST PROMPTS``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def build_wan_fixtures(dest: Path, prompts: Path, python: str) -> WanFixtures:
     from dancegrpo_npu.smoke.child_build import build_in_child
 
     want = params_sha256(python) + hashlib.sha256(Path(prompts).read_bytes()).hexdigest()
-    dest = build_in_child(dest, want, python, "dancegrpo_npu.smoke.wan_fixtures", [str(prompts)], "Wan")
+    dest = build_in_child(dest, want, python, "dancegrpo_npu.trainers.wan.fixtures", [str(prompts)], "Wan")
     return wan_fixtures_at(dest)
 
 

@@ -181,7 +181,7 @@ FAKE_TRANSFER = (FAKE / "contrib" / "transfer_to_npu.py").read_text()
 
 KERNELS = ("npu_fusion_attention", "npu_gelu", "npu_geglu", "npu_rms_norm")
 # torch.npu functions: named in the project's sources, or reached through getattr(torch, kind)
-# (phases.py's synchronize / peak memory, device.py's set_device / current_device, autocast's dtypes).
+# (phases.py's synchronize / peak memory, device/choice.py's set_device / current_device, autocast's dtypes).
 NPU_FUNCTIONS = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
                  "get_device_properties", "synchronize", "reset_peak_memory_stats", "max_memory_allocated",
                  "get_amp_supported_dtype")

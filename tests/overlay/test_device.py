@@ -1,58 +1,65 @@
-"""overlay/dancegrpo_port/device.py: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2)."""
+"""overlay/dancegrpo_port/device/: DANCEGRPO_DEVICE / DANCEGRPO_NPU_STRICT (contract 2), through the
+package's public face as the patches call it; what it does not export, from its concern modules."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from overlay_runner import run_python  # noqa: F401  (puts overlay/ on sys.path; run_python is a fixture)
 
 torch = pytest.importorskip("torch")
 
-from dancegrpo_port import device  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+from dancegrpo_port.contract import DEVICE_ENV, STRICT_ENV  # noqa: E402  (overlay/ is on sys.path, see overlay_runner)
+from dancegrpo_port.device import DeviceSelectionError  # noqa: E402
+from dancegrpo_port.device import choice  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("value, kind", [(None, "auto"), ("", "auto"), ("CPU", "cpu"), (" npu ", "npu"), ("cuda", "cuda")])
 def test_requested_kind(value, kind):
-    env = {} if value is None else {device.DEVICE_ENV: value}
-    assert device.requested_kind(env) == kind
+    env = {} if value is None else {DEVICE_ENV: value}
+    assert choice.requested_kind(env) == kind
 
 
 def test_unknown_device_is_refused_with_the_choices():
-    with pytest.raises(device.DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
-        device.requested_kind({device.DEVICE_ENV: "gpu"})
+    with pytest.raises(DeviceSelectionError, match=r"DANCEGRPO_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
+        choice.requested_kind({DEVICE_ENV: "gpu"})
 
 
 @pytest.mark.parametrize("value, strict", [("1", True), ("true", True), ("ON", True), ("0", False), ("", False), (None, False)])
 def test_strict_requested(value, strict):
-    env = {} if value is None else {device.STRICT_ENV: value}
-    assert device.strict_requested(env) is strict
+    env = {} if value is None else {STRICT_ENV: value}
+    assert choice.strict_requested(env) is strict
 
 
 def test_backends_and_autocast_types():
-    assert [device.Accelerator(k, False).dist_backend for k in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
-    assert device.Accelerator("npu", False).autocast_device_type == "npu"
+    assert [choice.Accelerator(k, False).dist_backend for k in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+    assert choice.Accelerator("npu", False).autocast_device_type == "npu"
 
 
 def test_cpu_is_always_possible_and_auto_falls_back_without_torch_npu():
-    assert device.resolve_kind("cpu") == "cpu"
-    if device._import_torch_npu() is not None:
+    assert choice.resolve_kind("cpu") == "cpu"
+    if choice._import_torch_npu() is not None:
         pytest.skip("a torch_npu is installed here")
-    assert device.resolve_kind("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert choice.resolve_kind("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_npu_without_torch_npu_says_what_to_install():
-    if device._import_torch_npu() is not None:
+    if choice._import_torch_npu() is not None:
         pytest.skip("a torch_npu is installed here")
-    with pytest.raises(device.DeviceSelectionError, match="torch_npu is not installed"):
-        device.resolve_kind("npu")
+    with pytest.raises(DeviceSelectionError, match="torch_npu is not installed"):
+        choice.resolve_kind("npu")
 
 
 def test_cuda_without_cuda_is_an_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    with pytest.raises(device.DeviceSelectionError, match="torch.cuda.is_available"):
-        device.resolve_kind("cuda")
+    with pytest.raises(DeviceSelectionError, match="torch.cuda.is_available"):
+        choice.resolve_kind("cuda")
 
 
 def test_cpu_run(run_python):
@@ -200,6 +207,12 @@ def test_all_reduce_mean_is_the_mean_whether_or_not_gloo_takes_avg(run_python, t
     assert f"ranks [[2.5, {ops}], [2.5, {ops}]]" in out.stdout, out.stdout
 
 
+# what `from dancegrpo_port import device` imports: the package, its concern modules and the contract
+DEVICE_MODULES = ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device", "dancegrpo_port.device.choice",
+                  "dancegrpo_port.device.distributed", "dancegrpo_port.device.kernels", "dancegrpo_port.device.matmul",
+                  "dancegrpo_port.device.mixed_precision"]
+
+
 @pytest.mark.fake_npu
 def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
     out = run_python(
@@ -217,9 +230,9 @@ def test_auto_picks_the_npu_and_imports_transfer_to_npu_first(run_python):
         fake_npu=True,
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    # transfer_to_npu came before CUDA and before anything but the device module itself
+    # transfer_to_npu came before CUDA and before anything but the device package itself
     assert got.pop("transfer") == {"cuda_initialized": False,
-                                   "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device"]}
+                                   "already_imported": DEVICE_MODULES}
     assert got == {"kind": "npu", "backend": "hccl", "dev": "npu:1", "cur": "npu:1", "autocast": "npu",
                    "offload": [True, True]}
 
@@ -243,7 +256,7 @@ def test_auto_with_torch_npu_but_no_npu_visible_refuses_instead_of_training_on_t
                       env={"ASCEND_RT_VISIBLE_DEVICES": "3,2", "FAKE_TORCH_NPU_EMULATES": emulates})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
+    assert last.startswith("dancegrpo_port.device.choice.DeviceSelectionError: DANCEGRPO_DEVICE=auto: torch_npu is "
                            "installed but sees no NPU (ASCEND_RT_VISIBLE_DEVICES '3,2'); check ASCEND_RT_VISIBLE_DEVICES")
     assert "`npu-smi info`" in last
 
@@ -262,7 +275,7 @@ def test_npu_requested_with_a_descending_list_is_refused_before_set_device(run_p
     assert proc.stdout.split() == ["is_available", str(emulates == "2.10.0.post7"), "device_count", "0"]
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "dancegrpo_port.device.DeviceSelectionError: DANCEGRPO_DEVICE=npu but torch_npu sees no NPU")
+        "dancegrpo_port.device.choice.DeviceSelectionError: DANCEGRPO_DEVICE=npu but torch_npu sees no NPU")
 
 
 @pytest.mark.fake_npu
@@ -288,7 +301,7 @@ def test_without_cann_the_device_module_says_what_to_source_in_one_line(run_pyth
                           env={"FAKE_TORCH_NPU_BROKEN": "1", **env})
         assert proc.returncode != 0
         last = proc.stderr.strip().splitlines()[-1]
-        assert last.startswith("dancegrpo_port.device.DeviceSelectionError: import torch failed loading torch_npu "
+        assert last.startswith("dancegrpo_port.device.choice.DeviceSelectionError: import torch failed loading torch_npu "
                                "(ImportError: libhccl.so: cannot open shared object file")
         assert "source CANN's set_env.sh" in last and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
     code = """
@@ -314,7 +327,7 @@ def test_a_broken_torch_npu_is_reported_not_ignored(run_python, env, error):
                       env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **env})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"dancegrpo_port.device.DeviceSelectionError: torch_npu is installed but does not import {error}")
+    assert last.startswith(f"dancegrpo_port.device.choice.DeviceSelectionError: torch_npu is installed but does not import {error}")
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in last
 
 
@@ -421,3 +434,37 @@ def test_geglu_on_the_npu_is_the_cpus_exact_form_unless_switched_back(run_python
     assert largest_difference(upstream["out"], upstream["tanh"]) <= 1e-6
     # the two forms differ far beyond float32 noise on these inputs, so the checks above can tell them apart
     assert largest_difference(upstream["out"], cpu["out"]) > 1e-4
+
+
+def _names_called_from(text: str) -> set[str]:
+    """What ``text`` (Python, or the lines a patch adds) takes from ``dancegrpo_port.device``:
+    ``from dancegrpo_port.device import A, B as C`` (one line or parenthesised), a tool row's
+    ``"dancegrpo_port.device:NAME"``, and ``ALIAS.NAME`` after ``from dancegrpo_port import device
+    [as ALIAS]`` or ``import dancegrpo_port.device as ALIAS``."""
+    names = set()
+    for group in re.findall(r"from dancegrpo_port\.device import (\([^)]*\)|[^\n#]+)", text):
+        names |= {part.split(" as ")[0].strip() for part in group.strip("()").split(",")}
+    names |= set(re.findall(r"dancegrpo_port\.device:(\w+)", text))
+    aliases = re.findall(r"from dancegrpo_port import device(?: as (\w+))?|import dancegrpo_port\.device as (\w+)", text)
+    for alias in {a or b or "device" for a, b in aliases}:
+        names |= set(re.findall(rf"\b{alias}\.(\w+)", text))
+    return {n for n in names if n}
+
+
+def test_the_public_face_is_exactly_what_the_patches_the_overlay_and_the_tool_call():
+    """``dancegrpo_port.device`` re-exports what the series' patches, the other overlay modules and
+    the tool (its bench and trainer rows, in the patched tree) take from it, and nothing more: the
+    rest lives in the concern modules and is imported from them."""
+    from dancegrpo_port import device
+
+    package = ROOT / "overlay" / "dancegrpo_port" / "device"
+    called = set()
+    for patch in (ROOT / "patches").glob("*.patch"):
+        called |= _names_called_from("\n".join(line[1:] for line in patch.read_text().splitlines()
+                                               if line.startswith("+") and not line.startswith("+++")))
+    for path in [*(ROOT / "overlay" / "dancegrpo_port").rglob("*.py"), *(ROOT / "src").rglob("*.py")]:
+        if package not in path.parents:
+            called |= _names_called_from(path.read_text())
+    assert {"activate", "allow_tf32", "autocast", "choose_diffusers_kernels", "DeviceSelectionError"} <= called
+    assert called == set(device.__all__), (sorted(called - set(device.__all__)), sorted(set(device.__all__) - called))
+    assert all(hasattr(device, name) for name in device.__all__)

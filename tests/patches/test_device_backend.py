@@ -11,6 +11,8 @@ from patched_tree_runner import run_in_tree  # noqa: F401  (a fixture)
 
 SCRIPTS = ("fastvideo/train_grpo_flux.py", "fastvideo/train_grpo_flux_lora.py",
            "fastvideo/data_preprocess/preprocess_flux_embedding.py")
+# the device package's concern modules, imported with it (overlay/dancegrpo_port/device/)
+DEVICE_MODULES = ("choice", "distributed", "kernels", "matmul", "mixed_precision")
 
 
 @pytest.mark.upstream
@@ -32,5 +34,6 @@ def test_transfer_to_npu_comes_first(run_in_tree, patched_tree, script):
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["state"] == {"cuda_initialized": False,
-                            "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device"]}
+                            "already_imported": ["dancegrpo_port", "dancegrpo_port.contract", "dancegrpo_port.device",
+                                                 *(f"dancegrpo_port.device.{m}" for m in DEVICE_MODULES)]}
     assert (got["kind"], got["backend"], got["diffusers"]) == ("npu", "hccl", True)

@@ -53,7 +53,7 @@ def upstream_facts(project: Project) -> dict:
 
 
 # Written in the run directory by the patched trainers' rank 0 at the start of main() (the allow-tf32-hf32 patch,
-# overlay dancegrpo_port/device.py allow_tf32): the TF32 / HF32 switches as set and read back.
+# overlay dancegrpo_port/device/matmul.py allow_tf32): the TF32 / HF32 switches as set and read back.
 # Only the trainer can see them, so the launcher folds the file in after the run.
 MATMUL_RECORD = "matmul_precision.json"
 

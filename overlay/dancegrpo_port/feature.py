@@ -16,7 +16,7 @@ Three kinds of event, as hooks.py calls them:
 - answers (``initial_latents``, ``sde_noise``, ``timestep_perms``, ``selection_order``,
   ``condition_generator``: the noise source): the
   first feature that returns something other than None answers; when none does, the draw is
-  upstream's.  ``checkpoint_load`` passes the step to start after from feature to feature.
+  upstream's, from the row that gives it (``FeatureRow.upstream_answers``).  ``checkpoint_load`` passes the step to start after from feature to feature.
 
 A row of the seam's table (``hooks.FEATURES``) says how to make one feature for a run: its
 trainer flags (``add_arguments(parser)``), its one-line check of them
@@ -198,10 +198,13 @@ class Context:
 @dataclass(frozen=True, kw_only=True)
 class FeatureRow:
     """One feature in the seam's table (hooks.FEATURES): its name, its trainer flags, their
-    check (one line, or None), how a run makes it, and whether a bench step has it."""
+    check (one line, or None), how a run makes it, whether a bench step has it, and, for a
+    feature that answers events (``ANSWERS``), what answers them as upstream does where no
+    installed feature does (before ``run_start``)."""
 
     name: str
     create: Callable[[Context], Feature]
     add_arguments: Callable[[Any], None] | None = None
     argument_problem: Callable[[Any, Any], str | None] | None = None  # (args, environ)
     bench: str | None = BENCH_NONE
+    upstream_answers: Any = None  # an object with the ANSWERS methods: upstream's draws

@@ -31,7 +31,7 @@ Call points, in the order a run makes them::
           initial_latents(shape, device, dtype) / sde_noise(like, index)   the noise source
           with sampling(): ... with model_call("transformer", transformer): ...
           sampled(latents, log_probs)
-          with decoding(vae): ...    decoded(images, batch_idx); image_file(path)
+          with decoding(vae): ...    decoded(images, batch_idx, name); image_file(path)
           with rewarding(model): ...
         rewards_gathered(rewards)    every rank's rewards of the step (metrics.jsonl: reward_mean)
         advantages(rewards, advantages); selection_order(n, device)  (best-of-n)
@@ -46,8 +46,9 @@ Call points, in the order a run makes them::
     run_end()                        the end of main()
 
 Before ``run_start`` (a module imported by a test, say) every call behaves as upstream: the
-device's noise (no feature answers: ``alignment.UPSTREAM_NOISE``), nothing recorded, timed or
-written.  Self-contained: torch and the standard
+device's noise (no feature answers: upstream's draws, which a row of the table gives as its
+``upstream_answers``), nothing recorded, timed or written.  The seam names no trainer: each
+trainer's seam passes what is its own (``decoded``'s image name).  Self-contained: torch and the standard
 library; it never imports the dancegrpo_npu tool.
 """
 
@@ -78,7 +79,8 @@ FEATURES = (
                                        on_resume=lambda step: _call("resumed", step))),
     FeatureRow(name="images", create=lambda c: ImageFiles(c.rank)),
     FeatureRow(name="alignment", add_arguments=alignment.add_arguments, argument_problem=alignment.argument_problem,
-               create=lambda c: alignment.Alignment(alignment.run_of(c)), bench=BENCH_EVERY_STEP),
+               create=lambda c: alignment.Alignment(alignment.run_of(c)), bench=BENCH_EVERY_STEP,
+               upstream_answers=alignment.UPSTREAM_NOISE),
     FeatureRow(name="batching", add_arguments=rollout.add_arguments, argument_problem=rollout.argument_problem,
                create=lambda c: rollout.Batching(getattr(c.args, "sample_batch_size", 1)), bench=BENCH_EVERY_STEP),
     FeatureRow(name="profile", add_arguments=phases.add_arguments, argument_problem=phases.argument_problem,
@@ -92,6 +94,9 @@ FEATURES = (
 )
 
 _FEATURES: list = []  # this process's features, in call order (run_start)
+# what answers an answer event where no installed feature does (before run_start, or a test's
+# features alone): upstream's draws, as the table's rows give them
+_UPSTREAM_ANSWERS = tuple(row.upstream_answers for row in FEATURES if row.upstream_answers is not None)
 
 
 def features() -> list:
@@ -191,13 +196,14 @@ def _around(name: str, *args):
 
 
 def _answer(name: str, *args):
-    """The first feature's answer (not None), or upstream's draw: the noise source's events."""
+    """The first feature's answer (not None), else upstream's draw (the rows' ``upstream_answers``):
+    the noise source's events."""
     heartbeat.mark(name)
-    for feature in _FEATURES:
-        answer = getattr(feature, name)(*args)
+    for source in (*_FEATURES, *_UPSTREAM_ANSWERS):
+        answer = getattr(source, name)(*args)
         if answer is not None:
             return answer
-    return getattr(alignment.UPSTREAM_NOISE, name)(*args)
+    return None
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -289,9 +295,10 @@ def decoding(vae):
     return _around("decoding", vae)
 
 
-def decoded(images, batch_idx, name: str = "flux") -> None:
+def decoded(images, batch_idx, name: str) -> None:
     """The batch's decoded images (PIL), one per sample of ``batch_idx``: written to
-    ./images/<name>_<rank>_<sample>.png (upstream's names) and recorded."""
+    ./images/<name>_<rank>_<sample>.png (upstream's names: each trainer's seam passes its own
+    ``name``) and recorded."""
     _call("decoded", images, batch_idx, name)
 
 

@@ -73,7 +73,7 @@ def fake_step(step: int, args, rollout_batch: int = 1) -> dict:
         with hooks.model_call("transformer", torch.nn.Identity()):
             sdes.append(torch.stack([hooks.sde_noise(like, i) for i in range(S)], dim=1))
         hooks.sampled(torch.full((n, S + 1, TOKENS, 64), float(step)), torch.full((n, S), -1.0 * step))
-        hooks.decoded([torch.full((args.h, args.w, 3), step, dtype=torch.uint8)] * n, batch_idx)
+        hooks.decoded([torch.full((args.h, args.w, 3), step, dtype=torch.uint8)] * n, batch_idx, "flux")
     rewards = torch.arange(B, dtype=torch.float32) + step
     hooks.advantages(rewards, rewards - rewards.mean())
     perms = hooks.timestep_perms(B, S - 1)

@@ -39,7 +39,7 @@ def test_images_are_written_in_the_background_under_upstreams_names(files):
     import threading
 
     gate = threading.Event()
-    hooks.decoded([SlowImage(gate, (i * 40, 0, 0)) for i in range(3)], torch.tensor([3, 4, 5]))
+    hooks.decoded([SlowImage(gate, (i * 40, 0, 0)) for i in range(3)], torch.tensor([3, 4, 5]), "flux")
     assert not any(files.iterdir())  # handed over, not yet written
     gate.set()
     path = hooks.image_file("./images/flux_1_5.png")  # what a reward that reads the file calls first
@@ -53,11 +53,11 @@ class Unwritable:
 
 
 def test_a_write_error_stops_the_step(files):
-    hooks.decoded([Unwritable()], [2])
+    hooks.decoded([Unwritable()], [2], "flux")
     with pytest.raises(RuntimeError, match=r"writing \./images/flux_1_2\.png failed: .*No space left"):
         hooks.step_end(1)
     hooks.step_end(2)  # reported once, then the writer goes on
-    hooks.decoded([Unwritable()], [3])
+    hooks.decoded([Unwritable()], [3], "flux")
     hooks.features()[0].writer._queue.join()
     with pytest.raises(RuntimeError, match="flux_1_3.png"):  # the next hand-over reports it too
-        hooks.decoded([Unwritable()], [4])
+        hooks.decoded([Unwritable()], [4], "flux")

@@ -174,3 +174,44 @@ def test_the_metrics_log_takes_the_mean_reward_where_the_rewards_are_gathered(tm
     assert [json.loads(line) for line in (tmp_path / "metrics0.jsonl").read_text().splitlines()] == [figures]
     assert not (tmp_path / "metrics1.jsonl").exists()  # rank 0 writes the file
     assert "reward_mean" not in hooks.step_end(2, loss=0.5, grad_norm=0.25)  # no rewards gathered this step
+
+
+def test_the_seam_names_no_trainer_and_no_features_constant():
+    """hooks.py dispatches; what is a trainer's (decoded's image name) each seam passes, and what
+    is a feature's comes from its row of the table, never from a default or a fallback of the bus.
+    Read from its source: a default that is a trainer's name, or a feature module's CONSTANT used
+    outside the table, fails here."""
+    import ast
+    import inspect
+
+    from dancegrpo_npu import trainers
+
+    tree = ast.parse(inspect.getsource(hooks))
+    features = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                and node.module == "dancegrpo_port" for alias in node.names}
+    assert {"alignment", "phases", "rollout"} <= features
+    table = next(n for n in tree.body if isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["FEATURES"])
+    in_table = {id(n) for n in ast.walk(table)}
+    constants = [f"{n.value.id}.{n.attr}" for n in ast.walk(tree) if id(n) not in in_table
+                 and isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in features
+                 and n.attr.isupper()]
+    assert not constants, f"hooks.py falls back to a feature's constant outside the table: {constants}"
+    names = set(trainers.names()) | {"flux", "qwenimage", "wan_2_1", "hunyuan", "skyreels", "sd"}
+    defaults = [f"{f.name}({a.value!r})" for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                for a in f.args.defaults + [d for d in f.args.kw_defaults if d is not None]
+                if isinstance(a, ast.Constant) and a.value in names]
+    assert not defaults, f"hooks.py defaults to a trainer's name: {defaults}"
+    assert inspect.signature(hooks.decoded).parameters["name"].default is inspect.Parameter.empty
+
+
+def test_every_answer_event_has_upstreams_draw_from_the_table():
+    """Before run_start (no feature installed) each answer event answers as upstream does: the
+    rows' upstream_answers cover every one of feature.ANSWERS."""
+    sources = [row.upstream_answers for row in hooks.FEATURES if row.upstream_answers is not None]
+    assert sources and all(any(callable(getattr(s, event, None)) for s in sources) for event in feature.ANSWERS)
+    torch.manual_seed(5)
+    upstream = (torch.randn((2, 3)), torch.stack([torch.randperm(4) for _ in range(2)]), torch.randperm(3))
+    torch.manual_seed(5)
+    drawn = (hooks.initial_latents((2, 3), "cpu", torch.float32), hooks.timestep_perms(2, 4), hooks.selection_order(3, "cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(drawn, upstream))
+    assert hooks.condition_generator() is None  # upstream's draws on the device

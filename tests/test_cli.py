@@ -227,7 +227,7 @@ def test_no_help_text_shows_raw_markup(capsys):
     shown = {verb: [line for line in text.splitlines() if "``" in line or re.search(r":(func|mod|class):`", line)]
              for verb, text in texts.items()}
     assert not any(shown.values()), {v: lines for v, lines in shown.items() if lines}
-    assert "(its row's `plan_model`: shapes shipped" in texts["plan"]  # the text itself stays (``plan_model``)
+    assert "(its row's `plan`: shapes shipped" in texts["plan"]  # the text itself stays (``plan``)
 
 
 def test_the_top_level_help_names_every_model(capsys):

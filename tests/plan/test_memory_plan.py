@@ -95,8 +95,8 @@ print(out)
 # The peaks bench measured on the CPU (float32, peak RSS, the largest phase), as docs/throughput.md
 # and docs/memory-plan.md give them: (preset, bench's sizes, measured GiB).
 MEASURED_ON_CPU = (
-    ("cpu", dict(height=128, width=128, generations=4, sampling_steps=4, text_tokens=64), 10.13),
-    ("tiny", dict(height=64, width=64, generations=4, sampling_steps=4, text_tokens=512), 0.894),
+    ("flux-cpu", dict(height=128, width=128, generations=4, sampling_steps=4, text_tokens=64), 10.13),
+    ("flux-tiny", dict(height=64, width=64, generations=4, sampling_steps=4, text_tokens=512), 0.894),
 )
 
 
@@ -371,7 +371,7 @@ def test_wan_counts_are_the_real_classes():
         "    t, v = WanTransformer3DModel(**t), AutoencoderKLWan(**v)\n"
         "print(json.dumps([sum(p.numel() for p in m.parameters()) for m in (t, v, t.blocks[0])]))\n"
     )
-    files = [str(models.PACKAGE / models.entry("wan")[k]) for k in ("transformer_file", "vae_file")]
+    files = [str(models.config_file("wan", k)) for k in ("denoiser", "vae")]
     r = subprocess.run([diffusers_035_python(), "-c", snippet, *files], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     transformer, vae, block = json.loads(r.stdout.splitlines()[-1])
@@ -397,7 +397,7 @@ UPSTREAM_RECIPES = {
 
 @pytest.mark.upstream
 def test_every_models_sizes_are_read_from_upstreams_script(patched_tree, capsys):
-    """plan_models.json holds no recipe size: each one is read from upstream's script in the tree."""
+    """The shapes (each family's plan.json) hold no recipe size: each one is read from upstream's script in the tree."""
     assert set(UPSTREAM_RECIPES) == set(models.names())
     for name in models.names():
         recipe_entry = models.entry(name)["recipe"]

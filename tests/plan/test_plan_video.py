@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.plan.memory import GiB
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("diffusers")
 
@@ -156,10 +159,10 @@ def test_the_flux_placement_is_planned_as_asked(patched_tree, capsys):
 
 
 def test_a_flux_placement_for_a_trainer_without_a_first_frame_is_refused(capsys):
-    status, out, err = _plan(capsys, models.PACKAGE.parents[1], "hunyuan", "--flux-placement", "device")
+    status, out, err = _plan(capsys, REPO, "hunyuan", "--flux-placement", "device")
     [line] = err.strip().splitlines()
     assert status == 2 and out == "" and "--flux-placement: hunyuan's trainer has no first-frame pipeline" in line
-    status, out, err = _plan(capsys, models.PACKAGE.parents[1], "skyreels-i2v", "--flux-placement", "gpu")
+    status, out, err = _plan(capsys, REPO, "skyreels-i2v", "--flux-placement", "gpu")
     assert status == 2 and out == "" and "upstream, device, offload" in err.replace("'", "")
 
 

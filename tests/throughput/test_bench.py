@@ -1,4 +1,4 @@
-"""``dancegrpo-npu bench`` end to end: the tiny preset on the CPU, through the patched trainer's
+"""``dancegrpo-npu bench`` end to end: the default trainer's tiny size on the CPU, through the patched trainer's
 own ``train_one_step``, timed by its PhaseTimer, recorded in a run directory that ``runs`` reads.
 
 Runs in a child process (the bench imports the trainer from the tree and sets the device for
@@ -35,7 +35,7 @@ def bench(project_root, *args, timeout=1200):
 @pytest.mark.upstream
 def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     out = tmp_path / "bench.json"
-    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--preset", "tiny", "--device", "cpu",
+    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--size", "tiny", "--device", "cpu",
               "--sample-batch-sizes", "1,2", "--steps", "1", "--json", str(out), "--record")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     document = json.loads(out.read_text())
@@ -54,7 +54,8 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     fingerprint = document["fingerprint"]
     assert {"host", "devices", "packages"} <= set(fingerprint)
     facts = fingerprint["bench"]
-    assert (facts["preset"], facts["device_kind"], facts["dtype"]) == ("tiny", "cpu", "float32")
+    assert (facts["preset"], facts["device_kind"], facts["dtype"]) == ("flux-tiny", "cpu", "float32")
+    assert (facts["row"], facts["size"], facts["short_run"]) == ("flux", "tiny", None)
     assert (facts["height"], facts["width"], facts["sampling_steps"], facts["generations"]) == (64, 64, 4, 4)
     assert facts["sample_batch_sizes"] == [1, 2] and facts["train_timesteps"] == 1
     assert facts["tree"]["state"] == "verified"
@@ -78,7 +79,7 @@ def check_memory_plan(facts, results):
     from dancegrpo_npu.throughput import models as bench_models
     from dancegrpo_npu.throughput.presets import PRESETS
 
-    configs = bench_models.model_configs(PRESETS["tiny"])
+    configs = bench_models.model_configs(PRESETS["flux-tiny"])
     model = plan_models.from_bench("tiny", configs, bench_models.count_parameters(configs))
     recipe = memory.Recipe(height=facts["height"], width=facts["width"], generations=facts["generations"],
                            sampling_steps=facts["sampling_steps"], text_tokens=facts["text_tokens"],
@@ -96,7 +97,7 @@ def check_run_directory(patched_tree, runs_dir, facts, results):
     from dancegrpo_npu.rundirs.listing import row
 
     [run] = list_runs(runs_dir)
-    assert str(run.path) == facts["run_dir"] and run.name.endswith("-bench-tiny")
+    assert str(run.path) == facts["run_dir"] and run.name.endswith("-bench-flux-tiny")
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [(x["step"], x["sample_batch_size"]) for x in lines] == [(1, 1), (2, 2)]  # timed steps only
     for line, result in zip(lines, results):
@@ -129,7 +130,7 @@ def check_compare(patched_tree, runs_dir, facts):
     first = os.path.basename(facts["run_dir"])
     index = json.loads((runs_dir / first / "records" / "index.json").read_text())
     assert (index["steps"], index["world_size"], index["h"], index["num_generations"]) == ([1, 2], 1, 64, 4)
-    r = bench(patched_tree.project.root, "--runs-dir", str(runs_dir), "--preset", "tiny", "--device", "cpu",
+    r = bench(patched_tree.project.root, "--runs-dir", str(runs_dir), "--size", "tiny", "--device", "cpu",
               "--sample-batch-sizes", "1", "--steps", "1", "--record")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     second = next(p.name for p in runs_dir.iterdir() if p.is_dir() and p.name != first)
@@ -172,7 +173,7 @@ def load_failing_trainer(tree, device, *relpath):
 
 phases.load_trainer = load_failing_trainer
 from dancegrpo_npu.cli import main
-sys.exit(main(["-C", sys.argv[1], "bench", "--runs-dir", sys.argv[2], "--preset", "tiny", "--device", "cpu",
+sys.exit(main(["-C", sys.argv[1], "bench", "--runs-dir", sys.argv[2], "--size", "tiny", "--device", "cpu",
                "--sample-batch-sizes", "2"]))
 """
 
@@ -184,8 +185,8 @@ def test_running_out_of_memory_is_one_line_exit_2(patched_tree, tmp_path):
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and r.stdout == ""
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (preset tiny")
-    assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller preset" in last
+    assert last.startswith("dancegrpo-npu: error: bench: ran out of memory on cpu in the rollout phase (flux-tiny")
+    assert "DefaultCPUAllocator: can't allocate memory" in last and "use a smaller --size" in last
     # the run directory says so, as a failed launch's does
     from dancegrpo_npu.rundirs.rundir import list_runs
     from dancegrpo_npu.rundirs.listing import failure_reason

@@ -1,4 +1,4 @@
-"""The shipped FLUX.1-dev configs build the right shapes, and a bench that does not fit is refused.
+"""The FLUX.1-dev configs the flux family ships build the right shapes, and a bench that does not fit is refused.
 
 Shapes are checked on the meta device: the full 11.9e9-parameter transformer costs no memory there.
 """
@@ -27,7 +27,7 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def full_configs():
-    return models.model_configs(presets.PRESETS["full"])
+    return models.model_configs(presets.PRESETS["flux-full"])
 
 
 def count(module) -> int:
@@ -68,20 +68,24 @@ def test_full_hps_is_vit_h_14(full_configs):
 
 
 def test_cpu_preset_is_full_width_with_few_blocks():
-    transformer, vae, hps = models.model_configs(presets.PRESETS["cpu"])
+    transformer, vae, hps = models.model_configs(presets.PRESETS["flux-cpu"])
     assert (transformer["num_layers"], transformer["num_single_layers"]) == (1, 1)
     assert transformer["num_attention_heads"] * transformer["attention_head_dim"] == 3072
-    assert vae == models.shipped_config(models.VAE_CONFIG_FILE)
+    assert vae == models.shipped_config(presets.PRESETS["flux-full"].vae)
     assert (hps["vision_cfg"]["layers"], hps["text_cfg"]["layers"]) == (1, 1)
     assert (hps["vision_cfg"]["width"], hps["text_cfg"]["width"]) == (1280, 1024)
 
 
 def test_configs_ship_as_package_data():
+    """Every config file a preset names lies in a family's folder that the package data ships."""
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    patterns = package_data["dancegrpo_npu.throughput"]
-    package = ROOT / "src" / "dancegrpo_npu" / "throughput"
-    for name in (models.TRANSFORMER_CONFIG_FILE, models.VAE_CONFIG_FILE):
-        assert (package / name).is_file() and any(Path(name).match(p) for p in patterns)
+    patterns = package_data["dancegrpo_npu.trainers"]
+    package = ROOT / "src" / "dancegrpo_npu" / "trainers"
+    files = {f for p in presets.PRESETS.values() for f in (p.transformer, p.vae) if f is not None}
+    assert files
+    for path in files:
+        relative = path.relative_to(package)
+        assert path.is_file() and any(relative.match(p) for p in patterns), relative
 
 
 @functools.cache
@@ -92,33 +96,34 @@ def counted(preset: str):
 
 def estimate(preset: str, tree, batch_sizes=(1,), weight_bytes=2):
     """The memory estimate of ``preset`` at upstream's recipe sizes, read from the patched ``tree``."""
-    config = presets.resolve({"preset": preset}, tree)
+    found = presets.PRESETS[preset]
+    config = presets.resolve({"trainer": found.trainer, "size": found.size}, tree)
     configs, counts = counted(preset)
     return models.estimate_memory(counts, configs, config.sizes, batch_sizes, config.decode_chunk, weight_bytes)
 
 
 @pytest.mark.upstream
 def test_full_preset_needs_the_weights_four_times_over(patched_tree):
-    e = estimate("full", patched_tree.tree, (1, 4, 12))
+    e = estimate("flux-full", patched_tree.tree, (1, 4, 12))
     transformer = 11901408320
     assert e.weights > transformer * 2 * 4  # bf16 weights, gradients, AdamW's two moments
     assert 95 * GiB < e.total < 125 * GiB  # fits an 80 GiB card? no; a 141 GiB H200: yes
-    assert estimate("full", patched_tree.tree, (12,)).activations > estimate("full", patched_tree.tree, (1,)).activations
+    assert estimate("flux-full", patched_tree.tree, (12,)).activations > estimate("flux-full", patched_tree.tree, (1,)).activations
 
 
 def test_check_fits_refuses_with_what_to_do():
     e = models.MemoryEstimate(weights=100 * GiB, activations=10 * GiB)
-    models.check_fits(e, 200 * GiB, "free cuda memory", "full", "cuda")  # fits: nothing happens
-    models.check_fits(e, None, "available RAM (unknown here)", "full", "cpu")  # unknown: not refused
+    models.check_fits(e, 200 * GiB, "free cuda memory", "flux-full", "cuda")  # fits: nothing happens
+    models.check_fits(e, None, "available RAM (unknown here)", "flux-full", "cpu")  # unknown: not refused
     with pytest.raises(DancegrpoError) as err:
-        models.check_fits(e, 50 * GiB, "available RAM", "full", "cpu")
+        models.check_fits(e, 50 * GiB, "available RAM", "flux-full", "cpu")
     line = err.value.one_line()
     assert err.value.exit_code == 2
     assert "needs about 110.0 GiB on cpu" in line and "only 50.0 GiB is available RAM" in line
-    assert "--preset cpu" in line and "--height" not in line  # sizes cannot help when the weights alone do not fit
+    assert "--size cpu" in line and "--height" not in line  # sizes cannot help when the weights alone do not fit
     with pytest.raises(DancegrpoError) as err:
-        models.check_fits(e, 115 * GiB, "free cuda memory", "full", "cuda")
-    assert "--preset cpu" in err.value.one_line() and "--height/--width" in err.value.one_line()
+        models.check_fits(e, 115 * GiB, "free cuda memory", "flux-full", "cuda")
+    assert "--size cpu" in err.value.one_line() and "--height/--width" in err.value.one_line()
 
 
 def mem_available() -> int:
@@ -130,7 +135,7 @@ def mem_available() -> int:
 
 @pytest.mark.upstream
 def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree, tmp_path):
-    needs = estimate("full", patched_tree.tree, weight_bytes=4).total  # fp32 on the CPU
+    needs = estimate("flux-full", patched_tree.tree, weight_bytes=4).total  # fp32 on the CPU
     if mem_available() > needs * models.HEADROOM:
         pytest.skip(f"this machine has more than the {needs / GiB:.0f} GiB the full preset needs on its CPU")
     r = subprocess.run(
@@ -141,7 +146,7 @@ def test_full_preset_on_this_cpu_is_refused_up_front(patched_tree, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("dancegrpo-npu: error: bench: the full preset needs about ")
-    assert "GiB is available RAM; use --preset cpu (fewer blocks) or a device with more memory" in last
+    assert last.startswith("dancegrpo-npu: error: bench: flux-full needs about ")
+    assert "GiB is available RAM; use --size cpu (fewer blocks) or a device with more memory" in last
     assert "building the models" not in r.stderr  # refused before anything was built
     assert not (tmp_path / "runs").exists()  # and before its run directory was made

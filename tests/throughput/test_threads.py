@@ -36,7 +36,7 @@ def test_bench_sets_torchs_threads_and_says_how(eight_cores):
         assert set_cpu_threads({"OMP_NUM_THREADS": "2"}, busy=7.0)[0] == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    facts = {"preset": "tiny", "device_kind": "cpu", "dtype": "float32", "height": 64, "width": 64,
+    facts = {"preset": "flux-tiny", "row": "flux", "size": "tiny", "device_kind": "cpu", "dtype": "float32", "height": 64, "width": 64,
              "sampling_steps": 4, "generations": 4, "train_timesteps": 1, "steps": 1, "warmup_steps": 1,
              "peak_memory": "RSS", "torch_threads": 2, "torch_threads_from": "OMP_NUM_THREADS=2, yours"}
     header = format_table([], facts).splitlines()[0]

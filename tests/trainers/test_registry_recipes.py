@@ -1,6 +1,7 @@
 """The bench's recipe sizes are upstream's: each trainer's full-size preset runs the sizes of the
 recipe its registry row names, as run.recipes reads it from the patched tree, and the registry
-holds no copy of them (only what the scripts lack: the prompt embedding's length)."""
+holds no copy of them (only what the scripts lack: the prompt embedding's length).  A trainer
+timed by a short run runs its smoke's sizes and has no full-size preset."""
 
 from __future__ import annotations
 
@@ -21,23 +22,30 @@ def recipe_sizes(values: dict) -> dict:
                 gradient_accumulation_steps=min(int(values["--gradient_accumulation_steps"]), generations))
 
 
-@pytest.mark.parametrize("name", [spec.name for spec in trainers.benched()])
+FULL_SIZE = [spec.name for spec in trainers.benched() if spec.bench.preset("full")]
+
+
+def test_only_a_short_run_lacks_a_full_size_preset():
+    assert FULL_SIZE and all(bool(spec.bench.short_run) == (spec.name not in FULL_SIZE) for spec in trainers.benched())
+
+
+@pytest.mark.parametrize("name", FULL_SIZE)
 def test_the_registry_holds_no_copy_of_upstreams_sizes(name):
     """A full-size preset sets none of the recipe's sizes; the row keeps the text tokens alone."""
     bench = trainers.get(name).bench
     assert not hasattr(bench, "sizes")
-    full = presets.presets()[bench.presets[0].name]
+    full = presets.PRESETS[f"{name}-full"]
     assert full.needs_recipe and not set(full.sizes) & set(presets.RECIPE_FIELDS)
     assert full.sizes == {"text_tokens": bench.text_tokens, **presets.TIMING}
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("name", [spec.name for spec in trainers.benched()])
+@pytest.mark.parametrize("name", FULL_SIZE)
 def test_each_full_size_preset_runs_its_upstream_recipe(patched_tree, name):
     spec = trainers.get(name)
     recipes = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}
     want = recipe_sizes(recipes[spec.bench.recipe].values())
-    config = presets.resolve({"preset": spec.bench.presets[0].name}, patched_tree.tree)
+    config = presets.resolve({"trainer": name, "size": "full"}, patched_tree.tree)
     assert {k: getattr(config.sizes, k) for k in want} == want
     assert config.recipe == recipes[spec.bench.recipe].path
 
@@ -49,7 +57,7 @@ def test_bench_runs_the_recipe_the_tree_holds_under_the_presets_and_the_flags(pa
     import shutil
 
     spec = trainers.default_trainer()
-    full, smaller = spec.bench.presets[0].name, spec.bench.presets[1].name
+    full, smaller = {"trainer": spec.name, "size": "full"}, {"trainer": spec.name, "size": "cpu"}
     recipe = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}[spec.bench.recipe]
     tree = tmp_path / "tree"
     script = tree / recipe.path.relative_to(patched_tree.tree)
@@ -60,8 +68,8 @@ def test_bench_runs_the_recipe_the_tree_holds_under_the_presets_and_the_flags(pa
     text = script.read_text()
     assert "--sampling_steps 16" in text and "--eta 0.3" in text
     script.write_text(text.replace("--sampling_steps 16", "--sampling_steps 24").replace("--eta 0.3", "--eta 0.5"))
-    config = presets.resolve({"preset": full}, tree)
+    config = presets.resolve(full, tree)
     assert (config.sizes.sampling_steps, config.sizes.eta) == (24, 0.5)
-    assert presets.resolve({"preset": full, "sampling_steps": 8}, tree).sizes.sampling_steps == 8  # a flag wins
-    own = presets.resolve({"preset": smaller}, tree)  # and so does a preset's own size
+    assert presets.resolve({**full, "sampling_steps": 8}, tree).sizes.sampling_steps == 8  # a flag wins
+    own = presets.resolve(smaller, tree)  # and so does a preset's own size
     assert (own.sizes.sampling_steps, own.sizes.eta) == (4, 0.5)

@@ -1,59 +1,84 @@
-"""``dancegrpo-npu bench``: GRPO steps of the trainer, timed phase by phase."""
+"""``dancegrpo-npu bench``: GRPO steps of a trainer, timed phase by phase."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 
+from dancegrpo_npu import trainers
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.throughput import presets
-from dancegrpo_npu.throughput.bench import say_progress, bench_fingerprint, format_table, run_bench, write_json
-from dancegrpo_npu.throughput import bench
+from dancegrpo_npu.throughput import bench, presets
+from dancegrpo_npu.throughput.bench import bench_fingerprint, format_table, run_bench, say_progress, write_json
 
 
-EXAMPLES = """\
-presets (explicit size flags win over the preset's). The sizes a preset does not set are
-upstream's recipe (resolution, sampling steps, generations, timestep fraction, eta, shift,
-accumulation), read from its script in the patched tree: those presets need
-`dancegrpo-npu fetch && dancegrpo-npu apply` first (or --workdir); the tiny ones set them all.
-  full   FLUX.1-dev (11.9e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe
-         (finetune_flux_grpo.sh), 512 text tokens
-  cpu    full width, 1 double + 1 single block, HPS with 1 + 1 layers; 128x128, 4 steps,
-         4 generations, 64 text tokens, 1 timed step, the rest upstream's recipe (minutes on a
-         2-core CPU)
-  tiny   the smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
-  wan    Wan2.1-T2V-1.3B (1.42e9 parameters), its VAE, a ViT-H-14 HPS; upstream's Wan recipe
-         (finetune_wan_2_1_grpo.sh, one frame), CFG 5.0, 226 UMT5 tokens
-  wan-cpu  Wan2.1-1.3B width, 1 block, HPS with 1 + 1 layers; 128x128, 4 steps, 4 generations,
-         the rest upstream's Wan recipe
-  tiny-wan the Wan smoke's tiny models at 64x64, 4 steps, 4 generations (seconds; for tests)
-  qwenimage  Qwen-Image (20.4e9 parameters), its VAE, a ViT-H-14 HPS; upstream's recipe
-         (finetune_qwenimage_grpo.sh), 256 text tokens (about 160 GiB in bf16)
-  tiny-qwenimage the Qwen-Image smoke's tiny models at 64x64, 4 steps, 4 generations (seconds)
-  The wan and qwenimage presets run with the diffusers-0.35 dependency set, in its interpreter
-  (./scripts/bootstrap.sh --deps-only --with diffusers-0.35 installs it).
+def sizes_text() -> str:
+    """The trainers and their sizes, from the registry: what each preset builds, or why the sizes
+    it has none at are refused (once for the sizes of one reason), and which are short runs."""
+    lines = []
+    for spec in trainers.benched():
+        short = f" (a short run: {spec.bench.short_run})" if spec.bench.short_run else ""
+        lines.append(textwrap.fill(f"{spec.name}{short}", 96, initial_indent="  ", subsequent_indent="      "))
+        refused: dict[str, list[str]] = {}
+        for size in presets.SIZES:
+            preset = spec.bench.preset(size)
+            if preset is None:
+                refused.setdefault(dict(spec.bench.no_sizes).get(size, "no preset"), []).append(size)
+                continue
+            lines.append(textwrap.fill(preset.summary, 96, initial_indent=f"    {size:<5} ", subsequent_indent=" " * 10))
+        for why, sizes in refused.items():
+            lines.append(textwrap.fill(f"{', '.join(sizes)}: refused: {why}", 96, initial_indent="    ",
+                                       subsequent_indent=" " * 10))
+    return "\n".join(lines)
+
+
+def epilog() -> str:
+    default = trainers.default_trainer().name
+    other = next((s.name for s in trainers.benched() if s.depset != trainers.default_trainer().depset), default)
+    short = next((s.name for s in trainers.benched() if s.bench.short_run), None)
+    examples = [
+        f"  dancegrpo-npu bench --trainer {default} --sample-batch-sizes 1,4,12 --json bench.json   # full size",
+        f"  dancegrpo-npu bench --trainer {default} --size cpu --device cpu --sample-batch-sizes 1,4",
+        f"  dancegrpo-npu bench --trainer {default} --size tiny --generations 8 --sample-batch-sizes 1,8",
+        f"  dancegrpo-npu bench --trainer {other} --size tiny --sample-batch-sizes 1,2 --record",
+    ]
+    if short:
+        examples.append(f"  dancegrpo-npu bench --trainer {short} --size tiny --device cpu   # a short run of its smoke")
+    return f"""\
+trainers and sizes (--trainer NAME --size SIZE; explicit size flags win over the preset's).
+The sizes a preset does not set are upstream's recipe (resolution, sampling steps, generations,
+timestep fraction, eta, shift, accumulation), read from its script in the patched tree: those
+need `dancegrpo-npu fetch && dancegrpo-npu apply` first (or --workdir); the tiny ones set them all.
+A trainer of another dependency set than the tool's runs in that set's interpreter
+(./scripts/bootstrap.sh --deps-only --with SET installs it).
+{sizes_text()}
 
 examples:
-  dancegrpo-npu bench --sample-batch-sizes 1,4,12 --json bench.json   # the full preset
-  dancegrpo-npu bench --preset cpu --device cpu --sample-batch-sizes 1,4
-  dancegrpo-npu bench --preset tiny --generations 8 --sample-batch-sizes 1,8
-  dancegrpo-npu bench --preset wan --sample-batch-sizes 1,4,12 --record
+{chr(10).join(examples)}
 
-The run directory (runs/<time>-bench-<preset>/) holds metrics.jsonl (one line per timed step,
-the trainer's phase times), summary.json, the fingerprint, bench.json and the trainer's log.
+The run directory (runs/<time>-bench-<trainer>-<size>/; a short run: one a sample batch size,
+-n<N>) holds metrics.jsonl (one line per timed step, the trainer's phase times), summary.json,
+the fingerprint, bench.json and the trainer's log.
 
 rollout samples/s = G / (rollout + decode + reward seconds); step samples/s = G / all four.
 Peak memory: the device allocator's max_memory_allocated in the phase; on the CPU the
-process's peak RSS in the phase (weights included).
+process's peak RSS in the phase (weights included).  On the CPU the torch threads are set from
+the free cores (the load average counted; OMP_NUM_THREADS wins) and said in the table.
 """
 
 
 def options_from_args(args) -> dict:
     from dancegrpo_npu.commands.launch import resolve_device
 
+    if args.preset is not None:  # the names before --trainer and --size
+        raise DancegrpoError(f"bench: --preset {args.preset}: a bench is named by its trainer and size",
+                             f"give `dancegrpo-npu bench --trainer NAME --size {'|'.join(presets.SIZES)}` "
+                             f"(trainers: {', '.join(s.name for s in trainers.benched())})", exit_code=2)
     options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
     options.update(
-        preset=args.preset, sample_batch_sizes=args.sample_batch_sizes, vae_decode_chunk=args.vae_decode_chunk,
-        device=resolve_device(args.device), dtype=args.dtype, record=args.record,
+        trainer=args.trainer, size=args.size, sample_batch_sizes=args.sample_batch_sizes,
+        vae_decode_chunk=args.vae_decode_chunk, device=resolve_device(args.device), dtype=args.dtype,
+        record=args.record,
     )  # fmt: skip
     return options
 
@@ -63,7 +88,7 @@ def run(args) -> int:
     config = presets.resolve(options, tree=lambda: project_from_args(args).workdir)
     project = project_from_args(args)
     depset = bench.child_depset(config)
-    if depset is not None:  # the preset's trainer needs another dependency set: bench runs there
+    if depset is not None:  # the trainer needs another dependency set: bench runs there
         return bench.run_in_depset(project, depset, options, args.json)
     results, facts = run_bench(project, config)
     print(format_table(results, facts), flush=True)
@@ -74,17 +99,22 @@ def run(args) -> int:
 
 
 def register(sub, common) -> None:
+    names = [s.name for s in trainers.benched()]
     p = sub.add_parser(
         "bench",
         parents=[common],
-        help="time GRPO steps of FLUX.1-dev's, Wan2.1's or Qwen-Image's architecture (random weights) phase by phase",
+        help=f"time GRPO steps of a trainer ({', '.join(names)}) phase by phase, at size tiny, cpu or full",
         description=bench.__doc__,
-        epilog=EXAMPLES,
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Names are checked in presets.resolve, so a wrong one is a one-line error, not argparse's usage.
-    p.add_argument("--preset", default=presets.DEFAULT_PRESET,
-                   help=f"one of {', '.join(presets.presets())} (default {presets.DEFAULT_PRESET})")
+    p.add_argument("--trainer", default=presets.DEFAULT_TRAINER, metavar="NAME",
+                   help=f"the trainer: {', '.join(names)} (default {presets.DEFAULT_TRAINER})")
+    p.add_argument("--size", default=presets.DEFAULT_SIZE, metavar="SIZE",
+                   help=f"{' | '.join(presets.SIZES)}: the smoke's tiny models, one full-width block, the full model "
+                        f"(default {presets.DEFAULT_SIZE}); below: what each trainer has")
+    p.add_argument("--preset", default=None, help=argparse.SUPPRESS)  # refused, naming --trainer and --size
     p.add_argument("--device", default=None,
                    help="auto | cpu | cuda | npu (default: $DANCEGRPO_DEVICE if set, else auto: npu, else cuda, else cpu)")
     p.add_argument("--dtype", default="auto", help="auto | bf16 | fp32 (default auto: bf16 on npu/cuda, fp32 on cpu)")
@@ -99,11 +129,16 @@ def register(sub, common) -> None:
     p.add_argument("--timestep-fraction", type=float, default=None, help="share of the timesteps trained")
     p.add_argument("--eta", type=float, default=None, help="the SDE sampler's noise level")
     p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
-    p.add_argument("--text-tokens", type=int, default=None, help="prompt-embedding length (the presets': FLUX's T5 512, Wan's UMT5 226, Qwen-Image 256)")
+    p.add_argument("--text-tokens", type=int, default=None,
+                   help="prompt-embedding length (default: the trainer's: "
+                        + ", ".join(f"{s.name} {s.bench.text_tokens}" for s in trainers.benched() if s.bench.text_tokens)
+                        + ")")
     p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
                    help="samples per optimizer step (must divide G)")
-    p.add_argument("--steps", type=int, default=None, help="timed GRPO steps per N (default 2; cpu preset 1)")
-    p.add_argument("--warmup-steps", type=int, default=None, help="untimed GRPO steps before them (default 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"timed GRPO steps per N (default {presets.TIMING['steps']}; cpu size 1)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help=f"untimed GRPO steps before them (default {presets.TIMING['warmup_steps']})")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results and the fingerprint here")
     p.add_argument("--record", action="store_true",
                    help="record every timed step's stages into <run>/records/ as `launch --record` does, so that "

@@ -126,7 +126,7 @@ EPILOG = textwrap.dedent(
     is a rank's, as it is on each rank, and says how the recipe's global batch is kept.  The port adds the HPS reward paths; each
     preprocessing script gets the arguments of its scripts/preprocess/*.sh.  Arguments
     after -- override these.  The weights each one reads, and where: docs/weights.md.
-    Their relative paths (data/flux, data/rl_embeddings/..., hps_ckpt/...) are read in the
+    Their relative paths (data/<model>, data/rl_embeddings/..., hps_ckpt/...) are read in the
     patched tree; relative paths you type, in the current directory.  Without --output_dir,
     training writes its checkpoints to <run>/outputs.  --dry-run prints the recipe and every
     value that differs from its script.
@@ -140,20 +140,40 @@ EPILOG = textwrap.dedent(
     $DANCEGRPO_RUNS) with the command, environment fingerprint, every rank's log, reward.txt,
     images/, metrics.jsonl and summary.json.
 
-    examples:
-      dancegrpo-npu launch preprocess --nproc-per-node 8
-      dancegrpo-npu launch flux --nproc-per-node 8 --device npu            # recipe 8gpus
-      dancegrpo-npu launch flux --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0
-      dancegrpo-npu launch flux-lora --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512
-      dancegrpo-npu launch flux --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3
-      dancegrpo-npu launch flux --nproc-per-node 8 --max-restarts 3                     # restarts resume
-      dancegrpo-npu launch qwenimage --nproc-per-node 8 --device npu  # diffusers-0.35 set; see `dancegrpo-npu plan`
-      dancegrpo-npu launch sd --nproc-per-node 8 -- --config fastvideo/config_sd/dgx.py:hpsv2 --config.train.learning_rate=3e-5
-      dancegrpo-npu launch preprocess-hunyuan --nproc-per-node 8
-      dancegrpo-npu launch hunyuan --nproc-per-node 8 -- --h 480 --w 480 --t 53   # recipe 4nodes, batch kept per rank
-      dancegrpo-npu launch --resume 20261201-101500-flux -- --max_train_steps 600       # continue, longer
     """
 )
+
+
+def examples() -> str:
+    """launch's examples, from the registry: the default trainer, and the rows that show each option."""
+    default = trainers.default_trainer()
+    name = default.name
+    rows = [trainers.get(n) for n in trainers.trainers()]
+    lines = [f"dancegrpo-npu launch {default.preprocess} --nproc-per-node 8"] if default.preprocess else []
+    lines += [
+        f"dancegrpo-npu launch {name} --nproc-per-node 8 --device npu            # its one-node recipe",
+        f"dancegrpo-npu launch {name} --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 --ifname eth0",
+    ]
+    if default.lora:
+        lines.append(f"dancegrpo-npu launch {default.lora} --nproc-per-node 8 -- --max_train_steps 100 --h 512 --w 512")
+    lines += [
+        f"dancegrpo-npu launch {name} --nproc-per-node 8 --profile 3 -- --max_train_steps 5   # trace of step 3",
+        f"dancegrpo-npu launch {name} --nproc-per-node 8 --max-restarts 3                     # restarts resume",
+    ]
+    other = next((r for r in rows if r.depset != default.depset), None)
+    if other:
+        lines.append(f"dancegrpo-npu launch {other.name} --nproc-per-node 8 --device npu  # the {other.depset} set; "
+                     "see `dancegrpo-npu plan`")
+    configured = next((r for r in rows if r.config_example), None)
+    if configured:
+        lines.append(f"dancegrpo-npu launch {configured.name} --nproc-per-node 8 -- {configured.config_example}")
+    per_rank = next((r for r in rows if r.per_rank_batch), None)
+    if per_rank:
+        if per_rank.preprocess:
+            lines.append(f"dancegrpo-npu launch {per_rank.preprocess} --nproc-per-node 8")
+        lines.append(f"dancegrpo-npu launch {per_rank.name} --nproc-per-node 8   # its batch kept per rank")
+    lines.append(f"dancegrpo-npu launch --resume 20261201-101500-{name} -- --max_train_steps 600   # continue, longer")
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines) + "\n"
 
 
 def scripts_table() -> str:
@@ -171,7 +191,7 @@ def register(sub, common) -> None:
         help=f"run {' | '.join(trainers.names())} under torchrun, with a run record",
         description="Run a stock upstream script (SCRIPT) from the patched tree under torchrun.\n\ntrainers:\n"
                     + scripts_table(),
-        epilog=EPILOG.replace("{datasets}", datasets),
+        epilog=EPILOG.replace("{datasets}", datasets) + examples(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="dancegrpo-npu launch SCRIPT [options] [-- upstream args]",
     )
@@ -205,7 +225,8 @@ def _parse_words(args) -> tuple[str, list[str]]:
     if unknown:
         raise DancegrpoError(
             f"launch: unknown option {unknown[0]!r}",
-            "put the script's own arguments after --, e.g. `launch flux -- --max_train_steps 10`",
+            f"put the script's own arguments after --, e.g. `launch {trainers.default_trainer().name} -- "
+            "--max_train_steps 10`",
             exit_code=2,
         )
     return script, upstream

@@ -118,10 +118,9 @@ def resume_checkpoint_bytes(name: str) -> int | None:
     None where plan has no model of that name (the LoRA trainer's checkpoint is small)."""
     from dancegrpo_npu.plan import memory, models
 
-    model = trainers.get(name).plan_model
-    if model is None:
+    if trainers.get(name).plan is None:
         return None
-    return int(memory.denoiser_parameters(models.model_of(model)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
+    return int(memory.denoiser_parameters(models.model_of(name)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
 
 
 def disk_need(names: list[str], floor_gb: float) -> tuple[float, str]:

@@ -11,7 +11,7 @@ per rank, in bytes:
   runs and the one prefetched), the unsharded bf16 gradients of a block in backward, and
   the root unit (embeddings, the output layers);
 - the reward (HPSv2's ViT-H-14, loaded in float32: about 3.9 GB) and the VAE (bf16);
-- with the recipe's ``--use_ema`` (FLUX's 8-rank recipe), host memory on rank 0: upstream's
+- with the recipe's ``--use_ema`` (an 8-rank recipe's), host memory on rank 0: upstream's
   FSDP_EMA keeps a full fp32 copy of the transformer there, and each update gathers the full
   state dict there once more;
 - the activations of the largest phase: rollout (no grad, N samples a transformer call,
@@ -26,11 +26,15 @@ The constants that are not counts (hidden-sized tensors a block saves) are the b
 own (:mod:`dancegrpo_npu.throughput.models`), checked against the peaks it measures
 (tests/plan/test_against_bench.py, docs/memory-plan.md).
 
-A UNet trained under DDP (a model entry's ``"parallel": "ddp"``: Stable Diffusion's
-accelerate trainer) is counted otherwise (:func:`unet_estimate`): every rank holds the whole
-fp32 UNet, its fp32 gradients, DDP's gradient buckets and AdamW's moments, and autocast's
-bf16 copy of the weights; its activations are counted layer by layer from the UNet's config
-(the tensors each layer keeps for backward, checked against the real class on the meta device).
+What a model is, plan knows from its registry row's ``architecture`` (dancegrpo_npu.trainers):
+a kind of :data:`KINDS`, and the counts the kind leaves to the model (its blocks' and root's
+parameters, the latent values a token carries, LoRA's parameters), functions of :class:`Model`.
+
+A UNet trained under DDP (kind ``unet``, a model entry's ``"parallel": "ddp"``: an accelerate
+trainer) is counted otherwise (:func:`unet_estimate`): every rank holds the whole fp32 UNet,
+its fp32 gradients, DDP's gradient buckets and AdamW's moments, and autocast's bf16 copy of the
+weights; its activations are counted layer by layer from the UNet's config (the tensors each
+layer keeps for backward, checked against the real class on the meta device).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 GiB = 1 << 30
+# The architectures plan counts (a row's ``architecture.kind``): a transformer whose blocks run on
+# the image and text tokens in one sequence, one whose blocks cross-attend to the text, a UNet.
+KINDS = ("joint-transformer", "cross-transformer", "unet")
 # Hidden-sized activation tensors one block keeps per token for its backward, and the ones a
 # forward without grad holds at once (the bench's estimate uses the first for both).
 SAVED_PER_TOKEN = 24
@@ -59,24 +66,25 @@ class Recipe:
     text_tokens: int  # prompt-embedding tokens the transformer sees
     selective_checkpointing: float  # --selective_checkpointing (fraction of blocks checkpointed)
     sample_batch_size: int = 1  # --sample_batch_size (the port's batched rollout; 1 = upstream)
-    frames: int = 1  # --t (Wan: video frames; the image trainers' recipes give 1)
-    guidance_batch: int = 1  # 2 where --cfg_infer > 1: the prompt and the negative prompt in one call (Wan)
+    frames: int = 1  # --t (a video trainer's frames; the image trainers' recipes give 1)
+    guidance_batch: int = 1  # 2 where --cfg_infer > 1: the prompt and the negative prompt in one call
     ema: bool = False  # --use_ema: rank 0 keeps an fp32 copy of the transformer in host memory
-    prompts: int = 1  # prompts a rank samples a step, all their trajectories kept for training (SD: sample.batch_size)
-    train_batch_size: int = 1  # samples a training call (SD: train.batch_size; CFG doubles it)
-    accumulation: int = 1  # training calls an optimizer step accumulates (SD: train.gradient_accumulation_steps)
-    train_guidance_batch: int | None = None  # 2: training runs the UNet on the prompt and the empty one (SD's train.cfg); None: guidance_batch
+    prompts: int = 1  # prompts a rank samples a step, all their trajectories kept for training (a configuration's)
+    train_batch_size: int = 1  # samples a training call (a configuration's; CFG doubles it)
+    accumulation: int = 1  # training calls an optimizer step accumulates (a configuration's)
+    train_guidance_batch: int | None = None  # 2: training runs on the prompt and the empty one (a configuration's cfg); None: guidance_batch
 
     @property
     def latent_frames(self) -> int:
-        return (self.frames - 1) // 4 + 1  # Wan's VAE: 4x in time, the first frame alone
+        return (self.frames - 1) // 4 + 1  # a video VAE's 4x in time, the first frame alone
 
     @property
     def image_tokens(self) -> int:
         return self.latent_frames * (self.height // 16) * (self.width // 16)  # VAE 8x, then 2x2 patches
 
 
-# Where a first-frame pipeline can live (the trainer's --flux_placement; Options.first_frame).
+# Where a first-frame pipeline can live (the trainer's flag the model names, first_frame["flag"];
+# Options.first_frame).
 FIRST_FRAME_PLACEMENTS = ("upstream", "device", "offload")
 
 
@@ -90,7 +98,7 @@ class Options:
     attention_scores: bool = False  # the attention backend materialises the S x S scores (CPU math path)
     reserve_bytes: int = 3 * GiB
     ema: bool = True  # the recipe's --use_ema applies (the LoRA trainer's recipe has none)
-    # where a model's first-frame pipeline lives (--flux_placement): "upstream" (on the device while
+    # where a model's first-frame pipeline lives (its first_frame["flag"]): "upstream" (on the device while
     # it runs, on the host between steps), "device" (kept there), "offload" (one of its models at a time)
     first_frame: str = "upstream"
 
@@ -109,8 +117,10 @@ class Model:
     vae: dict
     hps: dict
     reference_image_tokens: bool = False
+    # the row's architecture (trainers.Architecture): its kind and its counts
+    architecture: object = None
     # "fsdp": FULL_SHARD over the ranks (the flow trainers); "ddp": every rank holds the whole
-    # model in fp32 and computes under bf16 autocast (accelerate's DDP: the SD trainer)
+    # model in fp32 and computes under bf16 autocast (an accelerate trainer's DDP)
     parallel: str = "fsdp"
     text_encoder: dict | None = None  # a text encoder the trainer keeps on the device ({"parameters": n}), bf16
     checkpointing: bool = True  # whether the trainer has --selective_checkpointing
@@ -119,19 +129,23 @@ class Model:
     config_fields: tuple[tuple[str, str], ...] = ()
     config_flag: str = ""
     # parameters counted on a meta-device build of the class ({"dual_block", "single_block", "root"}),
-    # where the config formulas below do not describe it (HunyuanVideo's token refiner)
+    # where no formula of the architecture's describes it (the architecture's counts read them)
     counted: dict | None = None
-    # a reward other than HPSv2: {"name", "parameters", "bytes", "tokens", "width"} (VideoAlign)
+    # a reward other than HPSv2: {"name", "parameters", "bytes", "tokens", "width"}
     reward: dict | None = None
-    # a second pipeline every rank holds for the step's conditioning (SkyReels' FLUX.1-dev:
+    # a second pipeline every rank holds for the step's conditioning (a first frame's:
     # {"name", "bytes", "flag", "parameters": {model: count}}), placed by Options.first_frame
     first_frame: dict | None = None
 
     @property
+    def kind(self) -> str:
+        return self.architecture.kind
+
+    @property
     def unet(self) -> bool:
-        """The denoiser is a UNet (Stable Diffusion's), not a transformer of blocks: ``transformer``
-        then holds the UNet's diffusers config."""
-        return self.transformer["_class_name"] == "UNet2DConditionModel"
+        """The denoiser is a UNet, not a transformer of blocks: ``transformer`` then holds the
+        UNet's diffusers config."""
+        return self.kind == "unet"
 
     @property
     def hidden(self) -> int:
@@ -139,24 +153,20 @@ class Model:
 
     @property
     def blocks(self) -> int:
-        return self.transformer["num_layers"] + self.transformer.get("num_single_layers", 0)
+        return len(block_parameters(self))
 
     @property
     def cross_attention(self) -> bool:
-        """Wan's blocks attend to the text by cross-attention; FLUX's and Qwen-Image's run it in
-        the sequence (joint attention)."""
-        return self.transformer["_class_name"] == "WanTransformer3DModel"
+        """The blocks attend to the text by cross-attention (the text's keys and values beside
+        the sequence), not in the sequence (joint attention)."""
+        return self.kind == "cross-transformer"
 
     @property
     def latent_per_token(self) -> int:
-        """Latent values a token carries: 64 for all three (FLUX and Qwen-Image pack 16 channels
-        x 2x2 before the transformer; Wan's patch embedding takes 16 channels x its 1x2x2 patch)."""
-        patch = self.transformer.get("patch_size")
-        if isinstance(patch, list):
-            return self.transformer["in_channels"] * patch[0] * patch[1] * patch[2]
-        if "patch_size_t" in self.transformer:  # HunyuanVideo: the trajectory holds the 16 noise channels
-            return self.transformer["out_channels"] * patch * patch * self.transformer["patch_size_t"]
-        return self.transformer["in_channels"]
+        """Latent values a token carries, which the trajectory keeps: the architecture's count, or
+        the config's input channels (latents packed before the transformer)."""
+        count = self.architecture.latent_per_token
+        return count(self) if count else self.transformer["in_channels"]
 
 
 @dataclass(frozen=True)
@@ -172,61 +182,21 @@ class Estimate:
         return sum(b for _, b in self.parts)
 
 
-# ---- parameter counts from the config (the real classes' layers; tests build them on meta) ----
+# ---- parameter counts: the architecture's, from the config ---------------------------------
 
 
 def _linear(i: int, o: int, bias: bool = True) -> int:
     return i * o + (o if bias else 0)
 
 
-def _dual_stream_block(d: int, head_dim: int) -> int:
-    """A FLUX double block or a Qwen-Image block: two 6d modulations, joint attention with
-    q/k/v and out for each stream (qk RMSNorm), a 4x GELU MLP for each stream."""
-    modulation = 2 * _linear(d, 6 * d)
-    attention = 8 * _linear(d, d) + 4 * head_dim
-    mlps = 2 * (_linear(d, 4 * d) + _linear(4 * d, d))
-    return modulation + attention + mlps
-
-
-def _single_stream_block(d: int, head_dim: int) -> int:
-    """A FLUX single block: 3d modulation, q/k/v (qk RMSNorm), a 4x MLP in, one out over both."""
-    return _linear(d, 3 * d) + 3 * _linear(d, d) + 2 * head_dim + _linear(d, 4 * d) + _linear(5 * d, d)
-
-
-def _wan_block(d: int, ffn: int) -> int:
-    """A Wan block: self- and cross-attention (q/k/v/out each, RMSNorm over q and k across heads),
-    the cross-attention's affine LayerNorm, a GELU FFN of ffn_dim, the 6d scale-shift table."""
-    attention = 4 * _linear(d, d) + 2 * d
-    return 2 * attention + 2 * d + _linear(d, ffn) + _linear(ffn, d) + 6 * d
-
-
 def block_parameters(model: Model) -> list[int]:
-    cfg, d = model.transformer, model.hidden
-    h = cfg["attention_head_dim"]
-    if model.counted:
-        return [model.counted["dual_block"]] * cfg["num_layers"] + [model.counted["single_block"]] * cfg["num_single_layers"]
-    if model.cross_attention:
-        return [_wan_block(d, cfg["ffn_dim"])] * cfg["num_layers"]
-    return [_dual_stream_block(d, h)] * cfg["num_layers"] + [_single_stream_block(d, h)] * cfg.get("num_single_layers", 0)
+    """The parameters of each block of the transformer (the row's architecture counts them)."""
+    return list(model.architecture.block_parameters(model))
 
 
 def root_parameters(model: Model) -> int:
     """Everything outside the blocks: input projections, time (and guidance, text) embedders, output."""
-    cfg, d = model.transformer, model.hidden
-    if model.counted:
-        return model.counted["root"]
-    if model.cross_attention:  # Wan: patch embedding, time and text embedders, the time projection, output
-        patch = cfg["patch_size"][0] * cfg["patch_size"][1] * cfg["patch_size"][2]
-        embedders = _linear(cfg["freq_dim"], d) + _linear(d, d) + _linear(d, 6 * d) + _linear(cfg["text_dim"], d) + _linear(d, d)
-        return cfg["in_channels"] * patch * d + d + embedders + _linear(d, cfg["out_channels"] * patch) + 2 * d
-    patch_out = cfg["patch_size"] ** 2 * (cfg.get("out_channels") or cfg["in_channels"])
-    timestep = _linear(256, d) + _linear(d, d)
-    common = _linear(cfg["in_channels"], d) + _linear(cfg["joint_attention_dim"], d) + timestep
-    common += _linear(d, 2 * d) + _linear(d, patch_out)  # AdaLayerNormContinuous, proj_out
-    if cfg["_class_name"] == "QwenImageTransformer2DModel":
-        return common + cfg["joint_attention_dim"]  # txt_norm (RMSNorm)
-    guidance = timestep if cfg.get("guidance_embeds") else 0
-    return common + guidance + _linear(cfg["pooled_projection_dim"], d) + _linear(d, d)
+    return model.architecture.root_parameters(model)
 
 
 def transformer_parameters(model: Model) -> int:
@@ -239,11 +209,10 @@ def denoiser_parameters(model: Model) -> int:
 
 
 def lora_parameters(model: Model, rank: int) -> int:
-    """LoRA of rank r on upstream's targets (train_grpo_flux_lora.py): to_q, to_k, to_v, to_out.0
-    (a single block has no to_out)."""
-    d = model.hidden
-    per_dual, per_single = 4 * rank * 2 * d, 3 * rank * 2 * d
-    return model.transformer["num_layers"] * per_dual + model.transformer.get("num_single_layers", 0) * per_single
+    """LoRA of rank r: the architecture's count of upstream's targets, else one on each block's
+    attention projections (to_q, to_k, to_v, to_out.0: d x r and r x d each)."""
+    count = model.architecture.lora_parameters
+    return count(model, rank) if count else model.blocks * 4 * rank * 2 * model.hidden
 
 
 def checkpointed_blocks(blocks: int, fraction: float) -> int:
@@ -256,7 +225,7 @@ def checkpointed_blocks(blocks: int, fraction: float) -> int:
     return count
 
 
-# ---- a UNet (UNet2DConditionModel: Stable Diffusion) -----------------------------------------
+# ---- a UNet (kind "unet": diffusers' conditional UNet of down, mid and up blocks) ------------
 #
 # The UNet's layers in the order they run, from its config: ("resnet", in, out, positions),
 # ("transformer", channels, positions), ("down", channels, positions in), ("up", channels,
@@ -269,12 +238,12 @@ UNET_UP = {"CrossAttnUpBlock2D": True, "UpBlock2D": False}
 
 
 def unet_layers(cfg: dict, latent_h: int, latent_w: int) -> list[tuple]:
-    """The layers of UNet2DConditionModel(**cfg) at a latent of latent_h x latent_w."""
+    """The layers of the conditional UNet of ``cfg`` (diffusers' config) at a latent of latent_h x latent_w."""
     for kind in (*cfg["down_block_types"], *cfg["up_block_types"]):
         if kind not in UNET_DOWN and kind not in UNET_UP:
             raise ValueError(f"the plan does not know the UNet block {kind}")
     if cfg.get("mid_block_type", "UNetMidBlock2DCrossAttn") != "UNetMidBlock2DCrossAttn" or cfg.get("use_linear_projection"):
-        raise ValueError("the plan knows the UNet of Stable Diffusion v1 (a cross-attention mid block, conv projections)")
+        raise ValueError("the plan knows a UNet with a cross-attention mid block and convolution projections")
     channels, layers_per_block = cfg["block_out_channels"], cfg["layers_per_block"]
     positions = [latent_h * latent_w >> (2 * i) for i in range(len(channels))]  # each level halves h and w
     last = len(channels) - 1
@@ -307,7 +276,7 @@ def unet_layers(cfg: dict, latent_h: int, latent_w: int) -> list[tuple]:
 
 
 def unet_parameters(cfg: dict) -> int:
-    """UNet2DConditionModel's parameter count (tested against the real class on meta)."""
+    """The conditional UNet's parameter count (tested against the real class on meta)."""
     c0, cross = cfg["block_out_channels"][0], cfg["cross_attention_dim"]
     temb = 4 * c0  # TimestepEmbedding(c0, 4 c0)
     total = 9 * cfg["in_channels"] * c0 + c0 + _linear(c0, temb) + _linear(temb, temb)
@@ -373,7 +342,7 @@ def _largest_phase_and_reserve(phases: dict, train_note: str, options) -> list:
 
 def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
     """The activations of a rollout batch's VAE decode (tiled: one tile at a time; a ``tile`` of
-    None decodes whole, as Wan's VAE) and of its HPS reward's ViT, in bytes (``a``: the
+    None decodes whole) and of its HPS reward's ViT, in bytes (``a``: the
     activations' bytes an element)."""
     vae = model.vae
     tile = vae["tile"] or max(recipe.height, recipe.width)
@@ -382,7 +351,7 @@ def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
     decode = recipe.sample_batch_size * (tile_h * tile_w * vae["first_channels"] * a * 8
                                          + latent_pixels * vae["widest_channels"] * a * 8 + latent_pixels**2 * 4)
     decode *= min(recipe.frames, vae.get("tile_frames", 1))  # a video's tile of frames at once
-    if model.reward:  # VideoAlign: one video at a time, forward only (a layer's tokens x width, a few at once)
+    if model.reward:  # a video reward: one video at a time, forward only (a layer's tokens x width, a few at once)
         return decode, model.reward["tokens"] * model.reward["width"] * a * 8
     hps = model.hps
     patches = (hps["image_size"] // hps["patch_size"]) ** 2 + 1
@@ -391,7 +360,7 @@ def _decode_and_reward(recipe, model, a: int) -> tuple[int, int]:
 
 
 def reward_part(model: Model) -> tuple[str, int]:
-    """The reward model a rank holds: HPSv2 in fp32, or the model's own (VideoAlign, bf16)."""
+    """The reward model a rank holds: HPSv2 in fp32, or the model's own (bf16)."""
     if model.reward:
         return f"{model.reward['name']} reward (bf16)", model.reward["parameters"] * model.reward["bytes"]
     return "HPSv2 reward (fp32)", model.hps["parameters"] * 4
@@ -416,7 +385,7 @@ def unet_estimate(model: Model, recipe: Recipe, options: Options) -> Estimate:
     the activations of the largest phase; the reserve.  No activation checkpointing, no
     offload, no LoRA: the trainer has none of them."""
     if model.parallel != "ddp":
-        raise ValueError("the plan counts a UNet trained under DDP (Stable Diffusion's accelerate trainer) only")
+        raise ValueError("the plan counts a UNet trained under DDP (an accelerate trainer's) only")
     a, cfg = options.dtype_bytes, model.transformer
     params = unet_parameters(cfg)
     latent_h, latent_w = recipe.height // 8, recipe.width // 8  # the VAE's 8x

@@ -1,13 +1,14 @@
-"""The shapes the memory plan knows: shipped in trainers/plan_models.json, or the bench's built configs.
+"""The shapes the memory plan knows: shipped in each family's folder, or the bench's built configs.
 
-The models are the registry's trainers with a ``plan_model`` (dancegrpo_npu.trainers): that
-entry of plan_models.json holds the shapes.  A model's transformer (and VAE) config is there, or names a config file the package
-ships (``transformer_file``: Wan's, which the bench builds too).  Its recipe sizes (resolution,
+The models are the registry's trainers with a ``plan`` (dancegrpo_npu.trainers): its entry of
+its family's plan.json holds the shapes, and its ``architecture`` the kind plan counts it as and
+the counts that kind leaves to the model.  A model's denoiser (and VAE) config is in the entry,
+or names a config file beside it (``denoiser_file``, which the bench builds too).  Its recipe sizes (resolution,
 frames, generations, sampling steps, ranks, checkpointing) are upstream's: read from its launch
 script in the patched tree by :mod:`dancegrpo_npu.run.recipes`, the reader ``launch`` uses, and
 never copied into the tool; without the tree the plan is refused in one line naming what to run.
 The entry keeps what the scripts lack: the prompt embedding's length.  Where the script keeps
-its sizes in an absl / ml_collections configuration (``--config FILE:NAME``: Stable Diffusion),
+its sizes in an absl / ml_collections configuration (``--config FILE:NAME``),
 the entry names each size's key there, and plan loads that configuration from the tree as absl
 would (``get_config(NAME)`` of the file), the sizes still read, not copied.
 """
@@ -23,13 +24,11 @@ from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan.memory import Model, Recipe
 
-PACKAGE = Path(__file__).resolve().parents[1]
-MODELS_FILE = PACKAGE / "trainers" / "plan_models.json"
 
-
-@lru_cache(maxsize=1)
-def _shipped() -> dict:
-    return {k: v for k, v in json.loads(MODELS_FILE.read_text()).items() if not k.startswith("_")}
+@lru_cache(maxsize=None)
+def _shipped(shapes: Path) -> dict:
+    """A family's shapes (its plan.json), less the comment."""
+    return {k: v for k, v in json.loads(shapes.read_text()).items() if not k.startswith("_")}
 
 
 def names() -> list[str]:
@@ -38,31 +37,45 @@ def names() -> list[str]:
 
 
 def entry(name: str) -> dict:
-    """The shipped shapes of trainer ``name``, with ``same_as`` resolved (the edit model shares
-    Qwen-Image's shapes)."""
-    data = data_of(name)
+    """The shipped shapes of trainer ``name``, with ``same_as`` resolved (an entry that shares
+    another's shapes names it)."""
+    plan = plan_of(name)
+    family = _shipped(plan.shapes)
+    data = family[plan.entry]
     if "same_as" in data:
-        data = {**_shipped()[data["same_as"]], **data}
+        data = {**family[data["same_as"]], **data}
     return data
 
 
-def data_of(name: str) -> dict:
-    return _shipped()[trainers.get(name, "model").plan_model]
+def plan_of(name: str):
+    """The registry row's ``plan`` (trainers.Plan); a trainer without one is refused in one line."""
+    spec = trainers.get(name, "model")
+    if spec.plan is None:
+        raise trainers.unknown(name, "model", names(), "plan")
+    return spec.plan
 
 
-def _config(data: dict, key: str) -> dict:
-    return json.loads((PACKAGE / data[f"{key}_file"]).read_text()) if f"{key}_file" in data else data[key]
+def config_file(name: str, key: str) -> Path | None:
+    """The config file beside its family's shapes that the entry names (``denoiser_file``,
+    ``vae_file``), or None."""
+    data = entry(name)
+    return plan_of(name).shapes.with_name(data[f"{key}_file"]) if f"{key}_file" in data else None
+
+
+def _config(name: str, data: dict, key: str) -> dict:
+    path = config_file(name, key)
+    return json.loads(path.read_text()) if path is not None else data[key]
 
 
 def model_of(name: str) -> Model:
     data = entry(name)
     vae = dict(data["vae"])
-    if "vae_file" in data:  # Wan's VAE: its channels from its config (base_dim x dim_mult)
-        cfg = _config(data, "vae")
+    if "vae_file" in data:  # a VAE whose widths multiply a base: its channels from its config
+        cfg = _config(name, data, "vae")
         vae.update(first_channels=cfg["base_dim"], widest_channels=cfg["base_dim"] * max(cfg["dim_mult"]))
     config = data["recipe"].get("config", {})
-    denoiser = data["unet"] if "unet" in data else {**_config(data, "transformer"), **data.get("transformer_overrides", {})}
-    return Model(name, name, denoiser, vae, data.get("hps"),
+    denoiser = {**_config(name, data, "denoiser"), **data.get("denoiser_overrides", {})}
+    return Model(name, name, denoiser, vae, data.get("hps"), architecture=plan_of(name).architecture,
                  reference_image_tokens=data.get("reference_image_tokens", False),
                  parallel=data.get("parallel", "fsdp"), text_encoder=data.get("text_encoder"),
                  checkpointing=data.get("checkpointing", True),
@@ -115,7 +128,7 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
                                  "pass the size to plan yourself, e.g. --height 512") from None
 
     checkpointing = value("--selective_checkpointing", float) if "--gradient_checkpointing" in values else 0.0
-    # Wan's --cfg_infer > 1 runs the prompt and the negative prompt in one transformer call
+    # --cfg_infer > 1 runs the prompt and the negative prompt in one transformer call
     has_guidance = "--cfg_infer" in values or _argparse_default(source, "--cfg_infer") is not None
     guidance_batch = 2 if has_guidance and value("--cfg_infer", float) > 1 else 1
     recipe = Recipe(height=value("--h", int), width=value("--w", int), frames=value("--t", int),
@@ -126,9 +139,9 @@ def read_recipe(name: str, tree: Path | None) -> tuple[Recipe, int]:
 
 
 def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
-    """A bench preset's models (FLUX-shaped: its transformer config, its VAE and HPS configs
-    and their parameter counts from meta-device builds) as the plan sees them; ``trainer``:
-    the registry row it trains with (None: the default trainer)."""
+    """A bench preset's models (its transformer config, its VAE and HPS configs and their
+    parameter counts from meta-device builds) as the plan sees them, counted as the row's
+    ``architecture`` says; ``trainer``: the registry row it trains with (None: the default trainer)."""
     transformer_cfg, vae_cfg, hps_cfg = configs
     vision = hps_cfg["vision_cfg"]
     vae = {"parameters": counts.vae, "first_channels": vae_cfg["block_out_channels"][0],
@@ -136,7 +149,8 @@ def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
     hps = {"parameters": counts.hps, "image_size": vision["image_size"], "patch_size": vision["patch_size"],
            "width": vision["width"], "head_width": vision.get("head_width", 64)}
     spec = trainers.get(trainer) if trainer else trainers.default_trainer()
-    return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps)
+    return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps,
+                 architecture=spec.plan.architecture)
 
 
 def _recipe_from_config(name: str, tree: Path, path: Path, values: dict, r: dict) -> Recipe:
@@ -181,7 +195,7 @@ def _recipe_from_config(name: str, tree: Path, path: Path, values: dict, r: dict
                                  "run `dancegrpo-npu apply` to restore the patched tree") from None
 
     model = model_of(name)
-    # no size in the configuration: upstream's pipeline draws the UNet's sample size times the VAE's 8
+    # no size in the configuration: upstream's pipeline draws the denoiser's sample size times the VAE's 8
     side = model.transformer["sample_size"] * 8
     h = values.get("--h") or side
     w = values.get("--w") or side

@@ -73,7 +73,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     """(the printed plan, the refusal when the asked configuration does not fit, else None).
     ``tree``: the patched tree (or a function giving it, asked only once the values are
     checked), where the recipe sizes are read from upstream's script; ``first_frame``: where the
-    model's first-frame pipeline lives (--flux-placement; None: upstream's)."""
+    model's first-frame pipeline lives (plan's option for it: ``first_frame_option``; None: upstream's)."""
     if name not in models.names():
         raise trainers.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
@@ -152,6 +152,23 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     return "\n".join(lines), DancegrpoError(f"plan: {message}", hint, exit_code=1)
 
 
+def first_frame_option(model: memory.Model) -> str:
+    """plan's option for where the model's first-frame pipeline lives: the trainer's flag (its
+    shapes' ``first_frame["flag"]``) as plan's options are written (``--a_b`` -> ``--a-b``)."""
+    return "--" + model.first_frame["flag"].lstrip("-").replace("_", "-")
+
+
+def first_frame_options() -> list[tuple[str, list[str]]]:
+    """(plan's option, the trainers it places a first frame for), for each first-frame pipeline
+    the planned trainers have."""
+    found: dict[str, list[str]] = {}
+    for name in models.names():
+        model = models.model_of(name)
+        if model.first_frame:
+            found.setdefault(first_frame_option(model), []).append(name)
+    return list(found.items())
+
+
 # combined() tries the world size times 2 and times this, beside the other remedies
 MAX_RANKS_FACTOR = 4
 
@@ -172,7 +189,7 @@ def combined(model: memory.Model, recipe: memory.Recipe, options: memory.Options
     loras = [(options.lora_rank, [])] + ([(64, ["--lora-rank", "64"])] if spec.lora and not options.lora_rank else [])
     places = [(options.first_frame, [])]
     if model.first_frame:
-        places += [(p, ["--flux-placement", p]) for p in memory.FIRST_FRAME_PLACEMENTS if p != options.first_frame]
+        places += [(p, [first_frame_option(model), p]) for p in memory.FIRST_FRAME_PLACEMENTS if p != options.first_frame]
     found = []
     for (w, a), (c, b), (o, d), (r, e), (p, f) in itertools.product(worlds, ckpts, offloads, loras, places):
         flags = a + b + d + e + f
@@ -202,9 +219,10 @@ def _check_options(name: str, overrides: dict, cpu_offload: bool, lora_rank: int
     if lora_rank and spec.lora is None:
         raise _bad(f"--lora-rank {lora_rank}: {spec.no_lora or NO_LORA}", again)
     if first_frame is not None and not model.first_frame:
-        raise _bad(f"--flux-placement: {name}'s trainer has no first-frame pipeline to place",
-                   f"leave it out; it is for the trainers that make a first frame "
-                   f"({', '.join(n for n in models.names() if models.model_of(n).first_frame)})")
+        options = first_frame_options()
+        raise _bad(f"{' / '.join(option for option, _ in options)}: {name}'s trainer has no first-frame pipeline to "
+                   "place", "leave it out; it is for the trainers that make a first frame "
+                   f"({', '.join(n for _, takers in options for n in takers)})")
 
 
 def _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides) -> None:
@@ -239,7 +257,7 @@ def _check_sizes(sizes: dict) -> None:
     fraction = sizes.get("selective_checkpointing")
     if fraction is not None and not 0 <= fraction <= 1:
         raise _bad(f"--selective-checkpointing {fraction:g} is not in [0, 1]",
-                   "the fraction of blocks checkpointed: upstream's Qwen-Image recipe uses 0.5, 1.0 checkpoints all")
+                   "the fraction of blocks checkpointed: upstream's recipes use 0.5 or 1.0 (1.0 checkpoints all)")
 
 
 def _check(recipe) -> None:

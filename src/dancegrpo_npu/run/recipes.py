@@ -1,10 +1,10 @@
 """Upstream's training recipes: the trainer arguments of its own launch scripts, read from the
-patched tree (``scripts/finetune/finetune_flux_grpo*.sh``), so that a rebase onto an upstream
+patched tree (a row's ``recipe_glob``: ``scripts/finetune/finetune_<model>_grpo*.sh``), so that a rebase onto an upstream
 that changes a recipe changes what ``launch`` runs.
 
-A recipe is named after its file: ``finetune_flux_grpo_8gpus.sh`` is ``8gpus``,
-``finetune_flux_grpo_8gpus_lora.sh`` is ``8gpus-lora``; the file without a suffix
-(``finetune_flux_grpo.sh``, a 2-node script) is named after its torchrun layout: ``2nodes``.
+A recipe is named after its file: ``finetune_<model>_grpo_8gpus.sh`` is ``8gpus``,
+``finetune_<model>_grpo_8gpus_lora.sh`` is ``8gpus-lora``; the file without a suffix
+(``finetune_<model>_grpo.sh``, say a 2-node script) is named after its torchrun layout: ``2nodes``.
 A script belongs to the trainer its torchrun line starts (the row's ``relpath``, dancegrpo_npu.trainers).
 
 A launch whose world size no recipe has runs the nearest recipe scaled to it, keeping what a
@@ -121,7 +121,7 @@ def parse_recipe(path: Path, name: str) -> Recipe:
 
 
 def recipe_name(path: Path, glob: str) -> str:
-    """``finetune_flux_grpo_8gpus_lora.sh`` -> ``8gpus-lora``; "" for the glob's bare name."""
+    """``finetune_<model>_grpo_8gpus_lora.sh`` -> ``8gpus-lora``; "" for the glob's bare name."""
     prefix = Path(glob).name.split("*")[0]
     return path.stem[len(prefix) :].strip("_").replace("_", "-")
 
@@ -234,7 +234,7 @@ def choose(recipes: list[Recipe], name: str | None, world_size: int, script: str
 
         recipe = min(recipes, key=lambda r: (abs(math.log(r.world_size / world_size)), r.world_size))
     if recipe.world_size == world_size or not scalable or "--train_batch_size" not in recipe.values():
-        # a recipe without the batch flags keeps its batch per rank elsewhere (the SD configuration's
+        # a recipe without the batch flags keeps its batch per rank elsewhere (an absl configuration's
         # sample.batch_size is per GPU): it runs at any world size as it is
         return recipe, None
     return recipe, scale(recipe, world_size)

@@ -1,13 +1,13 @@
 """The arguments launch gives the scripts of the trainer registry, and path handling.
 
 The trainers' defaults are upstream's own recipes, read from its launch scripts in the patched
-tree (``run.recipes``), so that ``launch flux --nproc-per-node 8`` runs what
-``bash scripts/finetune/finetune_flux_grpo_8gpus.sh`` runs; the port adds the reward paths
+tree (``run.recipes``), so that ``launch NAME --nproc-per-node 8`` runs what upstream's
+one-node script (``bash scripts/finetune/finetune_*_8gpus.sh``) runs; the port adds the reward paths
 (``trainers.common.HPS_DEFAULTS``).  Preprocessing's defaults are the registry's rows' data,
 copied from upstream's script (each row names the file).  The user's arguments override them flag by flag.  The
 torchrun options (nodes, processes, master) are launch's own options.
 
-Relative paths: upstream's defaults (``data/flux``, ``data/rl_embeddings/...``) are relative to
+Relative paths: upstream's defaults (``data/<model>``, ``data/rl_embeddings/...``) are relative to
 the upstream checkout, where upstream's README puts the weights, so they are resolved against
 the patched tree; relative paths the user types are resolved against the directory the command
 was run from.  The script itself runs in the run directory, so every path it gets is absolute.
@@ -29,7 +29,7 @@ from dancegrpo_npu.run import datasets
 TrainerSpec = trainers.TrainerSpec
 
 
-# A Hugging Face hub id ("black-forest-labs/FLUX.1-dev"): left as typed, the script resolves it.
+# A Hugging Face hub id ("organisation/model"): left as typed, the script resolves it.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -121,7 +121,7 @@ def _resolve_user_path(flag: str, value: str, cwd: Path) -> str:
 
 
 def _resolve_config_path(value: str, cwd: Path, tree: Path) -> str:
-    """An absl configuration file, ``FILE[:NAME]`` (``fastvideo/config_sd/dgx.py:hpsv3``): the file
+    """An absl configuration file, ``FILE[:NAME]`` (``fastvideo/<configs>/<file>.py:<name>``): the file
     where the command was run from if it is there, else in the patched tree (upstream's recipes
     name it relative to the tree); the ``:NAME`` stays."""
     file, colon, name = value.partition(":")
@@ -197,8 +197,8 @@ def trainer_values(info: TrainerSpec, script_args, parsed: dict | None) -> dict[
     """The values the trainer runs with for REPLAY_ARGUMENTS, read as the trainer reads them: from
     the namespace its own parser makes of the final script arguments (``parsed``: run.script_parser,
     its defaults for the flags not given), each under the name the contract gives it (the row's
-    ``renamed_values``: HunyuanVideo's ``use_same_noise`` is ``init_same_noise``, as the overlay's
-    settle reads it).  Without that namespace (a script whose parser cannot be read) the
+    ``renamed_values``: a trainer's ``use_same_noise`` can be ``init_same_noise``, as the overlay's
+    settle for it reads it).  Without that namespace (a script whose parser cannot be read) the
     arguments as given: a bare flag True, a number where it parses, else the text; None for the
     rest."""
     own = {name: flag for flag, name in info.renamed_values}  # the contract's name -> the script's

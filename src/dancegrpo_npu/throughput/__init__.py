@@ -1,1 +1,1 @@
-"""``dancegrpo-npu bench``: rollout and GRPO-step throughput of FLUX.1-dev's architecture."""
+"""``dancegrpo-npu bench``: rollout and GRPO-step throughput of the registry's trainers."""

@@ -1,11 +1,17 @@
-"""``dancegrpo-npu bench``: GRPO steps of FLUX.1-dev's architecture, timed phase by phase.
+"""``dancegrpo-npu bench``: GRPO steps of a trainer of the registry, timed phase by phase.
 
-It builds the FLUX.1-dev transformer, its VAE and a ViT-H-14 HPSv2 reward from shipped
-configs with random weights (nothing is downloaded), on the chosen device, and runs the
-patched trainer's own ``train_one_step`` for one prompt's G generations (``phases``):
-rollout, decode, reward, train, timed by the trainer's PhaseTimer through its seam.  Each
+``bench --trainer NAME --size tiny|cpu|full`` builds the trainer's transformer, its VAE and a
+ViT-H-14 HPSv2 reward from configs shipped with the tool (its family's; the smoke's tiny ones at
+--size tiny), with random weights (nothing is downloaded), on the chosen device, and runs the
+patched trainer's own ``train_one_step`` for one prompt's G generations (``phases``): rollout,
+decode, reward, train, timed by the trainer's PhaseTimer through its seam.  Each
 ``--sample-batch-sizes`` value N is measured in the same process, one after the other: the G
 generations go through the transformer N at a time (the trainer's --sample_batch_size).
+
+A trainer whose row says bench cannot call its ``train_one_step`` in process (``bench.short_run``:
+a loop with none, or a reward or conditioning bench does not build) is timed by a short run
+instead: its smoke's tiny models and arguments, launched once per N (``short_run``), the phase
+times read from the run's metrics.jsonl, written by the same seam; the table says so.
 
 Before building anything it estimates the memory the preset needs and refuses, with what
 to do instead, when the device (or, on the CPU, the host) has less free; running out of
@@ -13,9 +19,9 @@ memory anyway ends the same way, never with a traceback.  Then it writes a run d
 under runs/ like a launch (``record``): ``runs`` and ``plot`` read it, and with --record
 (the timed steps' stages in records/, as ``launch --record`` writes them) ``compare`` too.
 
-The Wan2.1 and Qwen-Image presets run those patched trainers, which need the diffusers-0.35 set:
-``bench`` then runs itself, with the same arguments, in a child process of that set's
-interpreter (``run_in_depset``), which writes the same table, run directory and records.
+A trainer of another dependency set than the tool's (its row's ``depset``) needs that set's
+interpreter: ``bench`` then runs itself, with the same arguments, in a child process of it
+(``run_in_depset``), which writes the same table, run directory and records.
 """
 
 from __future__ import annotations
@@ -93,11 +99,16 @@ def set_cpu_threads(environ: dict[str, str], busy: float | None = None) -> tuple
 
 def run_bench(project, config: presets.BenchConfig, progress=say_progress):
     """Check, build, measure, record: (results, facts for the fingerprint).  The run directory
-    (``facts["run_dir"]``) is made once the memory check has passed."""
+    (``facts["run_dir"]``) is made once the memory check has passed.  A short run's preset is
+    measured by ``short_run.run_short``."""
     from dancegrpo_npu.engine.treecheck import tree_state
     from dancegrpo_npu.throughput import models as model_lib
     from dancegrpo_npu.throughput import phases, record
 
+    if config.short is not None:
+        from dancegrpo_npu.throughput.short_run import run_short
+
+        return run_short(project, config, progress)
     spec = presets.trainer_of(config.preset)
     state = tree_state(project, spec.relpath)
     if state["state"] == "missing":
@@ -167,12 +178,12 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         if not phases.is_out_of_memory(e):
             raise
         where = f" in the {bench.timer.phase_failed} phase" if bench is not None and bench.timer.phase_failed else ""
-        message = (f"bench: ran out of memory on {kind}{where} (preset {config.preset.name}, estimated "
+        message = (f"bench: ran out of memory on {kind}{where} ({config.preset.name}, estimated "
                    f"{estimate.total / 2**30:.1f} GiB): {str(e).splitlines()[0][:160]}")
         error = message
         raise DancegrpoError(
             message,
-            "use a smaller preset, smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk",
+            "use a smaller --size, smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk",
             exit_code=2,
         ) from None
     finally:
@@ -198,8 +209,8 @@ def child_depset(config: presets.BenchConfig, environ=None) -> str | None:
 
 def bench_argv(options: dict, json_path: str | None) -> list[str]:
     """``bench``'s own arguments for ``options`` (commands.bench.options_from_args), as typed."""
-    argv = ["--preset", options["preset"], "--device", options["device"], "--dtype", options["dtype"],
-            "--sample-batch-sizes", options["sample_batch_sizes"]]
+    argv = ["--trainer", options["trainer"], "--size", options["size"], "--device", options["device"],
+            "--dtype", options["dtype"], "--sample-batch-sizes", options["sample_batch_sizes"]]
     if options.get("vae_decode_chunk") is not None:
         argv += ["--vae-decode-chunk", str(options["vae_decode_chunk"])]
     for flag, name in presets.SIZE_FLAGS:
@@ -216,12 +227,12 @@ def run_in_depset(project, name: str, options: dict, json_path: str | None) -> i
 
     from dancegrpo_npu.run.depsets import python_for
 
-    python = python_for(name, needed_by=f"bench --preset {options['preset']}")
+    python = python_for(name, needed_by=f"bench --trainer {options['trainer']}")
     src = str(Path(__file__).resolve().parents[2])  # this tool, whatever the set's interpreter imports
     env = {**os.environ, DEPSET_ENV: name, "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))}
     where = ["-C", str(project.root), "--workdir", str(project.workdir), "--runs-dir", str(project.runs_dir)]
-    say_progress(f"the {options['preset']} preset runs with the {name} dependency set: {python}")
+    say_progress(f"{options['trainer']} runs with the {name} dependency set: {python}")
     sys.stdout.flush()
     command = [python, "-m", "dancegrpo_npu", *where, "bench", *bench_argv(options, json_path)]
     try:
@@ -235,15 +246,23 @@ def format_table(results, facts) -> str:
     gib = 2**30
     head = (f"{'N':>3}  {'rollout/s':>9}  {'step/s':>8}  " + "  ".join(f"{p + ' s':>9}" for p in PHASES)
             + "  " + "  ".join(f"{'peak ' + p:>12}" for p in PHASES))  # fmt: skip
-    lines = [
-        f"preset {facts['preset']} on {facts['device_kind']} ({facts['dtype']}): {facts['height']}x{facts['width']}, "
-        f"{facts['sampling_steps']} sampling steps, G={facts['generations']}, {facts['train_timesteps']} trained "
-        f"timesteps a sample, {facts['steps']} timed step(s) after {facts['warmup_steps']} warm-up"
-        + (f"; {facts['torch_threads']} CPU thread(s) ({facts['torch_threads_from']})"
-           if facts.get("torch_threads_from") else ""),
-        "samples/s; seconds per GRPO step; peak memory in GiB (" + facts["peak_memory"] + ")",
-        head,
-    ]
+    threads = (f"; {facts['torch_threads']} CPU thread(s) ({facts['torch_threads_from']})"
+               if facts.get("torch_threads_from") else "")
+    if facts.get("short_run"):
+        first = (f"{facts['row']} at size {facts['size']} on {facts['device_kind']}: a short run of its smoke "
+                 f"(its tiny models and sizes), G={facts['generations']}, {facts['steps']} timed step(s) after "
+                 f"{facts['warmup_steps']} warm-up, one run per N{threads}")
+        how = (f"timed by the seam's phases of each run's metrics.jsonl, not a train_one_step called in process: "
+               f"{facts['short_run']}")
+        lines = [first, how]
+    else:
+        lines = [
+            f"{facts['row']} at size {facts['size']} on {facts['device_kind']} ({facts['dtype']}): "
+            f"{facts['height']}x{facts['width']}, {facts['sampling_steps']} sampling steps, G={facts['generations']}, "
+            f"{facts['train_timesteps']} trained timesteps a sample, {facts['steps']} timed step(s) after "
+            f"{facts['warmup_steps']} warm-up{threads}",
+        ]
+    lines += ["samples/s; seconds per GRPO step; peak memory in GiB (" + facts["peak_memory"] + ")", head]
     for r in results:
         peaks = ["-" if r.peak_memory_bytes[p] is None else f"{r.peak_memory_bytes[p] / gib:.2f}" for p in PHASES]
         lines.append(

@@ -1,16 +1,15 @@
 """The bench's three models, with random weights, and whether they fit before they are built.
 
-- the transformer: diffusers' ``FluxTransformer2DModel`` from FLUX.1-dev's
-  ``transformer/config.json`` (shipped here as ``flux1-dev-transformer.json``),
-- the VAE: ``AutoencoderKL`` from FLUX.1-dev's ``vae/config.json`` (``flux1-dev-vae.json``),
+- the transformer and the VAE: the diffusers classes the trainer's registry row names
+  (``bench.classes``) from the configs its preset names: the model's ``transformer/config.json``
+  and ``vae/config.json`` shipped in the trainer's family folder (or its plan shapes' config),
+  with the preset's overrides, or, for the tiny presets, the smoke's tiny configurations (the
+  module the preset names);
 - the HPSv2 reward: hpsv2's open_clip ``CLIP`` from its bundled ``ViT-H-14`` config, built by
-  ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast),
+  ``create_model`` as the trainer builds it (``precision='amp'``: float32 weights, autocast).
 
-or, for the tiny presets, the smoke's tiny configurations (the module the preset's registry row names).  The Wan
-presets build diffusers' ``WanTransformer3DModel`` and ``AutoencoderKLWan`` from Wan2.1-T2V-1.3B's
-``transformer/config.json`` and ``vae/config.json`` (``wan2.1-t2v-1.3b-*.json``), or the Wan
-smoke's tiny ones (``smoke.wan_fixtures``), with the same HPS; they need diffusers >= 0.33 (the
-diffusers-0.35 dependency set, in whose interpreter ``bench`` runs them).
+A trainer of another dependency set than the tool's runs in that set's interpreter
+(``bench.run_in_depset``).
 
 Nothing is downloaded and nothing is materialised twice: the parameter counts come from a
 build on the meta device; the real build runs under ``torch.device(target)`` with the
@@ -27,31 +26,18 @@ import json
 import tempfile
 import warnings
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from dancegrpo_npu import trainers
 from dancegrpo_npu.errors import DancegrpoError
 
-TRANSFORMER_CONFIG_FILE = "flux1-dev-transformer.json"
-VAE_CONFIG_FILE = "flux1-dev-vae.json"
-# (transformer, VAE) config files shipped for each family of full-size models
-SHIPPED = {
-    "flux1-dev": (TRANSFORMER_CONFIG_FILE, VAE_CONFIG_FILE),
-    "wan2.1-t2v-1.3b": ("wan2.1-t2v-1.3b-transformer.json", "wan2.1-t2v-1.3b-vae.json"),
-    # Qwen/Qwen-Image's transformer config is the memory plan's (plan/models.json); its VAE,
-    # AutoencoderKLQwenImage, is Wan2.1's architecture with Wan2.1's configuration (and latents
-    # mean and std): the Wan file, built as the Qwen-Image class (its row's ``bench.classes``)
-    "qwen-image": (None, "wan2.1-t2v-1.3b-vae.json"),
-}
 HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
 GiB = 1024**3
 
 
-def shipped_config(filename: str) -> dict:
-    """A model config shipped with the package (package data), without diffusers' ``_`` keys."""
-    text = resources.files(__package__).joinpath(filename).read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+def shipped_config(path: Path) -> dict:
+    """A model config shipped with the package (a family's file), without diffusers' ``_`` keys."""
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 
 
 def model_configs(preset) -> tuple[dict, dict, dict]:
@@ -64,16 +50,14 @@ def model_configs(preset) -> tuple[dict, dict, dict]:
         smoke = importlib.import_module(preset.tiny)
         transformer, vae, hps = smoke.TRANSFORMER_CONFIG, smoke.VAE_CONFIG, tiny_models.HPS_MODEL_CONFIG
         return copy.deepcopy(transformer), copy.deepcopy(vae), copy.deepcopy(hps)
-    transformer_file, vae_file = SHIPPED[preset.models]
-    if transformer_file is None:
-        from dancegrpo_npu.plan.models import entry
+    if preset.transformer is None:  # the memory plan's config of the model
+        from dancegrpo_npu.plan.models import model_of
 
-        shipped = {k: v for k, v in entry(trainers.get(preset.trainer).plan_model)["transformer"].items()
-                   if not k.startswith("_")}
+        shipped = {k: v for k, v in model_of(preset.trainer).transformer.items() if not k.startswith("_")}
     else:
-        shipped = shipped_config(transformer_file)
+        shipped = shipped_config(preset.transformer)
     transformer = {**shipped, **preset.transformer_overrides}
-    vae = shipped_config(vae_file)
+    vae = shipped_config(preset.vae)
     hps = hpsv2_model_config(HPS_BASE_MODEL)
     if "vision_layers" in preset.hps_overrides:
         hps["vision_cfg"]["layers"] = preset.hps_overrides["vision_layers"]
@@ -197,8 +181,8 @@ def build_models(trainer, configs, device, dtype, family: str | None = None) -> 
     """The three models on ``device``: transformer and VAE in ``dtype``, HPS as the trainer loads it.
 
     The transformer gets what the trainer's main does to it (the row's ``bench``): what it calls
-    before building (``before_build``), its own preparation (``trainer_prepare``: the FLUX
-    trainer's float32 RoPE; the Wan trainer's module installs its own at import) and activation
+    before building (``before_build``), its own preparation (``trainer_prepare``: a trainer's
+    float32 RoPE; another's module installs its own at import) and activation
     checkpointing of every block (``--gradient_checkpointing``: ``apply_fsdp_checkpointing`` with
     ``--selective_checkpointing 1``) of the row's ``checkpointed_blocks``, else the model's
     no-split modules.
@@ -244,14 +228,14 @@ class MemoryEstimate:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the estimate reads of a family's configs."""
+    """What the estimate reads of a trainer's configs."""
 
     hidden: int
     heads: int
     blocks: int
     tokens: int  # the tokens a block's attention sees
     image_tokens: int
-    cfg_batch: int  # samples a transformer call runs per sample: 2 with the Wan recipe's CFG
+    cfg_batch: int  # samples a transformer call runs per sample: 2 with a recipe's CFG (cross-attention trainers)
     vae_first: int  # the VAE decoder's channels at full resolution, and its widest
     vae_widest: int
 
@@ -259,11 +243,12 @@ class Shape:
 def model_shape(configs, sizes, family: str | None = None) -> Shape:
     transformer_cfg, vae_cfg, _hps = configs
     hidden = transformer_cfg["num_attention_heads"] * transformer_cfg["attention_head_dim"]
-    image_tokens = (sizes.height // 16) * (sizes.width // 16)  # 8x VAE, 2x2 patches; Wan: one frame
-    # FLUX's AutoencoderKL names its widths; Wan's and Qwen-Image's VAE multiply a base
+    image_tokens = (sizes.height // 16) * (sizes.width // 16)  # 8x VAE, 2x2 patches; a video: one frame
+    # an AutoencoderKL names its widths; a video VAE multiplies a base
     widths = vae_cfg.get("block_out_channels") or [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
     blocks = transformer_cfg["num_layers"] + transformer_cfg.get("num_single_layers", 0)
-    if bench_of(family).attention == "cross":  # self-attention over the video's tokens, cross-attention to the text
+    spec = trainers.get(family) if family else trainers.default_trainer()
+    if spec.plan.architecture.kind == "cross-transformer":  # self-attention over the video's tokens, cross-attention to the text
         return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,
                      max(image_tokens, sizes.text_tokens), image_tokens, 2, widths[0], max(widths))
     return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,  # joint attention: image and text
@@ -324,13 +309,14 @@ HEADROOM = 1.1
 
 
 def smaller_preset(preset: str) -> str | None:
-    """``--preset NAME`` of the next smaller preset of the same trainer (its row lists them from
-    the largest), or None for its smallest."""
-    for spec in trainers.benched():
-        names = [p.name for p in spec.bench.presets]
-        if preset in names[:-1]:
-            return f"--preset {names[names.index(preset) + 1]}"
-    return None
+    """``--size SIZE`` of the trainer's next smaller preset (``preset``: TRAINER-SIZE), or None
+    for its smallest."""
+    from dancegrpo_npu.throughput.presets import PRESETS, SIZES
+
+    found = PRESETS[preset]
+    sizes = [p.size for p in trainers.get(found.trainer).bench.presets]
+    smaller = [s for s in SIZES[:SIZES.index(found.size)] if s in sizes]
+    return f"--size {smaller[-1]}" if smaller else None
 
 
 def check_fits(estimate: MemoryEstimate, available: int | None, what: str, preset: str, kind: str) -> None:
@@ -344,7 +330,7 @@ def check_fits(estimate: MemoryEstimate, available: int | None, what: str, prese
         hint = ("use " + (f"{smaller}, or " if smaller else "")
                 + "smaller --height/--width, --generations, --sample-batch-sizes or --vae-decode-chunk")
     raise DancegrpoError(
-        f"bench: the {preset} preset needs about {estimate.total / GiB:.1f} GiB on {kind} "
+        f"bench: {preset} needs about {estimate.total / GiB:.1f} GiB on {kind} "
         f"({estimate.weights / GiB:.1f} GiB of weights, gradients and AdamW moments, "
         f"~{estimate.activations / GiB:.1f} GiB of activations) but only {available / GiB:.1f} GiB is {what}",
         hint,

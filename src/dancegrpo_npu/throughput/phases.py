@@ -13,7 +13,7 @@ here.  What the bench gives it in place of ``main``'s set-up:
 - AdamW and a constant learning rate, as the recipe's,
 - a process group of one rank (the trainer gathers rewards and averages the loss).
 
-So rollout (``run_sample_step``/``flux_step``, N samples a transformer call), decode
+So rollout (``run_sample_step`` and its sampler step, N samples a transformer call), decode
 (``dancegrpo_port.rollout.decode``, its contiguous attention for chunks of more than one),
 reward (``rollout.hps_inputs``, HPSv2 as the trainer scores it) and train (``grpo_one_step``,
 the clipped loss, backward, AdamW) are the code a training run runs.  The seam's features
@@ -21,10 +21,12 @@ installed for a bench step are alignment (upstream's noise, the GRPO health figu
 recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
 ``MetricsLog`` into the run directory's metrics.jsonl.
 
-Every trainer with bench facts in its registry row is driven the same way; the Wan2.1 trainer's
-``train_one_step`` takes the prompt's UMT5 embeddings and the negative ones (zeros here, as the
-recipe's CFG needs a second batch) directly, with ``--cfg_infer`` 5.0 and one frame (``--t 1``),
-and writes each sample's mp4 to ./videos/ of the run directory, as in a launch.
+Every trainer with in-process bench facts in its registry row is driven the same way: the row
+says how a prompt is built (``bench.prompt``: a video trainer's the negative prompt's embeddings
+too, zeros here, as its recipe's CFG needs a second batch), how its ``train_one_step`` is called
+(``bench.train``), the flags it needs beyond the shared ones (``bench.extra_args``: its CFG) and
+the directories its main makes (``bench.run_dirs``: a video trainer's ./videos/ for each
+sample's mp4); a video trainer runs one frame (``--t 1``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from types import SimpleNamespace
 from dancegrpo_npu.contract import DEVICE_ENV, PHASES
 from dancegrpo_npu.errors import DancegrpoError
 
-# upstream's recipe (finetune_flux_grpo.sh) and the trainer's defaults
+# upstream's recipes (their learning rate and weight decay) and the trainers' defaults
 LEARNING_RATE, WEIGHT_DECAY, MAX_GRAD_NORM, CLIP_RANGE, ADV_CLIP_MAX = 1e-5, 1e-4, 1.0, 1e-4, 5.0
 CAPTION = "a photo of a red fox in the snow"  # every step's prompt (its tokens go to HPS)
 LIBRARY_LOGGERS = ("diffusers", "transformers")  # their warnings during a step go to console.log

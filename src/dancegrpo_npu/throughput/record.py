@@ -2,9 +2,9 @@
 ``runs`` and ``plot`` read a bench like a training run (``compare`` reads records, which a bench
 does not write).
 
-Layout of ``runs/<YYYYmmdd-HHMMSS>-bench-<preset>/``::
+Layout of ``runs/<YYYYmmdd-HHMMSS>-bench-<trainer>-<size>/``::
 
-    launch.json       what was asked: the verb, the preset and its sizes, the sample batch sizes, the tree
+    launch.json       what was asked: the verb, the trainer, the size and its sizes, the sample batch sizes, the tree
     environment.json  the fingerprint (host, devices, packages, upstream, series) with the bench's facts
     summary.json      status, start/end, wall time, steps, reward and loss figures; why a failed bench failed
     metrics.jsonl     one line per timed step, written by the trainer's seam (MetricsLog): time_<phase>,

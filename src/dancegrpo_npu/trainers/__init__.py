@@ -100,7 +100,7 @@ def benched() -> list[TrainerSpec]:
 
 def planned() -> list[TrainerSpec]:
     """The trainers ``plan`` has model shapes for."""
-    return [spec for spec in REGISTRY.values() if spec.plan_model is not None]
+    return [spec for spec in REGISTRY.values() if spec.plan is not None]
 
 
 def run_name(spec: TrainerSpec) -> str:

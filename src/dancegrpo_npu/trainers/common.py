@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dancegrpo_npu.trainers.spec import Input
+from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input
 
 # The HPS reward files the trainers read.  Upstream hard-codes them relative to the working
 # directory (./hps_ckpt/...); the port makes them arguments with these defaults, and since the
@@ -76,3 +76,15 @@ def preprocess_defaults(model_path: str, prompts: str = "./assets/prompts.txt", 
 # The sampler of the tiny bench presets: those are the tool's own smoke-size shapes, not
 # upstream's recipe, so they set every size themselves and resolve without a patched tree.
 TINY_SAMPLER = dict(timestep_fraction=0.6, eta=0.3, shift=3.0)
+
+
+def short_run_bench(why: str, sample_batch_flag: bool = True) -> Bench:
+    """The bench of a trainer timed by a short run on its smoke's tiny models (``why``: why not in
+    process, which bench says with its results); the other sizes would need the model's weights on
+    disk, which only an in-process bench builds from configs."""
+    no_weights = ("a short run needs the model's weights on disk, and the tool ships only the smoke's tiny ones; "
+                  "`dancegrpo-npu plan` estimates the memory at full size")
+    return Bench(presets=(BenchPreset(size="tiny", summary="a short run of the smoke: its tiny models and sizes, "
+                                                          "the seam's phase times"),),
+                 no_sizes=(("cpu", no_weights), ("full", no_weights)), short_run=why,
+                 sample_batch_flag=sample_batch_flag)

@@ -9,6 +9,7 @@ that read it.  Checks and input kinds are named by the strings ``run.inputs`` de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 
@@ -79,14 +80,43 @@ class Smoke:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchPreset:
-    """A ``bench --preset``: models, and the sizes it sets itself.  The recipe sizes it leaves
-    out are upstream's, read from the row's recipe in the patched tree (a full-size preset sets
-    none of them); a preset of the tool's own tiny models sets them all (no tree needed)."""
+class Architecture:
+    """The trained model as plan and bench count it: a kind they know (plan.memory.KINDS) and the
+    counts that kind leaves to the model, each a function of plan's model (``plan.memory.Model``:
+    its diffusers config as ``transformer``, and the shapes the family ships)."""
 
-    name: str
+    # "joint-transformer": blocks over the image and text tokens in one sequence; "cross-transformer":
+    # blocks over the image (video) tokens, cross-attending to the text; "unet": a conditional UNet of
+    # diffusers' down and up blocks, which plan counts layer by layer from its config
+    kind: str
+    block_parameters: Callable | None = None  # (model) -> the parameters of each block (a transformer)
+    root_parameters: Callable | None = None  # (model) -> the parameters outside the blocks (a transformer)
+    latent_per_token: Callable | None = None  # (model) -> latent values a token carries (None: in_channels)
+    lora_parameters: Callable | None = None  # (model, rank) -> LoRA's on upstream's targets (None: q, k, v, out a block)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What ``plan`` estimates the trainer's memory from: shapes shipped in its family's folder."""
+
+    shapes: Path  # the family's JSON of shapes (its plan.json)
+    entry: str  # the trainer's entry there
+    architecture: Architecture
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchPreset:
+    """One ``bench --size`` of the trainer: the models it builds and the sizes it sets itself.  The
+    recipe sizes it leaves out are upstream's, read from the row's recipe in the patched tree (a
+    full-size preset sets none of them); a preset of the tool's own tiny models sets them all (no
+    tree needed)."""
+
+    size: str  # throughput.presets.SIZES: "tiny", "cpu" or "full"
     summary: str
-    models: str  # a shipped config family (throughput.models.SHIPPED), or the tiny models' name
+    # the transformer's and the VAE's diffusers configs: files of the family's folder (None: the
+    # row's plan shapes' denoiser config, its VAE none), or the smoke's tiny ones (``tiny``)
+    transformer: Path | None = None
+    vae: Path | None = None
     # "module" holding the smoke's tiny TRANSFORMER_CONFIG and VAE_CONFIG, for tiny models
     tiny: str = ""
     transformer_overrides: dict = field(default_factory=dict)
@@ -96,26 +126,35 @@ class BenchPreset:
 
 @dataclass(frozen=True, kw_only=True)
 class Bench:
-    """What ``bench`` builds and runs for the trainer's ``train_one_step``."""
+    """What ``bench --trainer NAME --size SIZE`` runs: at each of its presets' sizes, the trainer's
+    ``train_one_step`` on models bench builds from configs, in process (``classes``, ``prompt``,
+    ``train``...); or, where ``short_run`` says why not, a short run of the trainer on its smoke's
+    tiny models, timed by the seam's phases (metrics.jsonl).  A size it has no preset for is
+    refused with its reason in ``no_sizes``."""
 
-    classes: tuple[str, str]  # diffusers' (transformer, VAE) classes
+    presets: tuple[BenchPreset, ...]
+    no_sizes: tuple[tuple[str, str], ...] = ()  # (size, why bench has no preset at it)
+    # why the trainer is timed by a short run, not in process ("": in process); bench says it
+    short_run: str = ""
+    sample_batch_flag: bool = True  # a short run: the trainer takes --sample_batch_size (N > 1 is refused without)
+    # -- in process --
+    classes: tuple[str, str] = ("", "")  # diffusers' (transformer, VAE) classes
     # Upstream's recipe (run.recipes' name of it) whose sizes the presets run where they set none
     # of their own: read from its script in the patched tree, never copied here
     # (tests/trainers/test_registry_recipes.py).
-    recipe: str
-    text_tokens: int  # the prompt embedding's length, which the scripts do not hold
-    prompt: Callable  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
-    train: Callable  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> (loss, grad norm)
-    presets: tuple[BenchPreset, ...] = ()
+    recipe: str = ""
+    text_tokens: int = 0  # the prompt embedding's length, which the scripts do not hold
+    prompt: Callable | None = None  # (transformer config, sizes, device, dtype, caption) -> one prompt as the loader yields it
+    train: Callable | None = None  # (train_one_step, args, device, models, optimizer, scheduler, prompt, max grad norm) -> (loss, grad norm)
     extra_args: tuple[tuple[str, object], ...] = ()  # what train_one_step needs beyond the shared flags
-    # How a block attends: "joint" (image and text tokens together) or "cross" (self-attention
-    # over the image, cross-attention to the text, CFG's two calls a sample).
-    attention: str = "joint"
     before_build: tuple[str, ...] = ()  # "module:function"s the trainer's main calls before building models
     trainer_prepare: str = ""  # the trainer module's function its main applies to the transformer
     # "module:attr" of the blocks activation checkpointing wraps; "": the model's no-split modules
     checkpointed_blocks: str = ""
     run_dirs: tuple[str, ...] = ()  # directories the trainer's main makes in the run directory
+
+    def preset(self, size: str) -> BenchPreset | None:
+        return next((p for p in self.presets if p.size == size), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,9 +181,8 @@ class TrainerSpec:
     # Whether the seam's alignment (--rng, --record, --replay) and --profile features are in it.
     aligns: bool = False
     smoke: Smoke | None = None
-    bench: Bench | None = None
-    no_bench: str = ""  # why ``bench`` has no preset for it (``bench --preset NAME`` says so)
-    plan_model: str | None = None  # its entry in plan_models.json, the memory plan's shapes
+    bench: Bench | None = None  # every trainer's: what ``bench --trainer NAME --size SIZE`` runs
+    plan: Plan | None = None  # the memory plan's shapes and architecture (plan, bench, doctor's disk check)
     offload_flag: str | None = None  # the trainer's FSDP CPU offload argument, or None
     lora: str | None = None  # its LoRA variant's row name, or None
     lora_args: str = ""  # the LoRA variant's arguments ({rank}, {alpha})

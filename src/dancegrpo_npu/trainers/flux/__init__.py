@@ -7,6 +7,9 @@ ORDER = 10
 # the family's smoke hooks ("module:function", so that a copy of the folder names its own)
 HOOKS = f"{__name__}.smoke"
 
+from pathlib import Path
+
+from . import architecture
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,
@@ -18,12 +21,14 @@ from dancegrpo_npu.trainers.common import (
     dataset_input,
     pipeline_input,
     preprocess_defaults,
+    short_run_bench,
     vae_input,
     weights_input,
 )
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
+HERE = Path(__file__).parent  # the family's folder: its model configs
 # Where upstream's README puts the FLUX.1-dev weights, and its recipes point.
 WEIGHTS_DIR = "data/flux"
 
@@ -62,20 +67,20 @@ BENCH = Bench(
     recipe="2nodes",  # scripts/finetune/finetune_flux_grpo.sh
     text_tokens=512,  # FluxPipeline's T5 tokens
     presets=(
-        BenchPreset(name="full", models="flux1-dev",
+        BenchPreset(size="full", transformer=HERE / "flux1-dev-transformer.json", vae=HERE / "flux1-dev-vae.json",
                     summary="FLUX.1-dev at full size (19 + 38 blocks), its VAE, a ViT-H-14 HPS; upstream's recipe"),
         # Full width, few blocks: what one block of FLUX.1-dev costs, on a machine without
         # 100 GB.  Sized for a 2-core, 24 GiB CPU: a full-width block is ~1 GFLOP per token
         # per forward (fp32 there: ~20 GFLOPS), so the token count decides the time: 128x128
         # images (64 image tokens) and 64 text tokens; one timed step after the warm-up.
-        BenchPreset(name="cpu", models="flux1-dev",
+        BenchPreset(size="cpu", transformer=HERE / "flux1-dev-transformer.json", vae=HERE / "flux1-dev-vae.json",
                     summary="FLUX.1-dev width with 1 double + 1 single block, the full VAE, ViT-H-14 width with "
                             "1 + 1 layers",
                     transformer_overrides={"num_layers": 1, "num_single_layers": 1},
                     hps_overrides={"vision_layers": 1, "text_layers": 1},
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, text_tokens=64, steps=1)),
         # The smoke's tiny models (trainers/flux/tiny_models.py) and sizes: seconds, for tests.
-        BenchPreset(name="tiny", models="tiny", tiny=f"{__name__}.tiny_models",
+        BenchPreset(size="tiny", tiny=f"{__name__}.tiny_models",
                     summary="the smoke's tiny models (2 heads x 16, 1 + 1 blocks; tiny VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
                                **TINY_SAMPLER)),
@@ -107,12 +112,14 @@ ROWS = (
     _trainer(
         name="flux", relpath="fastvideo/train_grpo_flux.py", help="GRPO of FLUX.1-dev (full fine-tuning)",
         smoke=_smoke(title="full FLUX GRPO", run_name="smoke", lora=False), default=True, bench=BENCH,
-        plan_model="flux", offload_flag="--use_cpu_offload", lora="flux-lora",
+        plan=architecture.plan("flux"), offload_flag="--use_cpu_offload", lora="flux-lora",
         lora_args="--lora_rank {rank} --lora_alpha {alpha}",
     ),
     _trainer(
         name="flux-lora", relpath="fastvideo/train_grpo_flux_lora.py", help="GRPO of FLUX.1-dev with LoRA",
         smoke=_smoke(title="LoRA FLUX GRPO", run_name="smoke-lora", lora=True),
+        bench=short_run_bench("bench builds no LoRA adapters in process; `bench --trainer flux` times the base model's "
+                              "steps"),
     ),
     # upstream scripts/preprocess/preprocess_flux_rl_embeddings.sh (commit 15cc71d5)
     TrainerSpec(

@@ -8,6 +8,7 @@ ORDER = 50
 # the family's smoke hooks ("module:function", so that a copy of the folder names its own)
 HOOKS = f"{__name__}.smoke"
 
+from . import architecture
 from dancegrpo_npu.trainers.common import (
     PREPROCESS_PATH_FLAGS,
     TRAIN_PATH_FLAGS,
@@ -15,6 +16,7 @@ from dancegrpo_npu.trainers.common import (
     dataset_input,
     pipeline_input,
     preprocess_defaults,
+    short_run_bench,
     vae_input,
     weights_input,
 )
@@ -54,12 +56,11 @@ ROWS = (
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
                     checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-hunyuan",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
-        plan_model="hunyuan", offload_flag="--use_cpu_offload",
+        plan=architecture.plan("hunyuan"), offload_flag="--use_cpu_offload",
         per_rank_batch=("best-of-n and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
                         "is on each rank at any world size"),
         no_lora="upstream's HunyuanVideo trainer has no LoRA option",
-        no_bench=("bench has no HunyuanVideo preset yet: a launch's metrics.jsonl holds the phase times of each step, "
-                  "and `plan hunyuan` the memory"),
+        bench=short_run_bench("bench builds no VideoAlign reward in process"),
     ),
     TrainerSpec(
         name="skyreels-i2v", relpath="fastvideo/train_grpo_skyreels_i2v.py",
@@ -86,12 +87,11 @@ ROWS = (
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
                     checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-skyreels-i2v",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),
-        plan_model="skyreels-i2v", offload_flag="--use_cpu_offload",
+        plan=architecture.plan("skyreels-i2v"), offload_flag="--use_cpu_offload",
         per_rank_batch=("the first frame and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
                         "is on each rank at any world size"),
         no_lora="upstream's SkyReels-I2V trainer has no LoRA option",
-        no_bench=("bench has no SkyReels-I2V preset yet: a launch's metrics.jsonl holds the phase times of each step "
-                  "(time_condition: the first frame), and `plan skyreels-i2v` the memory"),
+        bench=short_run_bench("bench builds no VideoAlign reward nor first-frame pipeline in process"),
     ),
     # upstream scripts/preprocess/preprocess_hunyuan_rl_embeddings.sh (commit 15cc71d5), without its
     # copy of the tokenizers into the text encoders' folders (the port reads them where they are)

@@ -7,6 +7,9 @@ ORDER = 30
 # the family's smoke hooks ("module:function", so that a copy of the folder names its own)
 HOOKS = f"{__name__}.smoke"
 
+from pathlib import Path
+
+from . import architecture
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,
@@ -18,11 +21,13 @@ from dancegrpo_npu.trainers.common import (
     dataset_input,
     pipeline_input,
     preprocess_defaults,
+    short_run_bench,
     weights_input,
 )
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"
+HERE = Path(__file__).parent  # the family's folder: its model configs
 NO_LORA = "upstream's Qwen-Image trainers have no LoRA option"
 SIZES = ImageSizes(vae_scale=8, patch=2, why="Qwen-Image's VAE downsamples 8x and its transformer takes 2x2 latent "
                    "patches")
@@ -47,13 +52,21 @@ def train_one_step(train, args, device, models, optimizer, lr_scheduler, prompt,
 BENCH = Bench(
     classes=("QwenImageTransformer2DModel", "AutoencoderKLQwenImage"),
     recipe="8gpus",  # scripts/finetune/finetune_qwenimage_grpo.sh
-    text_tokens=256,  # as the memory plan's (plan_models.json)
+    text_tokens=256,  # as the memory plan's (plan.json)
     presets=(
-        BenchPreset(name="qwenimage", models="qwen-image",
+        # the transformer's config is the memory plan's (plan.json); the VAE's is Wan2.1's (Qwen-Image's
+        # AutoencoderKLQwenImage is that architecture with that configuration)
+        BenchPreset(size="full", vae=HERE / "qwen-image-vae.json",
                     summary="Qwen-Image at full size (60 blocks, 20e9 parameters), its VAE, a ViT-H-14 HPS; "
                             "upstream's recipe"),
+        # Full width, one block, as the other families' cpu presets: 128x128 (64 image tokens), 4 steps, G = 4.
+        BenchPreset(size="cpu", vae=HERE / "qwen-image-vae.json",
+                    summary="Qwen-Image width with 1 block, the full Qwen-Image VAE, ViT-H-14 width with 1 + 1 layers",
+                    transformer_overrides={"num_layers": 1}, hps_overrides={"vision_layers": 1, "text_layers": 1},
+                    sizes=dict(height=128, width=128, sampling_steps=4, generations=4, text_tokens=64,
+                               gradient_accumulation_steps=4, steps=1)),
         # The Qwen-Image smoke's tiny models (trainers/qwenimage/fixtures.py): seconds, for tests.
-        BenchPreset(name="tiny-qwenimage", models="tiny-qwenimage", tiny=f"{__name__}.fixtures",
+        BenchPreset(size="tiny", tiny=f"{__name__}.fixtures",
                     summary="the Qwen-Image smoke's tiny models (2 heads x 16, 2 blocks; tiny Qwen VAE and HPS) at "
                             "64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, text_tokens=16,
@@ -82,7 +95,7 @@ def _trainer(*, name: str, title: str, preprocess: str, **more) -> TrainerSpec:
         required_inputs=(weights_input(f"{title} weights (transformer/, vae/)"), dataset_input(preprocess),
                          *HPS_INPUTS),
         output_in_run_dir=True, depset=DEPSET, dataset=name, preprocess=preprocess, aligns=True, image_sizes=SIZES,
-        plan_model=name, offload_flag="--use_cpu_offload", no_lora=NO_LORA,  # offload: honoured by the port
+        plan=architecture.plan(name), offload_flag="--use_cpu_offload", no_lora=NO_LORA,  # offload: the port's
         **more,
     )
 
@@ -110,6 +123,8 @@ ROWS = (
         argument_checks=("reference-sizes",),
         smoke=_smoke(title="Qwen-Image-Edit GRPO", label="Qwen-Image-Edit", passes=3, edit=True,
                      selective_checkpointing="1.0"),
+        bench=short_run_bench("bench builds no reference image's latents in process; `bench --trainer qwenimage` times "
+                              "the same transformer's steps"),
     ),
     # upstream scripts/preprocess/preprocess_qwen_image_rl_embeddings.sh (commit 15cc71d5)
     _preprocess(

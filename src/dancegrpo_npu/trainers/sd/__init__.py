@@ -8,7 +8,15 @@ ORDER = 40
 # the family's smoke hooks ("module:function", so that a copy of the folder names its own)
 HOOKS = f"{__name__}.smoke"
 
-from dancegrpo_npu.trainers.common import HPS_DEFAULTS, HPS_INPUTS, PROMPTS_INPUT, TRAIN_PATH_FLAGS, pipeline_input
+from . import architecture
+from dancegrpo_npu.trainers.common import (
+    HPS_DEFAULTS,
+    HPS_INPUTS,
+    PROMPTS_INPUT,
+    TRAIN_PATH_FLAGS,
+    pipeline_input,
+    short_run_bench,
+)
 from dancegrpo_npu.trainers.spec import ImageSizes, Smoke, TrainerSpec
 
 # Where upstream's trainer reads the weights and the prompts (hard-coded there; the port's flags,
@@ -45,8 +53,9 @@ ROWS = (
         config_settle="dancegrpo_port.sd:settle",
         config_example="--config fastvideo/config_sd/dgx.py:hpsv2",
         fixed_values=(("init_same_noise", True),),  # one initial latent for a rank's epoch (upstream's loop)
-        plan_model="sd",
-        no_bench=("bench times a trainer's train_one_step, and upstream's SD trainer has none (its rollout and "
-                  "training are inside main); a launch's metrics.jsonl holds the phase times of each step"),
+        plan=architecture.plan("sd"),
+        # its sample batch is its configuration's train.batch_size: no --sample_batch_size
+        bench=short_run_bench("upstream's SD trainer has no train_one_step: its rollout and training are inside main",
+                              sample_batch_flag=False),
     ),
 )

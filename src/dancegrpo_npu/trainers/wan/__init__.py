@@ -7,6 +7,9 @@ ORDER = 20
 # the family's smoke hooks ("module:function", so that a copy of the folder names its own)
 HOOKS = f"{__name__}.smoke"
 
+from pathlib import Path
+
+from . import architecture
 from dancegrpo_npu.trainers.common import (
     HPS_DEFAULTS,
     HPS_INPUTS,
@@ -24,6 +27,7 @@ from dancegrpo_npu.trainers.common import (
 from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"  # Wan2.1 needs diffusers >= 0.33 (run.depsets, docs/dependencies.md)
+HERE = Path(__file__).parent  # the family's folder: its model configs
 
 
 def prompt_batch(transformer_cfg, sizes, device, dtype, caption: str) -> tuple:
@@ -52,24 +56,25 @@ BENCH = Bench(
     recipe="8gpus",
     text_tokens=226,  # WanPipeline.encode_prompt's UMT5 tokens (what preprocessing saves)
     presets=(
-        BenchPreset(name="wan", models="wan2.1-t2v-1.3b",
+        BenchPreset(size="full", transformer=HERE / "wan2.1-t2v-1.3b-transformer.json",
+                    vae=HERE / "wan2.1-t2v-1.3b-vae.json",
                     summary="Wan2.1-T2V-1.3B at full size (30 blocks), its VAE, a ViT-H-14 HPS; upstream's Wan "
                             "recipe"),
         # Full width, one block, as the FLUX cpu preset: 128x128 (64 image tokens), 4 steps, G = 4.
-        BenchPreset(name="wan-cpu", models="wan2.1-t2v-1.3b",
+        BenchPreset(size="cpu", transformer=HERE / "wan2.1-t2v-1.3b-transformer.json",
+                    vae=HERE / "wan2.1-t2v-1.3b-vae.json",
                     summary="Wan2.1-T2V-1.3B width with 1 block, the full Wan VAE, ViT-H-14 width with 1 + 1 layers",
                     transformer_overrides={"num_layers": 1}, hps_overrides={"vision_layers": 1, "text_layers": 1},
                     sizes=dict(height=128, width=128, sampling_steps=4, generations=4, gradient_accumulation_steps=4,
                                steps=1)),
         # The Wan smoke's tiny models (trainers/wan/fixtures.py): seconds, for tests.
-        BenchPreset(name="tiny-wan", models="tiny-wan", tiny=f"{__name__}.fixtures",
+        BenchPreset(size="tiny", tiny=f"{__name__}.fixtures",
                     summary="the Wan smoke's tiny models (2 heads x 12, 1 block; tiny Wan VAE and HPS) at 64x64",
                     sizes=dict(height=64, width=64, sampling_steps=4, generations=4, gradient_accumulation_steps=2,
                                **TINY_SAMPLER)),
     ),
     # CFG 5.0 as upstream's recipe; the reward from the decoded frame (the port's default)
     extra_args=(("cfg_infer", 5.0), ("reward_from_mp4", False)),
-    attention="cross",
     prompt=prompt_batch,
     train=train_one_step,
     run_dirs=("videos",),  # the trainer's main makes ./videos for each sample's mp4
@@ -92,7 +97,8 @@ ROWS = (
         smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", run_name="smoke-wan", loop_below=1,
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
                     checkpoint=f"{HOOKS}:checkpoint", model_class="WanTransformer3DModel"),
-        bench=BENCH, plan_model="wan", offload_flag="--use_cpu_offload",  # the port's FSDP of the trainer takes it
+        bench=BENCH, plan=architecture.plan("wan"),
+        offload_flag="--use_cpu_offload",  # the port's FSDP of the trainer takes it
         no_lora="upstream's Wan trainer has no LoRA option",
     ),
     # upstream scripts/preprocess/preprocess_wan_2_1_rl_embeddings.sh (commit 15cc71d5)

@@ -1,10 +1,11 @@
 """What a resume checkpoint costs: seconds per checkpoint and bytes per rank, against upstream's save.
 
     PYTHONPATH=src python bench/checkpoint_cost.py [-C PROJECT] [--nproc 2] [--threads 1] [--repeats 3]
-                                                   [--presets tiny,cpu]
+                                                   [--presets flux-tiny,flux-cpu]
 
 Needs the patched tree (``dancegrpo-npu fetch && dancegrpo-npu apply``).  For each preset (the
-bench's ``tiny``: the smoke's models; ``cpu``: FLUX.1-dev width, 1 double + 1 single block), in
+bench's TRAINER-SIZE: ``flux-tiny``, the smoke's models; ``flux-cpu``: FLUX.1-dev width, 1 double
++ 1 single block), in
 one run: ``--nproc`` CPU ranks (gloo) hold the transformer under FSDP, as the trainer does, with
 AdamW's state made by one update, and save, ``--repeats`` times each, alternating:
 
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--presets", default="tiny,cpu")
+    parser.add_argument("--presets", default="flux-tiny,flux-cpu")
     args = parser.parse_args(argv)
     tree = Path(args.project) / "build" / "DanceGRPO"
     if not (tree / "dancegrpo_port" / "resume.py").is_file():
@@ -123,10 +124,10 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    print(f"{'preset':<6}  {'ranks':>5}  {'port s':>8}  {'upstream s':>10}  port bytes/rank  upstream bytes/rank")
+    print(f"{'preset':<10}  {'ranks':>5}  {'port s':>8}  {'upstream s':>10}  port bytes/rank  upstream bytes/rank")
     for preset in args.presets.split(","):
         r = measure(preset, tree, args.nproc, args.repeats, args.threads)
-        print(f"{preset:<6}  {r['world_size']:>5}  {r['port_s']:>8.3f}  {r['upstream_s']:>10.3f}  "
+        print(f"{preset:<10}  {r['world_size']:>5}  {r['port_s']:>8.3f}  {r['upstream_s']:>10.3f}  "
               f"{' / '.join(mib(b) for b in r['port_bytes_per_rank']):<15}  "
               f"{' / '.join(mib(b) for b in r['upstream_bytes_per_rank'])}", flush=True)
     print(f"(median of {args.repeats} saves, the slowest rank; {args.threads} thread(s) a rank; the port's holds "

@@ -4,10 +4,10 @@
 
 Needs the patched tree (``dancegrpo-npu fetch && dancegrpo-npu apply``).  On the CPU:
 
-1. the tiny preset at G = 4 and G = 8: rollout samples/s (sampling + decode + reward) at
+1. the default trainer at size tiny, G = 4 and G = 8: rollout samples/s (sampling + decode + reward) at
    N = G against N = 1, each pair measured in one bench process.  Goal: >= 2x,
    never below 1.5x; the script exits 1 if a ratio falls below 1.5x;
-2. the cpu preset (FLUX.1-dev width, 1 double + 1 single block) at N = 1 and N = 4: the
+2. the default trainer at size cpu (FLUX.1-dev width, 1 double + 1 single block) at N = 1 and N = 4: the
    bench's table with seconds and peak memory (peak RSS) per phase.
 
 ``--threads K`` sets OMP_NUM_THREADS for the bench processes (default: inherited).  On a
@@ -58,7 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-C", dest="project", default=".", help="the project directory (default .)")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the bench (default: inherited)")
-    parser.add_argument("--skip-cpu-preset", action="store_true", help="only the tiny ratios (the cpu preset takes ~15 min on 2 cores)")
+    parser.add_argument("--skip-cpu-preset", action="store_true", help="only the tiny ratios (size cpu takes ~15 min on 2 cores)")
     args = parser.parse_args()
     project = Path(args.project).resolve()
     env = dict(os.environ)
@@ -67,10 +67,10 @@ def main() -> int:
     print(f"machine: {machine()}; OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}")
 
     worst = None
-    print("\n1. tiny preset on the CPU: rollout samples/s (sampling + decode + reward), N = G against N = 1")
+    print("\n1. size tiny on the CPU: rollout samples/s (sampling + decode + reward), N = G against N = 1")
     print(f"{'G':>3}  {'N=1 /s':>8}  {'N=G /s':>8}  {'ratio':>6}  {'step N=1 /s':>11}  {'step N=G /s':>11}  verdict")
     for g in (4, 8):
-        doc, _table, _wall = run_bench(project, env, "--preset", "tiny", "--generations", str(g), "--sample-batch-sizes", f"1,{g}")
+        doc, _table, _wall = run_bench(project, env, "--size", "tiny", "--generations", str(g), "--sample-batch-sizes", f"1,{g}")
         one, batched = doc["results"]
         ratio = batched["rollout_samples_per_s"] / one["rollout_samples_per_s"]
         worst = ratio if worst is None else min(worst, ratio)
@@ -82,8 +82,8 @@ def main() -> int:
             print(f"     N={r['sample_batch_size']}: {phases}")
 
     if not args.skip_cpu_preset:
-        print("\n2. cpu preset on the CPU (FLUX.1-dev width, 1 + 1 blocks), N = 1 and 4")
-        _doc, table, wall = run_bench(project, env, "--preset", "cpu", "--sample-batch-sizes", "1,4")
+        print("\n2. size cpu on the CPU (FLUX.1-dev width, 1 + 1 blocks), N = 1 and 4")
+        _doc, table, wall = run_bench(project, env, "--size", "cpu", "--sample-batch-sizes", "1,4")
         print(table)
         print(f"(the bench process took {wall / 60:.1f} min)")
     return 0 if worst is not None and worst >= FLOOR else 1

@@ -7,11 +7,9 @@ resume checkpoint in the port's layout and then fails or waits to be stopped."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import textwrap
 import threading
-import time
 
 import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
@@ -47,7 +45,7 @@ STOPPING_TRAINER = textwrap.dedent('''\
         print("Traceback (most recent call last):", file=sys.stderr)
         print("RuntimeError: stopped on purpose", file=sys.stderr, flush=True)
         sys.exit(3)
-    time.sleep(300)
+    time.sleep(60)  # the test stops it at once; if its signal goes astray, the run "succeeded" and fails it
 ''')
 
 
@@ -102,17 +100,21 @@ def test_a_run_without_a_checkpoint_says_how_to_get_them(project, capsys):
     assert summary["continue_with"]["checkpoint"] is None
 
 
-def stop_once_started(project, signum):
-    """Send ``signum`` to this process (as Ctrl-C or a scheduler does) once the trainer runs."""
+def stop_once_started(project, signum, done: threading.Event):
+    """Send ``signum`` to this process's main thread (as Ctrl-C or a scheduler does; the main
+    thread is the launcher, blocked reading torchrun's output) once the trainer runs, or give up
+    when the launch is ``done``.  Sent to the thread itself: a signal to the process may be taken
+    by another thread, and then the launcher, blocked in its read, sees it only when the trainer
+    ends on its own."""
+    main_thread = threading.main_thread().ident
 
     def watch():
-        deadline = time.time() + 120
-        while time.time() < deadline:
+        while not done.is_set():
             runs = list(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else []
             if runs and (runs[0] / "started").exists():
-                os.kill(os.getpid(), signum)
+                signal.pthread_kill(main_thread, signum)
                 return
-            time.sleep(0.2)
+            done.wait(0.1)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -122,9 +124,13 @@ def stop_once_started(project, signum):
 @pytest.mark.parametrize("signum, status, code", [(signal.SIGINT, "interrupted", 130),
                                                   (signal.SIGTERM, "terminated", None)])
 def test_a_stopped_run_says_how_to_continue_it(project, capsys, signum, status, code):
-    watcher = stop_once_started(project, signum)
-    rc = main(launch_args(project, "--saved", "1", "--then", "wait"))
-    watcher.join()
+    done = threading.Event()
+    watcher = stop_once_started(project, signum, done)
+    try:
+        rc = main(launch_args(project, "--saved", "1", "--then", "wait"))
+    finally:
+        done.set()
+        watcher.join()
     out, err = capsys.readouterr()
     run, summary = the_run(project)
     assert summary["status"] == status and (code is None or rc == code) and rc != 0

@@ -305,8 +305,9 @@ def _pipeline(project: Project, options: SmokeOptions, spec, verified: dict, sta
     args = trainer_arguments(project, built, options, spec)
     record = _launch(project, options, args, verified)
     steps = read_metrics(record.run_dir, options.steps)
-    equal = trained.check_equal_weights(record.run_dir, options.nproc) if smoke.equal_weights and options.nproc > 1 \
-        else None
+    equal = None
+    if smoke.equal_weights and options.nproc > 1:  # the rows whose arguments ask every rank for --weights_digest
+        equal = trained.check_equal_weights(record.run_dir, options.nproc)
     check = trainers.load(smoke.checkpoint)(record.run_dir, built, options, spec, args)
     check_training_moved(check)
     why = trainers.load(smoke.unchanged_note)(check) if smoke.unchanged_note else None

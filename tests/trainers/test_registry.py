@@ -126,6 +126,13 @@ def test_every_row_names_what_it_needs():
     assert [s.name for s in trainers.REGISTRY.values() if s.default] == [trainers.default_trainer().name]
 
 
+def test_the_readmes_list_of_trainers_is_the_registrys():
+    """The README's sentence that lists the ported trainers names each one the registry has."""
+    readme = (SRC.parents[1] / "README.md").read_text()
+    listed = " ".join(next(p for p in readme.split("\n\n") if "trainers are ported" in p).split())
+    assert all(f"`{name}`" in listed for name in trainers.trainers()), listed
+
+
 def test_an_unknown_name_is_refused_in_one_line_with_the_nearest():
     with pytest.raises(Exception) as e:
         trainers.get("wam")
@@ -145,7 +152,7 @@ def plugged(monkeypatch):
     return row
 
 
-@pytest.mark.parametrize("verb", [["launch"], ["smoke"], ["plan"], ["doctor"]])
+@pytest.mark.parametrize("verb", [["launch"], ["smoke"], ["plan"], ["doctor"], ["bench"]])
 def test_a_new_row_is_in_every_verbs_help(plugged, verb, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # argparse would wrap a hyphenated name
     with pytest.raises(SystemExit) as e:
@@ -159,7 +166,8 @@ def test_a_new_row_is_in_every_verbs_help(plugged, verb, capsys, monkeypatch):
     ["smoke", "--trainer", "nonesuch"],
     ["plan", "nonesuch"],
     ["doctor", "--trainer", "nonesuch"],
-], ids=["launch", "smoke", "plan", "doctor"])
+    ["bench", "--trainer", "nonesuch"],
+], ids=["launch", "smoke", "plan", "doctor", "bench"])
 def test_a_new_row_is_in_every_verbs_refusal(plugged, argv, capsys, tmp_path, monkeypatch):
     trust_synthetic_tree(monkeypatch)
     monkeypatch.chdir(make_project(tmp_path / "proj"))

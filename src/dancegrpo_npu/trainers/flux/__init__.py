@@ -103,7 +103,7 @@ def _trainer(*, name: str, relpath: str, help: str, smoke: Smoke, **more) -> Tra
         name=name, relpath=relpath, help=help, title="FLUX.1-dev", defaults=HPS_DEFAULTS,
         path_flags=TRAIN_PATH_FLAGS, required_inputs=INPUTS, output_in_run_dir=True, recipe_glob=RECIPE_GLOB,
         image_sizes=SIZES, dataset="flux", preprocess="preprocess", aligns=True, smoke=smoke,
-        numerics_block="dancegrpo_npu.trainers.flux.numerics:double_block",
+        numerics_block=f"{__name__}.numerics:double_block",  # its own folder's, in a copy too
         **more,
     )
 

@@ -201,7 +201,7 @@ class TrainerSpec:
     # sets --seed, --num_generations and --sampling_steps there), as a replay is checked against.
     config_settle: str = ""
     # What the script always does whatever its flags say, as the values a replay must match
-    # (run.upstream_args.TRAINER_ARGPARSE_DEFAULTS' names): the SD trainer shares its initial latents.
+    # (run.upstream_args.REPLAY_ARGUMENTS' names): the SD trainer shares its initial latents.
     fixed_values: tuple[tuple[str, object], ...] = ()
     # The script's own flags for those values under another name: (its flag, the name), e.g.
     # HunyuanVideo's --use_same_noise is init_same_noise (as the overlay's hunyuan.settle reads it).

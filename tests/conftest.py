@@ -12,6 +12,8 @@
 - ``patched_tree`` (session): a copy of this project's upstream.lock, patches/ and
   overlay/ in a temporary project, with the real upstream fetched and the series
   applied; ``.project`` (a Project) and ``.tree`` (the patched work tree).
+- ``shared_runs`` (session): runs and fixtures made once per test run and read by every test
+  that needs them, on either xdist worker (tests/shared_runs.py).
 - the ``upstream`` marker, for tests that use them.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from shared_runs import SharedRuns, shared_root
 
 # the tests' shared checks report their failing asserts as a test's own do
 pytest.register_assert_rewrite("smoke_runs")
@@ -163,3 +166,8 @@ def patched_tree(upstream_source, tmp_path_factory) -> PatchedTree:
     fetch(project, source=upstream_source)
     apply_worktree(project)
     return PatchedTree(project=project, tree=project.workdir)
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    return SharedRuns(shared_root(tmp_path_factory.getbasetemp()))

@@ -1,4 +1,6 @@
-"""compare against the real patched trainers (slow): records made by ``smoke`` on the tiny fixtures.
+"""compare against the real patched trainers (slow): records of the FLUX trainer launched as the
+smoke launches it, on the tiny fixtures (the clean run is test_alignment_patches.py's, shared:
+tests/shared_runs.py).
 
 - (two ``--rng cpu --record`` runs at 1 and 2 ranks, and a ``--replay``, compared with exit 0:
   tests/patches/test_alignment_patches.py, on its runs)
@@ -16,7 +18,6 @@ are not lock + series + overlay by design: the tests replace only launch's verdi
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import shutil
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, require_msprobe
+from shared_runs import flux_fixtures, flux_spec, private_copy
 
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.cli import main
-from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import find_project
 
 pytest.importorskip("torch")
@@ -52,21 +53,18 @@ needs_trainer_side = pytest.mark.skipif(
 )
 
 
-def smoke_run(project, nproc: int = 1, learned: bool = True, **align) -> Path:
-    """A recorded smoke run's directory.  ``learned=False``: a run whose planted fault made the tiny
-    reward score a step's samples alike is still a record to compare (the smoke refuses it as a
-    smoke: it learned nothing that step)."""
-    from dancegrpo_npu.smoke import runner as smoke
+RECORD_MODULES = ("--rng", "cpu", "--record", "--record_modules")
 
-    options = smoke.SmokeOptions(nproc=nproc, device="cpu", align=AlignOptions(**align))
-    before = set(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else set()
-    try:
-        return smoke.run_smoke(project, options).run_dir
-    except DancegrpoError as e:
-        if learned or "learned nothing" not in e.message:
-            raise
-        (run,) = set(project.runs_dir.iterdir()) - before
-        return run
+
+def recorded_run(shared_runs, project, msprobe: str | None = None) -> Path:
+    """A 1-rank --rng cpu run recording its module outputs (with msprobe's dumps of them too when
+    ``msprobe`` names a task): its directory.  A planted fault may make the tiny reward score a
+    step's samples alike; the run is still a record to compare (no smoke check is made of it)."""
+    spec = flux_spec(flux_fixtures(shared_runs, project), *RECORD_MODULES) if msprobe is None else \
+        flux_spec(flux_fixtures(shared_runs, project), align=AlignOptions(rng="cpu", msprobe=msprobe))
+    record = shared_runs.launch(project, spec)
+    assert record.returncode == 0, (record.run_dir / "logs" / "console.log").read_text()[-3000:]
+    return record.run_dir
 
 
 def compare(project, capsys, a: Path, b: Path, *more) -> tuple[int, str]:
@@ -132,10 +130,8 @@ SMALL_FAULTS = {
 
 
 @pytest.fixture(scope="module")
-def clean_modules_run(patched_tree):
-    # with msprobe's dumps beside our module records where the extra is installed (CI installs it)
-    return smoke_run(patched_tree.project, rng="cpu", record_modules=True,
-                     msprobe="statistics" if importlib.util.find_spec("msprobe") else None)
+def clean_modules_run(patched_tree, shared_runs):
+    return recorded_run(shared_runs, patched_tree.project)
 
 
 def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
@@ -155,10 +151,10 @@ def planted_project(patched_tree, tmp_path: Path, edits, monkeypatch):
 
 @needs_trainer_side
 @pytest.mark.parametrize("fault", ["rope"])  # msprobe's own rule names it; every place at 2%: below
-def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
+def test_planted_fault_is_named(patched_tree, shared_runs, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
     edits, module = FAULTS[fault]
     project = planted_project(patched_tree, tmp_path, edits, monkeypatch)
-    faulty = smoke_run(project, rng="cpu", record_modules=True)
+    faulty = private_copy(recorded_run(shared_runs, project), tmp_path / "faulty")  # compare writes into it
     rc, out = compare(patched_tree.project, capsys, clean_modules_run, faulty)
     assert rc == 1, out
     line = first_divergence(out)
@@ -170,10 +166,11 @@ def test_planted_fault_is_named(patched_tree, clean_modules_run, tmp_path, monke
 @needs_trainer_side
 @pytest.mark.extended  # each place at 2%: beyond CI, which keeps the planted RoPE fault (above)
 @pytest.mark.parametrize("fault", list(SMALL_FAULTS))
-def test_a_2pct_fault_is_named_where_it_stands_out(patched_tree, clean_modules_run, tmp_path, monkeypatch, capsys, fault):
+def test_a_2pct_fault_is_named_where_it_stands_out(patched_tree, shared_runs, clean_modules_run, tmp_path, monkeypatch,
+                                                   capsys, fault):
     edits, module = SMALL_FAULTS[fault]
-    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), learned=False, rng="cpu",
-                       record_modules=True)
+    faulty = private_copy(recorded_run(shared_runs, planted_project(patched_tree, tmp_path, edits, monkeypatch)),
+                          tmp_path / "faulty")  # compare writes into it
     rc, out = compare(patched_tree.project, capsys, clean_modules_run, faulty)
     assert rc == 1, out
     line = first_divergence(out)
@@ -190,20 +187,20 @@ def _msprobe_dump(run_dir: Path, call: str) -> Path:
 
 @needs_trainer_side
 @pytest.mark.extended  # CI keeps msprobe compare of two runs in tests/overlay/test_alignment_msprobe.py
-def test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault(patched_tree, clean_modules_run, tmp_path, monkeypatch):
+def test_msprobe_compare_of_two_runs_finds_a_planted_vae_fault(patched_tree, shared_runs, tmp_path, monkeypatch):
     """--msprobe: msprobe's own dumps of the --record-modules calls, which msprobe's own compare reads."""
     require_msprobe()
     edits, _ = FAULTS["vae"]
-    faulty = smoke_run(planted_project(patched_tree, tmp_path, edits, monkeypatch), rng="cpu", record_modules=True,
-                       msprobe="statistics")
-    for run in (clean_modules_run, faulty):
+    clean_msprobe_run = recorded_run(shared_runs, patched_tree.project, msprobe="statistics")
+    faulty = recorded_run(shared_runs, planted_project(patched_tree, tmp_path, edits, monkeypatch), msprobe="statistics")
+    for run in (clean_msprobe_run, faulty):
         index = json.loads((run / "records" / "msprobe" / "index.json").read_text())
         assert index["steps"] == {"transformer": "step0", "vae": "step1", "reward": "step2"}, index
 
     def changed(call: str) -> set[str]:
         out = tmp_path / f"msprobe-{call}"
         proc = subprocess.run([sys.executable, "-m", "msprobe.msprobe", "compare", "-tp", str(_msprobe_dump(faulty, call)),
-                               "-gp", str(_msprobe_dump(clean_modules_run, call)), "-o", str(out)],
+                               "-gp", str(_msprobe_dump(clean_msprobe_run, call)), "-o", str(out)],
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         (result,) = out.glob("compare_result_*.csv")

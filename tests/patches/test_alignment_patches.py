@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import copy_project
+from shared_runs import flux_fixtures, flux_spec, private_copy
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -52,35 +53,21 @@ def tree_without_the_seam(upstream_source, tmp_path_factory):
 
 
 class Runs:
-    """Launches at the smoke's settings, each distinct one once."""
+    """Launches at the smoke's settings, each distinct one once a test run: the runs are shared
+    (tests/shared_runs.py) with the other files that launch the same (compare's, for one)."""
 
-    def __init__(self, patched, without):
-        self.projects = {"patched": patched, "without": without}
-        self.done: dict = {}
+    def __init__(self, shared, projects):
+        self.shared, self.projects = shared, projects
 
     def __call__(self, *extra: str, nproc: int = 1, lora: bool = False, tree: str = "patched"):
-        key = (tree, nproc, lora, extra)
-        if key not in self.done:
-            self.done[key] = self._launch(self.projects[tree], extra, nproc, lora)
-        return self.done[key]
-
-    @staticmethod
-    def _launch(project, extra, nproc, lora):
-        from dancegrpo_npu.run.launch import LaunchSpec, launch
-        from dancegrpo_npu.smoke import runner as smoke
-        from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
-        from dancegrpo_npu.trainers.flux.smoke import trainer_args
-
-        fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-        spec = LaunchSpec(script="flux-lora" if lora else "flux", args=trainer_args(fixtures, lora) + extra,
-                          nproc_per_node=nproc, device="cpu", name="align", env=smoke.job_env("cpu", nproc),
-                          upstream_defaults=False, strict=True)
-        return launch(project, spec)
+        project = self.projects[tree]
+        return self.shared.launch(project, flux_spec(flux_fixtures(self.shared, project), *extra, nproc=nproc,
+                                                     lora=lora))
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, tree_without_the_seam):
-    return Runs(patched_tree.project, tree_without_the_seam)
+def runs(patched_tree, tree_without_the_seam, shared_runs):
+    return Runs(shared_runs, {"patched": patched_tree.project, "without": tree_without_the_seam})
 
 
 def ok(record) -> Path:
@@ -106,10 +93,12 @@ def load_records(run_dir: Path) -> dict:
     return {str(p.relative_to(root)): load_file(p) for p in sorted(root.rglob("*.safetensors"))}
 
 
-def compare_says_aligned(project, a: Path, b: Path, capsys) -> None:
-    """`dancegrpo-npu compare` of the two runs: exit 0, no divergence, the report written."""
+def compare_says_aligned(project, a: Path, b: Path, capsys, tmp_path: Path) -> None:
+    """`dancegrpo-npu compare` of the two runs: exit 0, no divergence, the report written (into a
+    copy of ``b``: the runs are shared, and compare writes its report into the run under test)."""
     from dancegrpo_npu.cli import main
 
+    b = private_copy(b, tmp_path / "compared")
     capsys.readouterr()
     rc = main(["-C", str(project.root), "compare", str(a), str(b)])
     out = capsys.readouterr()
@@ -160,11 +149,11 @@ def test_recording_changes_nothing(runs):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_rng_cpu_runs_are_identical(runs, patched_tree, capsys, nproc):
+def test_rng_cpu_runs_are_identical(runs, patched_tree, capsys, tmp_path, nproc):
     extra = ("--rng", "cpu", "--record") + (("--record_modules",) if nproc == 1 else ())
     first, second = ok(runs(*extra, nproc=nproc)), ok(runs(*extra, "--seed", "42", nproc=nproc))
     assert_same_records(first, second)
-    compare_says_aligned(patched_tree.project, first, second, capsys)
+    compare_says_aligned(patched_tree.project, first, second, capsys, tmp_path)
     files = load_records(first)
     steps = sorted(f for f in files if f.startswith("step_"))
     assert steps == [f"step_{s:06d}/rank_{r}.safetensors" for s in (1, 2) for r in range(nproc)]
@@ -188,11 +177,11 @@ def test_rng_cpu_runs_of_the_lora_trainer_are_identical_and_replay(runs):
     assert_same_records(first, replay)
 
 
-def test_replay_reproduces_the_recorded_run(runs, patched_tree, capsys):
+def test_replay_reproduces_the_recorded_run(runs, patched_tree, capsys, tmp_path):
     source = ok(runs("--rng", "cpu", "--record", "--record_modules"))
     replay = ok(runs("--replay", str(source / "records"), "--record", "--record_modules"))
     assert_same_records(source, replay)
-    compare_says_aligned(patched_tree.project, source, replay, capsys)
+    compare_says_aligned(patched_tree.project, source, replay, capsys, tmp_path)
     assert metrics(replay)[-1]["reward_mean"] == metrics(source)[-1]["reward_mean"]
     index = json.loads((replay / "records" / "index.json").read_text())
     assert index["replayed_from"] == str(source / "records") and index["rng"] == "device"

@@ -1,0 +1,178 @@
+"""Runs and fixtures made once per test run and read by every test that needs them, on either
+pytest-xdist worker (``shared_runs``, a session fixture of tests/conftest.py).
+
+A training run is the suite's costly unit (tens of seconds, most of it the ranks' imports), and
+many tests read the same one: the alignment tests, compare, the rollout batching, a resume's
+uninterrupted reference, the smokes.  ``SharedRuns.launch`` and ``SharedRuns.smoke`` make a run
+the first time it is asked for and hand the same record to every later request, from any test
+file on any worker: the key is everything that decides the run - the work tree's files (so a tree
+without a patch, or with a planted fault, is another key), the launch spec or smoke options with
+the project's own paths taken out, and the environment variables the job reads.  The first
+asker holds a file lock on the key while it makes the run; a second asker waits for it and reads
+the result.  A run that raised is not kept: the next asker makes it again, and fails the same way.
+
+Shared runs are read, never changed: a test that continues, resumes or compares *into* a run
+copies it first (``private_copy``).  They live under the session's base temporary directory
+(pytest-N/, which the workers' popen-gwN/ directories sit in), so a test run never reads
+another test run's records.
+
+``flux_fixtures`` seeds a project's build directory with the FLUX smoke's fixtures, built once for
+the session: every project copy (the patched tree, the trees without a patch) uses them instead of
+building its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+# What of the tests' environment reaches a job and can change it (the rest is the shell's).
+JOB_ENV_PREFIXES = ("DANCEGRPO_", "WANDB_", "FAKE_TORCH_NPU", "TORCH_", "OMP_", "MKL_", "HF_", "CUDA_", "ASCEND_",
+                    "PYTHONPATH", "TOKENIZERS_", "CI")
+
+
+def shared_root(basetemp: Path) -> Path:
+    """The directory the workers of one test run share: pytest-N/ under xdist (each worker's
+    basetemp is pytest-N/popen-gwN), the run's own basetemp without it."""
+    return (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "shared"
+
+
+def tree_digest(tree: Path) -> str:
+    """The work tree's files (names and bytes, byte-code and git's store left out): equal for the
+    workers' copies of one series, different for a tree without a patch or with a planted edit."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(tree).rglob("*") if p.is_file() and ".git" not in p.relative_to(tree).parts
+                       and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(tree)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _job_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(JOB_ENV_PREFIXES)}
+
+
+def _portable(value, project) -> object:
+    """``value`` as JSON, the project's own paths replaced by placeholders: the workers' copies
+    of one project then give one key."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    for path, name in ((project.workdir, "<tree>"), (project.root, "<project>")):
+        text = text.replace(str(path), name)
+    return json.loads(text)
+
+
+@contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # waits while another worker makes it
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def private_copy(run_dir: Path, dest: Path) -> Path:
+    """A copy of a shared run to change (resume, continue, compare into): ``dest/<run's name>``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(run_dir, dest / run_dir.name, symlinks=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRuns:
+    root: Path
+
+    def get(self, key: dict, make: Callable[[Path], T]) -> T:
+        """``make(directory)``'s result for ``key``, made once: the first call runs it in an empty
+        directory of the key's own, every later call (any worker) reads what it returned."""
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        self.root.mkdir(parents=True, exist_ok=True)
+        entry, result = self.root / digest, self.root / digest / "result.pickle"
+        with _locked(self.root / f"{digest}.lock"):
+            if result.is_file():
+                return pickle.loads(result.read_bytes())
+            shutil.rmtree(entry, ignore_errors=True)  # what a make that raised left
+            entry.mkdir()
+            (entry / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+            made = make(entry)
+            result.write_bytes(pickle.dumps(made))
+            return made
+
+    def launch(self, project, spec):
+        """``launch(project, spec)``'s RunRecord, the run made once; its directory is shared."""
+        from dancegrpo_npu.project import Project
+        from dancegrpo_npu.run.launch import launch
+
+        key = {"launch": _portable(dataclasses.asdict(spec), project), "tree": tree_digest(project.workdir),
+               "env": _job_env()}
+        return self.get(key, lambda d: launch(Project(root=project.root, workdir=project.workdir, runs=d / "runs"),
+                                              spec))
+
+    def smoke(self, project, options):
+        """``run_smoke(project, options)``'s SmokeResult, or the DancegrpoError it ended with, the
+        run made once; its directory is shared."""
+        from dancegrpo_npu.errors import DancegrpoError
+        from dancegrpo_npu.project import Project
+        from dancegrpo_npu.smoke.runner import run_smoke
+
+        def make(d: Path):
+            try:
+                return run_smoke(Project(root=project.root, workdir=project.workdir, runs=d / "runs"), options)
+            except DancegrpoError as e:  # a smoke that fails is a result to read, as one that passes
+                return e
+
+        key = {"smoke": _portable(dataclasses.asdict(options), project), "tree": tree_digest(project.workdir),
+               "env": _job_env()}
+        return self.get(key, make)
+
+    def fixtures(self, name: str, build: Callable[[Path], object], dest: Path) -> None:
+        """``dest`` holds a copy of the fixtures ``build(directory)`` writes, built once a test run
+        (the builders reuse a complete, current build, so the copy is taken as built)."""
+        def make(d: Path) -> Path:
+            build(d / name)
+            return d / name
+
+        built = self.get({"fixtures": name}, make)
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(built, dest)
+
+
+FLUX_FIXTURES = "fixtures-flux"  # where the FLUX smoke keeps its fixtures in a project's build directory
+
+
+def flux_fixtures(shared: SharedRuns, project):
+    """The FLUX smoke's fixtures in ``project``'s build directory, where the smoke reads them,
+    copied from the test run's one build; the tests' own launches take them from there too."""
+    from dancegrpo_npu.trainers.flux import smoke
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+
+    dest = project.build_dir / FLUX_FIXTURES
+    shared.fixtures("flux", build_fixtures, dest)
+    built = smoke.fixtures(project, None, None)
+    assert built.root == dest, f"the FLUX smoke's fixtures moved to {built.root}: update FLUX_FIXTURES"
+    return built
+
+
+def flux_spec(fixtures, *extra: str, nproc: int = 1, lora: bool = False, steps: int = 2, generations: int = 2,
+              checkpointing_steps: int | None = None, env=(), align=None, max_restarts: int = 0):
+    """The FLUX trainer launched as the smoke launches it (upstream's recipe shrunk, strict mode,
+    the CPU, no upstream defaults) with ``extra`` trainer arguments after the smoke's own: one
+    spec for every file's FLUX runs, so that equal runs are one shared run."""
+    from dancegrpo_npu.run.align_flags import AlignOptions
+    from dancegrpo_npu.run.launch import LaunchSpec
+    from dancegrpo_npu.smoke.runner import job_env
+    from dancegrpo_npu.trainers.flux.smoke import trainer_args
+
+    args = trainer_args(fixtures, lora, steps, generations, checkpointing_steps) + tuple(extra)
+    return LaunchSpec(script="flux-lora" if lora else "flux", args=args, nproc_per_node=nproc, device="cpu",
+                      name="flux", env=job_env("cpu", nproc) + tuple(env), upstream_defaults=False, strict=True,
+                      align=align or AlignOptions(), max_restarts=max_restarts)

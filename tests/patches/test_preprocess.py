@@ -9,7 +9,7 @@ import importlib.util
 import json
 
 import pytest
-from patched_tree_runner import launch_preprocessing
+from patched_tree_runner import shared_preprocessing
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -17,9 +17,8 @@ pytest.importorskip("diffusers")
 
 @pytest.mark.slow
 @pytest.mark.upstream
-def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, tmp_path):
-    out = tmp_path / "rl_embeddings"
-    _, fixtures = launch_preprocessing(patched_tree.project, out, "preprocess-test")
+def test_patched_preprocessing_writes_the_fixture_dataset(patched_tree, shared_runs):
+    _, fixtures, out = shared_preprocessing(shared_runs, patched_tree.project)  # test_clean_exit.py's run too
 
     ours = json.loads((out / "videos2caption.json").read_text())
     # the fixtures' index is one process's, in the prompts' order: 2 ranks write it byte for byte

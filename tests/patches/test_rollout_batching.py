@@ -1,10 +1,12 @@
 """The batched rollout (batched-rollout.patch and rewards-in-batches.patch) and the phase times (the seam's) in the real trainers, at
-the smoke's settings with 4 generations (2 steps, 64x64, 4 sampling steps, HPSv2-shaped reward, strict mode, --rng cpu
+the smoke's settings (2 steps, 64x64, 4 sampling steps, 2 generations, HPSv2-shaped reward, strict mode, --rng cpu
 --record) on the tiny fixtures:
 
-- bad --sample_batch_size / --vae_decode_chunk is refused at start, one line, no traceback;
+- a bad --sample_batch_size, and bad --profile_steps text, is refused at start, one line, no traceback
+  (each refusal's message is tested in tests/overlay/test_rollout.py and test_alignment.py; here the
+  trainer's refusal at start, once for each of the two checks);
 - --sample_batch_size 1 is the series without those two, bit for bit (records, metrics, PNG files);
-- --sample_batch_size 4 (= G) is aligned with it: the same records bit for bit, so
+- --sample_batch_size 2 (= G) is aligned with it: the same records bit for bit, so
   `dancegrpo-npu compare` exits 0 and clip_frac_first is 0 on every step;
 - the LoRA trainer takes the flag too, with the same result;
 - every step's metrics.jsonl record has the phase times and peak memory, and
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import copy_project
+from shared_runs import flux_fixtures, flux_spec, private_copy
 from test_alignment_patches import WALL, assert_same_records, images, metrics, ok
 
 pytest.importorskip("torch")
@@ -22,7 +25,7 @@ pytest.importorskip("diffusers")
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
-G = 4
+G = 2  # the smoke's generations: the batch of G is the whole group, as G = 4's is
 ALIGNED = ("--rng", "cpu", "--record")
 BATCHED = (*ALIGNED, "--sample_batch_size", str(G), "--profile_steps", "2")
 PHASES = ("rollout", "decode", "reward", "train")
@@ -46,40 +49,24 @@ def tree_without_batching(upstream_source, tmp_path_factory):
 
 
 class Runs:
-    """Launches at the smoke's settings with G generations, each distinct one once."""
+    """Launches at the smoke's settings, each distinct one once a test run (tests/shared_runs.py)."""
 
-    def __init__(self, patched, without):
-        self.projects = {"patched": patched, "without": without}
-        self.done: dict = {}
+    def __init__(self, shared, projects):
+        self.shared, self.projects = shared, projects
 
     def __call__(self, *extra: str, lora: bool = False, tree: str = "patched"):
-        key = (tree, lora, extra)
-        if key not in self.done:
-            self.done[key] = self._launch(self.projects[tree], extra, lora)
-        return self.done[key]
-
-    @staticmethod
-    def _launch(project, extra, lora):
-        from dancegrpo_npu.run.launch import LaunchSpec, launch
-        from dancegrpo_npu.smoke import runner as smoke
-        from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
-        from dancegrpo_npu.trainers.flux.smoke import trainer_args
-
-        fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-        args = trainer_args(fixtures, lora, generations=G) + extra
-        spec = LaunchSpec(script="flux-lora" if lora else "flux", args=args, nproc_per_node=1, device="cpu",
-                          name="rollout", env=smoke.job_env("cpu", 1), upstream_defaults=False, strict=True)
-        return launch(project, spec)
+        project = self.projects[tree]
+        return self.shared.launch(project, flux_spec(flux_fixtures(self.shared, project), *extra, lora=lora,
+                                                     generations=G))
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, tree_without_batching):
-    return Runs(patched_tree.project, tree_without_batching)
+def runs(patched_tree, tree_without_batching, shared_runs):
+    return Runs(shared_runs, {"patched": patched_tree.project, "without": tree_without_batching})
 
 
 @pytest.mark.parametrize("extra, line", [
-    (("--sample_batch_size", "0"), "--sample_batch_size 0 must be at least 1"),
-    (("--sample_batch_size", "3"), "--sample_batch_size 3 does not divide --num_generations 4: pick one of 1, 2, 4"),
+    (("--sample_batch_size", "3"), "--sample_batch_size 3 does not divide --num_generations 2: pick one of 1, 2"),
     (("--profile_steps", "2-x"), "--profile_steps '2-x': '2-x' is not understood"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_at_start(runs, extra, line):
@@ -111,11 +98,11 @@ def test_sample_batch_size_g_is_aligned_with_1(runs):
         assert m["clip_frac_first"] == 0.0 and m["logprob_diff_max"] == 0.0
 
 
-def test_compare_says_aligned(runs):
+def test_compare_says_aligned(runs, tmp_path):
     from dancegrpo_npu.cli import main
 
     one, batched = ok(runs(*ALIGNED)), ok(runs(*BATCHED))
-    assert main(["compare", str(one), str(batched)]) == 0
+    assert main(["compare", str(one), str(private_copy(batched, tmp_path))]) == 0  # its report goes into the copy
 
 
 @pytest.mark.extended  # CI keeps the full trainer's batching checks and the LoRA trainer's alignment

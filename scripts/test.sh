@@ -8,8 +8,10 @@
 #                                     checks); a -m of yours replaces the default "not extended"
 #
 # The tests run on one pytest-xdist worker a core, at most DANCEGRPO_TEST_WORKERS (default 2;
-# 0 runs them in this process).  A test file stays on one worker (--dist loadfile), so the
-# runs a file shares are launched once.
+# 0 runs them in this process).  A test file stays on one worker (--dist loadfile), in the order
+# tests/conftest.py gives them (--no-loadscope-reorder: the files with training runs first, the
+# short ones last to even out the end); the runs several files read are made once, on either
+# worker (tests/shared_runs.py).
 #
 # Installs what the tests need first (./scripts/bootstrap.sh --deps-only --with
 # diffusers-0.35, a no-op when up to date).  Tests that need the real upstream DanceGRPO
@@ -37,7 +39,7 @@ fi
 
 max_workers=${DANCEGRPO_TEST_WORKERS:-2}
 workers=$("$VENV/bin/python" -c "import os, sys; print(min(int(sys.argv[1]), len(os.sched_getaffinity(0))))" "$max_workers")
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$workers" --dist loadfile --durations=25 --junitxml="$results" ${tier[@]+"${tier[@]}"} "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n "$workers" --dist loadfile --no-loadscope-reorder --durations=25 --junitxml="$results" ${tier[@]+"${tier[@]}"} "$@"
 status=$?
 set -e
 

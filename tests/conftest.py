@@ -171,3 +171,25 @@ def patched_tree(upstream_source, tmp_path_factory) -> PatchedTree:
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
     return SharedRuns(shared_root(tmp_path_factory.getbasetemp()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with training runs (``slow`` tests) first, the most first; then the others, the most
+    tests first.  A file runs on one xdist worker (scripts/test.sh: --dist loadfile,
+    --no-loadscope-reorder), so the long files start early and the many short ones fill in at the
+    end, instead of one worker running the last long file while the other has nothing left.
+    Within a file the order is the file's."""
+
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    first: dict[str, int] = {}
+    tests: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for i, item in enumerate(items):
+        name = file_of(item)
+        first.setdefault(name, i)
+        tests[name] = tests.get(name, 0) + 1
+        runs[name] = runs.get(name, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (runs[file_of(item)] == 0, -(runs[file_of(item)] or tests[file_of(item)]),
+                                 first[file_of(item)]))

@@ -1,8 +1,8 @@
 """Exact resume in the real trainers (dancegrpo_port/checkpoints.py, resume.py through the seam):
-4 GRPO steps at the smoke's settings with --rng cpu --record, a checkpoint after every step,
+3 GRPO steps at the smoke's settings with --rng cpu --record, a checkpoint after every step,
 killed with SIGKILL after step 2, continued from the newest complete checkpoint; the result is the
 uninterrupted run's: `compare` exit 0 with no divergence (every stage bit-equal on the CPU), steps
-1..4 once each in metrics.jsonl and records/index.json, the same final weights on disk.
+1..3 once each in metrics.jsonl and records/index.json, the same final weights on disk.
 
 - full trainer, 1 rank, through `launch --resume`: the kill falls between the shard writes of step
   3's checkpoint, which leaves step 2 as latest, and step 3's metrics line, written before the
@@ -13,7 +13,8 @@ uninterrupted run's: `compare` exit 0 with no divergence (every stage bit-equal 
 - LoRA trainer, 1 rank, `launch --max-restarts 1`: torchrun starts the workers again after the
   kill and they resume on their own; the run record counts the restart.
 
-Each uninterrupted reference run is launched once, for its module.
+Each uninterrupted reference run is launched once a test run (tests/shared_runs.py); the cut
+runs are the tests' own, since their resumes change them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytest.importorskip("diffusers")
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
-STEPS = 4
+STEPS = 3
 FAULT = "DANCEGRPO_CHECKPOINT_FAULT"
 
 
@@ -41,35 +42,42 @@ def cli(project, *words: str, capsys) -> tuple[int, str]:
     return rc, out.out + out.err
 
 
-def launch(project, lora=False, nproc=1, env=(), extra=(), max_restarts=0):
+def spec(shared_runs, project, lora=False, nproc=1, env=(), max_restarts=0):
     from dancegrpo_npu.run.align_flags import AlignOptions
-    from dancegrpo_npu.run.launch import LaunchSpec, launch as launch_
-    from dancegrpo_npu.smoke import runner as smoke
-    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
-    from dancegrpo_npu.trainers.flux.smoke import trainer_args
+    from shared_runs import flux_fixtures, flux_spec
 
-    fixtures = build_fixtures(project.build_dir / "fixtures", tree=project.workdir)
-    args = trainer_args(fixtures, lora, STEPS, checkpointing_steps=1) + tuple(extra)
-    return launch_(project, LaunchSpec(
-        script="flux-lora" if lora else "flux", args=args, nproc_per_node=nproc, device="cpu", name="resume",
-        env=smoke.job_env("cpu", nproc) + tuple(env), upstream_defaults=False, strict=True,
-        align=AlignOptions(rng="cpu", record=True), max_restarts=max_restarts))
+    return flux_spec(flux_fixtures(shared_runs, project), nproc=nproc, lora=lora, steps=STEPS, checkpointing_steps=1,
+                     env=env, align=AlignOptions(rng="cpu", record=True), max_restarts=max_restarts)
 
 
-def smoke_run(project, env=()):
+def launch(shared_runs, project, **kw):
+    """A run of the test's own (one it cuts or restarts)."""
+    from dancegrpo_npu.run.launch import launch as launch_
+
+    return launch_(project, spec(shared_runs, project, **kw))
+
+
+def reference(shared_runs, project, **kw):
+    """The uninterrupted run: shared, read only."""
+    record = shared_runs.launch(project, spec(shared_runs, project, **kw))
+    assert record.returncode == 0, (record.run_dir / "logs" / "console.log").read_text()[-3000:]
+    return record.run_dir
+
+
+def smoke_options(env=()):
     """2 ranks, --use_ema (1 rank at seed 42 has a step whose group's rewards are equal: no
     gradient, which the smoke refuses)."""
     from dancegrpo_npu.run.align_flags import AlignOptions
-    from dancegrpo_npu.smoke.runner import SmokeOptions, run_smoke
+    from dancegrpo_npu.smoke.runner import SmokeOptions
 
-    return run_smoke(project, SmokeOptions(device="cpu", nproc=2, steps=STEPS, checkpointing_steps=1, env=tuple(env),
-                                           extra_args=("--use_ema",), align=AlignOptions(rng="cpu", record=True)))
+    return SmokeOptions(device="cpu", nproc=2, steps=STEPS, checkpointing_steps=1, env=tuple(env),
+                        extra_args=("--use_ema",), align=AlignOptions(rng="cpu", record=True))
 
 
 def steps_once(run_dir: Path) -> None:
     lines = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert lines == [1, 2, 3, 4]
-    assert json.loads((run_dir / "records" / "index.json").read_text())["steps"] == [1, 2, 3, 4]
+    assert lines == list(range(1, STEPS + 1))
+    assert json.loads((run_dir / "records" / "index.json").read_text())["steps"] == list(range(1, STEPS + 1))
 
 
 def aligned(project, ref: Path, resumed: Path, capsys) -> None:
@@ -109,7 +117,7 @@ def same(a, b) -> bool:
 def same_final_weights(ref: Path, resumed: Path, tmp_path: Path) -> None:
     mine, theirs = final_state(resumed, tmp_path), final_state(ref, tmp_path)
     assert same(mine, theirs) and mine["model"] and mine["optimizer"]["state"]
-    # the last step's update is on disk: upstream's checkpoint-4 holds the weights after step 3
+    # the last step's update is on disk: upstream's checkpoint-3 holds the weights after step 2
     from safetensors.torch import load_file
 
     (upstream,) = (ref / "outputs").glob(f"checkpoint-{STEPS}-0/diffusion_pytorch_model.safetensors")
@@ -118,11 +126,10 @@ def same_final_weights(ref: Path, resumed: Path, tmp_path: Path) -> None:
     assert shared and any(not torch.equal(before[k], mine["model"][k]) for k in shared)
 
 
-def test_the_full_trainer_killed_during_a_save_resumes_exactly(patched_tree, capsys, tmp_path):
+def test_the_full_trainer_killed_during_a_save_resumes_exactly(patched_tree, shared_runs, capsys, tmp_path):
     project = patched_tree.project
-    ref = launch(project)
-    assert ref.returncode == 0, (ref.run_dir / "logs" / "console.log").read_text()[-3000:]
-    cut = launch(project, env=((FAULT, "3"),)).run_dir
+    ref = reference(shared_runs, project)
+    cut = launch(shared_runs, project, env=((FAULT, "3"),)).run_dir
     resume = cut / "outputs" / "resume"
     # killed between the shard writes of checkpoint 3: 2 is the newest complete one
     assert sorted(p.name for p in resume.glob("step-*")) == ["step-000001", "step-000002"]
@@ -134,25 +141,28 @@ def test_the_full_trainer_killed_during_a_save_resumes_exactly(patched_tree, cap
     rc, out = cli(project, "launch", "--resume", cut.name, capsys=capsys)
     assert rc == 0, out
     steps_once(cut)
-    aligned(project, ref.run_dir, cut, capsys)
-    same_final_weights(ref.run_dir, cut, tmp_path)
+    aligned(project, ref, cut, capsys)
+    same_final_weights(ref, cut, tmp_path)
     summary = json.loads((cut / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["resumes"] == 1 and summary["steps"] == STEPS
     launch_record = json.loads((cut / "launch.json").read_text())
     assert launch_record["resumes"][0]["script_args"][-2:] == ["--resume_from_checkpoint", "latest"]
 
 
-@pytest.mark.extended  # CI keeps the full trainer killed during a save
-def test_two_ranks_with_ema_resume_exactly_through_the_smoke(patched_tree, capsys, tmp_path):
+def test_two_ranks_with_ema_resume_exactly_through_the_smoke(patched_tree, shared_runs, capsys, tmp_path):
     from safetensors.torch import load_file
+    from shared_runs import flux_fixtures
+    from smoke_runs import passed
 
     from dancegrpo_npu.errors import DancegrpoError
+    from dancegrpo_npu.smoke.runner import run_smoke
 
     project = patched_tree.project
-    ref = smoke_run(project).run_dir
-    before = set(project.runs_dir.iterdir())
+    flux_fixtures(shared_runs, project)
+    ref = passed(shared_runs.smoke(project, smoke_options())).run_dir
+    before = set(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else set()
     with pytest.raises(DancegrpoError, match="training run failed"):
-        smoke_run(project, env=((FAULT, "2:saved"),))
+        run_smoke(project, smoke_options(env=((FAULT, "2:saved"),)))
     (cut,) = set(project.runs_dir.iterdir()) - before
     assert [json.loads(x)["step"] for x in (cut / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     rc, out = cli(project, "smoke", "--resume", cut.name, capsys=capsys)
@@ -160,22 +170,20 @@ def test_two_ranks_with_ema_resume_exactly_through_the_smoke(patched_tree, capsy
     steps_once(cut)
     aligned(project, ref, cut, capsys)
     same_final_weights(ref, cut, tmp_path)
-    for step in (3, 4):  # upstream's EMA saves at the start of steps 3 and 4: after the resume
-        ema = f"checkpoint-ema-{step}-0/diffusion_pytorch_model.safetensors"
-        assert same(load_file(cut / "outputs" / ema), load_file(ref / "outputs" / ema)), ema
+    ema = f"checkpoint-ema-{STEPS}-0/diffusion_pytorch_model.safetensors"  # saved at the start of step 3: resumed
+    assert same(load_file(cut / "outputs" / ema), load_file(ref / "outputs" / ema)), ema
     rc, out = cli(project, "runs", capsys=capsys)
     assert rc == 0 and "resumed 1" in out, out
 
 
 @pytest.mark.extended  # CI keeps the full trainer killed during a save
-def test_the_lora_trainer_restarts_and_resumes_on_its_own(patched_tree, capsys):
+def test_the_lora_trainer_restarts_and_resumes_on_its_own(patched_tree, shared_runs, capsys):
     project = patched_tree.project
-    ref = launch(project, lora=True)
-    assert ref.returncode == 0
-    restarted = launch(project, lora=True, env=((FAULT, "3"),), max_restarts=1)
+    ref = reference(shared_runs, project, lora=True)
+    restarted = launch(shared_runs, project, lora=True, env=((FAULT, "3"),), max_restarts=1)
     assert restarted.returncode == 0, (restarted.run_dir / "logs" / "console.log").read_text()[-3000:]
     assert restarted.summary["restarts"] == 1 and restarted.summary["resumes"] == 0
     steps_once(restarted.run_dir)
-    aligned(project, ref.run_dir, restarted.run_dir, capsys)
+    aligned(project, ref, restarted.run_dir, capsys)
     rc, out = cli(project, "runs", capsys=capsys)
     assert rc == 0 and "restarted 1" in out, out

@@ -416,12 +416,12 @@ def _free_port() -> str:
 @pytest.mark.slow
 # upstream's rollout, one generation at a time (CI); the port's batched one (extended)
 @pytest.mark.parametrize("batch", [1, pytest.param(2, marks=pytest.mark.extended)])
-def test_flux_trainer_step_leaves_reported_tensors_alone(run_in_tree, patched_tree, tmp_path, batch):
-    from dancegrpo_npu.smoke import runner as smoke
-    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+def test_flux_trainer_step_leaves_reported_tensors_alone(run_in_tree, patched_tree, shared_runs, tmp_path, batch):
+    from shared_runs import flux_fixtures
+
     from dancegrpo_npu.trainers.flux.smoke import trainer_args
 
-    fixtures = build_fixtures(patched_tree.project.build_dir / "fixtures", tree=patched_tree.tree)
+    fixtures = flux_fixtures(shared_runs, patched_tree.project)  # the smoke's, built once a test run
     args = trainer_args(fixtures, False, steps=1, generations=2) + (
         "--output_dir", str(tmp_path / "outputs"), "--sample_batch_size", str(batch))
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",

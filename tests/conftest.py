@@ -71,6 +71,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched; fails under CI=true)"
     )
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        # A worker's share of the cores for the jobs it starts (OMP_NUM_THREADS wins in
+        # host.cpus.cpu_threads): by default a job's ranks share every usable core, which the other
+        # worker's job uses too, and OpenMP's threads then spin against each other.
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
 @pytest.hookimpl(hookwrapper=True)  # the old-style wrapper: pyproject allows pytest 7.4

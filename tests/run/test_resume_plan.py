@@ -99,3 +99,17 @@ def test_smoke_resume_takes_the_runs_own_values_given_again(project):
     given = {"trainer": "flux", "steps": 3, "generations": 2, "nproc": 1, "checkpointing-steps": 1, "device": "cpu"}
     options = smoke.resumed_options(project, smoke.SmokeOptions(resume=run.name), given)
     assert (options.trainer, options.steps, options.generations, options.nproc) == ("flux", 3, 2, 1)
+
+
+def test_a_launch_records_the_digests_its_verified_tree_carries_without_reading_the_series_again(monkeypatch, tmp_path):
+    from dancegrpo_npu.run import resume
+
+    def read_again(project):
+        raise AssertionError("the series and overlay were read again")
+
+    monkeypatch.setattr(resume, "tree_identity", read_again)
+    verified = {"state": "verified", "upstream_commit": "c" * 40, "series_sha256": "s" * 64, "overlay_sha256": "o" * 64}
+    assert resume.launch_identity(None, verified) == {"upstream_commit": "c" * 40, "series": "s" * 64,
+                                                      "overlay": "o" * 64}
+    with pytest.raises(AssertionError, match="read again"):  # a tree the command did not verify is read
+        resume.launch_identity(None, {"state": "unverified"})

@@ -47,6 +47,16 @@ def tree_identity(project: Project) -> dict:
         return {}
 
 
+def launch_identity(project: Project, tree_state: dict) -> dict:
+    """launch.json's "identity": the digests the command's verified tree carries (the tree is
+    verified once a command, and its verdict passed down), else read from the project."""
+    carried = {"upstream_commit": tree_state.get("upstream_commit"), "series": tree_state.get("series_sha256"),
+               "overlay": tree_state.get("overlay_sha256")}
+    if tree_state.get("state") == "verified" and all(carried.values()):
+        return carried
+    return tree_identity(project)
+
+
 def with_resume_flag(args) -> tuple[str, ...]:
     """``args`` with ``--resume_from_checkpoint latest`` unless they name a checkpoint."""
     if RESUME_FLAG in flag_values(args):

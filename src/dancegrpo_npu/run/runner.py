@@ -174,14 +174,14 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
 def run_plan(project: Project, plan):
     """Run ``plan`` (its run directory exists and is empty, or is the run it resumes:
     ``spec.resume_of``); returns the RunRecord."""
-    from dancegrpo_npu.run.resume import resumed_launch_json, tree_identity
+    from dancegrpo_npu.run.resume import launch_identity, resumed_launch_json
 
     run_dir = plan.run_dir
     start = time.time()
     try:
         (run_dir / "logs").mkdir(exist_ok=True)
         (run_dir / "images").mkdir(exist_ok=True)  # upstream's shell script does `mkdir images`
-        launch_record = {**_launch_json(plan), "identity": tree_identity(project)}
+        launch_record = {**_launch_json(plan), "identity": launch_identity(project, plan.tree_state)}
         if plan.spec.resume_of is not None:  # the first launch's record stays; the resume is added
             launch_record = resumed_launch_json(json.loads((run_dir / "launch.json").read_text()), launch_record)
         else:

@@ -30,6 +30,7 @@ import json
 import os
 import pickle
 import shutil
+import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -58,7 +59,9 @@ def tree_digest(tree: Path) -> str:
 
 
 def _job_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(JOB_ENV_PREFIXES)}
+    """The variables a job reads, each value as a digest (a key is written beside its run)."""
+    return {k: hashlib.sha256(v.encode()).hexdigest()[:16] for k, v in sorted(os.environ.items())
+            if k.startswith(JOB_ENV_PREFIXES)}
 
 
 def _portable(value, project) -> object:
@@ -133,20 +136,29 @@ class SharedRuns:
                "env": _job_env()}
         return self.get(key, make)
 
-    def fixtures(self, name: str, build: Callable[[Path], object], dest: Path) -> None:
-        """``dest`` holds a copy of the fixtures ``build(directory)`` writes, built once a test run
-        (the builders reuse a complete, current build, so the copy is taken as built)."""
+    def fixtures(self, name: str, build: Callable[[Path], object], dest: Path | None = None) -> Path:
+        """The directory of the fixtures ``build(directory)`` writes, built once a test run (read
+        it, never change it); with ``dest``, a copy there too (the builders reuse a complete,
+        current build, so the copy is taken as built)."""
         def make(d: Path) -> Path:
             build(d / name)
             return d / name
 
         built = self.get({"fixtures": name}, make)
-        if not dest.exists():
+        if dest is not None and not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(built, dest)
+        return built
 
 
 FLUX_FIXTURES = "fixtures-flux"  # where the FLUX smoke keeps its fixtures in a project's build directory
+
+
+def flux_build(shared: SharedRuns):
+    """The FLUX smoke's fixtures of the test run's one build, outside any project (read only)."""
+    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+
+    return build_fixtures(shared.fixtures("flux", build_fixtures))
 
 
 def flux_fixtures(shared: SharedRuns, project):
@@ -176,3 +188,56 @@ def flux_spec(fixtures, *extra: str, nproc: int = 1, lora: bool = False, steps: 
     return LaunchSpec(script="flux-lora" if lora else "flux", args=args, nproc_per_node=nproc, device="cpu",
                       name="flux", env=job_env("cpu", nproc) + tuple(env), upstream_defaults=False, strict=True,
                       align=align or AlignOptions(), max_restarts=max_restarts)
+
+
+# The clean exit's probe (tests/patches/test_clean_exit.py): the runs that carry it are shared with
+# the tests that read other things of them (the 2-rank FLUX smoke, the 2-rank preprocessing).
+EXIT_PROBE = textwrap.dedent('''\
+    """Test probe (tests/shared_runs.py, for tests/patches/test_clean_exit.py): the thread names
+    of a rank, during the run and in its last atexit handler, into $EXIT_PROBE_DIR/rank<RANK>.json
+    (a relative directory: in the rank's working directory, the run directory)."""
+    import atexit, json, os, threading
+
+    def _names():
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:  # the thread ended meanwhile
+                pass
+        return sorted(names)
+
+    if os.environ.get("RANK") is not None and os.environ.get("EXIT_PROBE_DIR"):
+        _seen, _stop = set(), threading.Event()
+
+        def _sample():
+            while not _stop.wait(0.05):
+                _seen.update(_names())
+
+        _sampler = threading.Thread(target=_sample, name="exit-probe", daemon=True)
+        _sampler.start()
+
+        @atexit.register  # registered first, so called last: after every other handler
+        def _at_exit():
+            _stop.set()
+            _sampler.join()
+            os.makedirs(os.environ["EXIT_PROBE_DIR"], exist_ok=True)
+            path = os.path.join(os.environ["EXIT_PROBE_DIR"], f"rank{os.environ['RANK']}.json")
+            with open(path, "w") as f:
+                json.dump({"seen": sorted(_seen), "at_exit": _names()}, f)
+    ''')
+
+EXIT_PROBE_REPORTS = "exit-probe"  # the probe's reports, in the run directory
+
+
+def probe_env(shared_runs) -> tuple[tuple[str, str], ...]:
+    """The job environment that puts the probe on the ranks: the same for every test and worker,
+    so that the runs that carry it are shared."""
+
+    def write(site: Path) -> Path:
+        (site / "sitecustomize.py").write_text(EXIT_PROBE)
+        return site
+
+    site = shared_runs.get({"exit-probe": EXIT_PROBE}, write)
+    return (("PYTHONPATH", str(site)), ("EXIT_PROBE_DIR", EXIT_PROBE_REPORTS))

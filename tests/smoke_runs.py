@@ -19,9 +19,10 @@ def metrics(run_dir):
 
 
 def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
-    """A smoke run of ``cut_options`` (3 steps, killed once checkpoint 2 is complete) resumed with
-    `launch --resume` ends as the uninterrupted run ``ref``: steps 1..3 once each, `compare` exit 0
-    with no divergence, every record tensor bit-equal."""
+    """A smoke run of ``cut_options`` (3 steps or more, killed once checkpoint 2 is complete)
+    resumed with `launch --resume` ends as the uninterrupted run ``ref``: steps 1..N once each,
+    `compare` exit 0 with no divergence, every record tensor bit-equal.  ``ref`` is read, never
+    changed (it may be a shared run: tests/shared_runs.py); compare writes into the cut run."""
     import pytest
 
     from dancegrpo_npu.cli import main
@@ -35,7 +36,7 @@ def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
     capsys.readouterr()
     assert main(["-C", str(project.root), "launch", "--resume", cut.name]) == 0, capsys.readouterr().err
     capsys.readouterr()
-    assert_resumed_as_uninterrupted(project, ref.run_dir, cut, capsys, steps=3)
+    assert_resumed_as_uninterrupted(project, ref.run_dir, cut, capsys, steps=cut_options.steps)
 
 
 def assert_resumed_as_uninterrupted(project, ref, cut, capsys, steps) -> None:

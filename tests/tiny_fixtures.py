@@ -1,7 +1,7 @@
 """``built``: the FLUX smoke's tiny-model fixtures (dancegrpo_npu.trainers.flux.fixtures), a pytest fixture to import.
 
-test_fixtures, test_tiny_models and test_smoke import it; each module's copy builds at
-the same path, so the first to ask builds and the others reuse that build.
+test_fixtures, test_tiny_models, test_smoke and others import it: the test run's one build of
+them (tests/shared_runs.py), which every project's copy of the FLUX fixtures comes from too.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+def built(shared_runs):
+    from shared_runs import flux_build
 
-    return build_fixtures(tmp_path_factory.getbasetemp() / "session-fixtures" / "fixtures")
+    return flux_build(shared_runs)

@@ -6,12 +6,14 @@ the tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer argumen
   trained weights as the series without the seam (and the two rollout patches, which use it, and
   resume-assert, which edits next to its resume call: upstream's assert, always true, stays);
 - --rng cpu twice gives identical records, on 1 and 2 ranks (and with the LoRA trainer);
+  --record_modules records the models' modules by their own names;
 - `compare` of two --rng cpu runs, and of a run and its replay, exits 0 ("first divergence: none");
 - --replay of a recorded run reproduces its records bitwise; a replay that does not fit is
   refused at start, one line a rank, before any model is loaded;
 - metrics.jsonl has the GRPO health figures, the ratio exactly 1 before the first update;
 - --record changes nothing in the run.
-The runs are shared between the tests (one launch per distinct set of arguments).
+The runs are shared between the tests and with the other files that launch the same (one launch
+per distinct set of arguments a test run: tests/shared_runs.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,30 @@ class Runs:
         return self.shared.launch(project, flux_spec(flux_fixtures(self.shared, project), *extra, nproc=nproc,
                                                      lora=lora))
 
+    def plain(self) -> Path:
+        """The smoke as a user runs it, 1 rank, no alignment flag (the trainer's default: --rng
+        device): tests/smoke/test_smoke.py's run, shared; its trainer arguments are the launches'."""
+        from smoke_runs import passed
+
+        from dancegrpo_npu.smoke.runner import SmokeOptions
+
+        project = self.projects["patched"]
+        flux_fixtures(self.shared, project)
+        return passed(self.shared.smoke(project, SmokeOptions(device="cpu"))).run_dir
+
+    def lora_recorded(self, *extra: str) -> Path:
+        """The LoRA trainer's smoke, 1 rank, --rng cpu --record, with ``extra`` trainer arguments
+        (none: tests/smoke/test_smoke.py's LoRA run, shared)."""
+        from smoke_runs import passed
+
+        from dancegrpo_npu.run.align_flags import AlignOptions
+        from dancegrpo_npu.smoke.runner import SmokeOptions
+
+        project = self.projects["patched"]
+        flux_fixtures(self.shared, project)
+        options = SmokeOptions(lora=True, device="cpu", align=AlignOptions(rng="cpu", record=True), extra_args=extra)
+        return passed(self.shared.smoke(project, options)).run_dir
+
 
 @pytest.fixture(scope="module")
 def runs(patched_tree, tree_without_the_seam, shared_runs):
@@ -115,6 +141,8 @@ def assert_same_records(a: Path, b: Path) -> None:
         assert not different, f"{name}: {different}"
 
 
+CPU_RECORD = ("--rng", "cpu", "--record")
+
 # wall times and memory of the machine (the phase figures among them), not the run's numbers
 WALL = ("step_time", "time_rollout", "time_decode", "time_reward", "time_train", "peak_memory_bytes")
 
@@ -128,7 +156,7 @@ def trained_weights(run_dir: Path) -> dict:
 
 def test_rng_device_is_upstreams_run_bit_for_bit(runs):
     base = ok(runs(tree="without"))
-    ours = ok(runs("--rng", "device"))
+    ours = runs.plain()
     assert not (base / "metrics.jsonl").exists()  # the tree without the seam: upstream's outputs only
     assert (ours / "reward.txt").read_text() == (base / "reward.txt").read_text()  # upstream's mean reward a step
     assert images(ours) == images(base) and len(images(base)) == 2
@@ -139,40 +167,47 @@ def test_rng_device_is_upstreams_run_bit_for_bit(runs):
 
 
 def test_recording_changes_nothing(runs):
-    plain = metrics(ok(runs("--rng", "device")))
+    plain = metrics(runs.plain())
     recorded_dir = ok(runs("--rng", "device", "--record"))
     recorded = metrics(recorded_dir)
     strip = lambda ms: [{k: v for k, v in m.items() if k not in WALL} for m in ms]  # noqa: E731
     assert strip(plain) == strip(recorded)
-    assert images(recorded_dir) == images(ok(runs("--rng", "device")))
-    assert not (ok(runs("--rng", "device")) / "records").exists()
+    assert images(recorded_dir) == images(runs.plain())
+    assert not (runs.plain() / "records").exists()
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_rng_cpu_runs_are_identical(runs, patched_tree, capsys, tmp_path, nproc):
-    extra = ("--rng", "cpu", "--record") + (("--record_modules",) if nproc == 1 else ())
-    first, second = ok(runs(*extra, nproc=nproc)), ok(runs(*extra, "--seed", "42", nproc=nproc))
+    # the 1-rank pair's first run is the rollout batching's reference (test_rollout_batching.py)
+    first, second = ok(runs(*CPU_RECORD, nproc=nproc)), ok(runs(*CPU_RECORD, "--seed", "42", nproc=nproc))
     assert_same_records(first, second)
     compare_says_aligned(patched_tree.project, first, second, capsys, tmp_path)
     files = load_records(first)
-    steps = sorted(f for f in files if f.startswith("step_"))
-    assert steps == [f"step_{s:06d}/rank_{r}.safetensors" for s in (1, 2) for r in range(nproc)]
+    assert sorted(files) == [f"step_{s:06d}/rank_{r}.safetensors" for s in (1, 2) for r in range(nproc)]
     index = json.loads((first / "records" / "index.json").read_text())
-    assert (index["world_size"], index["rng"], index["steps"], index["modules"]) == (nproc, "cpu", [1, 2], nproc == 1)
-    if nproc == 1:
-        order = json.loads((first / "records" / "modules" / "rank_0.json").read_text())["order"]
-        assert set(order) == set(files["modules/rank_0.safetensors"])
-        assert {name.split("/")[0].split(".")[0] for name in order} == {"transformer", "vae", "reward"}
-        assert "transformer/transformer_blocks.0.attn.0" in order and "transformer.0" in order
-        assert not any("_fsdp_wrapped_module" in n or "_checkpoint_wrapped_module" in n for n in order)
-    else:  # each rank has its own noise
+    assert (index["world_size"], index["rng"], index["steps"], index["modules"]) == (nproc, "cpu", [1, 2], False)
+    if nproc == 2:  # each rank has its own noise
         assert not torch.equal(files["step_000001/rank_0.safetensors"]["noise.sde"],
                                files["step_000001/rank_1.safetensors"]["noise.sde"])
 
 
+def test_module_records_name_the_models_modules(runs):
+    """--record_modules: the transformer's, the VAE's and the reward model's module outputs, named
+    as the model names them (no FSDP or checkpointing wrapper in a name); that two runs record the
+    same is the replay's test (below), which records them in both."""
+    run = ok(runs(*CPU_RECORD, "--record_modules"))
+    files = load_records(run)
+    assert json.loads((run / "records" / "index.json").read_text())["modules"] is True
+    order = json.loads((run / "records" / "modules" / "rank_0.json").read_text())["order"]
+    assert set(order) == set(files["modules/rank_0.safetensors"])
+    assert {name.split("/")[0].split(".")[0] for name in order} == {"transformer", "vae", "reward"}
+    assert "transformer/transformer_blocks.0.attn.0" in order and "transformer.0" in order
+    assert not any("_fsdp_wrapped_module" in n or "_checkpoint_wrapped_module" in n for n in order)
+
+
 def test_rng_cpu_runs_of_the_lora_trainer_are_identical_and_replay(runs):
-    first = ok(runs("--rng", "cpu", "--record", lora=True))
-    assert_same_records(first, ok(runs("--rng", "cpu", "--record", "--seed", "42", lora=True)))
+    first = runs.lora_recorded()
+    assert_same_records(first, runs.lora_recorded("--seed", "42"))
     replay = ok(runs("--replay", str(first / "records"), "--record", lora=True))
     assert_same_records(first, replay)
 
@@ -204,7 +239,7 @@ def test_replay_of_a_misfit_is_refused_at_start(runs):
 
 
 def test_metrics_have_the_grpo_health_figures(runs):
-    for run_dir in (ok(runs("--rng", "device")), ok(runs("--rng", "cpu", "--record", nproc=2))):
+    for run_dir in (runs.plain(), ok(runs("--rng", "cpu", "--record", nproc=2))):
         for m in metrics(run_dir):
             assert set(HEALTH) <= set(m)
             # rollout batch 1 on the CPU: the recomputed log-prob is the sampling one, exactly

@@ -10,7 +10,7 @@ would pass most of the time with or without the patch.  What the patch guarantee
 instead, and it holds every time: when Python is about to finalize (its last ``atexit``
 handler), the process has no Gloo thread left, so no worker can be that late.
 
-A probe (a ``sitecustomize`` put on the ranks' PYTHONPATH, patched_tree_runner.EXIT_PROBE) samples the process's thread names
+A probe (a ``sitecustomize`` put on the ranks' PYTHONPATH, shared_runs.EXIT_PROBE) samples the process's thread names
 from /proc while the run goes and lists them again at exit.  That it saw Gloo's threads during
 the run is checked too: a torch that stopped naming them would otherwise pass unseen.
 
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from patched_tree_runner import EXIT_PROBE_REPORTS, probe_env, shared_preprocessing
-from shared_runs import flux_fixtures
+from patched_tree_runner import shared_preprocessing
+from shared_runs import EXIT_PROBE_REPORTS, flux_fixtures, probe_env
 from smoke_runs import passed
 
 pytest.importorskip("torch")

@@ -323,18 +323,36 @@ def test_format_result(tmp_path):
 # ---- the real thing: the patched stock trainers ---------------------------------------------
 
 
+def shared_smoke(shared_runs, nproc: int, lora: bool) -> smoke.SmokeOptions:
+    """The options of each of the four smokes; each run is shared (tests/shared_runs.py) with the
+    tests that read other things of it: the 1-process full smoke, as a user runs it, is the
+    alignment tests' plain run; the 2-process one carries the clean exit's probe
+    (test_clean_exit.py); the 1-process LoRA one records with --rng cpu (the alignment tests'
+    LoRA run); the 2-process LoRA one runs with upstream's wandb settings (below)."""
+    from shared_runs import probe_env
+
+    from dancegrpo_npu.run.align_flags import AlignOptions
+
+    if not lora:
+        return smoke.SmokeOptions(nproc=nproc, device="cpu", env=probe_env(shared_runs) if nproc == 2 else ())
+    if nproc == 1:
+        return smoke.SmokeOptions(lora=True, device="cpu", align=AlignOptions(rng="cpu", record=True))
+    # upstream's scripts disable wandb with WANDB_DISABLED next to WANDB_MODE=online; wandb
+    # >= 0.31 ignores the former and, without an API key, fails at once: wandb-disabled.patch at work
+    return smoke.SmokeOptions(nproc=2, lora=True, device="cpu", env=(("WANDB_DISABLED", "true"), ("WANDB_MODE", "online")))
+
+
 @pytest.mark.slow
 @pytest.mark.upstream
 @pytest.mark.parametrize("nproc, lora", [(1, False), (2, False), (1, True), (2, True)],
                          ids=["full-1proc", "full-2proc", "lora-1proc", "lora-2proc"])
-def test_smoke_run(patched_tree, nproc, lora, monkeypatch):
-    env = ()
-    if (nproc, lora) == (1, False):
-        # upstream's scripts disable wandb with WANDB_DISABLED next to WANDB_MODE=online; wandb
-        # >= 0.31 ignores the former and, without an API key, fails at once: wandb-disabled.patch at work
-        monkeypatch.delenv("WANDB_API_KEY", raising=False)
-        env = (("WANDB_DISABLED", "true"), ("WANDB_MODE", "online"))
-    result = smoke.run_smoke(patched_tree.project, smoke.SmokeOptions(nproc=nproc, lora=lora, device="cpu", env=env))
+def test_smoke_run(patched_tree, shared_runs, nproc, lora, monkeypatch):
+    from shared_runs import flux_fixtures
+    from smoke_runs import passed
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # the wandb-disabled run's premise (no key)
+    flux_fixtures(shared_runs, patched_tree.project)
+    result = passed(shared_runs.smoke(patched_tree.project, shared_smoke(shared_runs, nproc, lora)))
     assert [s.step for s in result.steps] == [1, 2]
     assert all(math.isfinite(v) for s in result.steps for v in (s.reward_mean, s.loss, s.grad_norm))
     assert all(s.grad_norm > 0 for s in result.steps)
@@ -412,10 +430,13 @@ ZERO_BACKWARD = "            (loss * 0).backward()\n"
 @pytest.mark.slow
 @pytest.mark.upstream
 @pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["full", "lora"])
-def test_a_zeroed_backward_fails_the_smoke(upstream_source, tmp_path, lora):
+def test_a_zeroed_backward_fails_the_smoke(upstream_source, shared_runs, tmp_path, lora):
     """With `(loss * 0).backward()` the full smoke once passed on weight decay alone."""
+    from shared_runs import flux_fixtures
+
     script = "train_grpo_flux_lora.py" if lora else "train_grpo_flux.py"
     project = planted_project(upstream_source, tmp_path / "project", script, BACKWARD, ZERO_BACKWARD)
+    flux_fixtures(shared_runs, project)  # the test run's one build, not one of its own
     with pytest.raises(DancegrpoError) as err:
         smoke.run_smoke(project, smoke.SmokeOptions(device="cpu", lora=lora))
     assert err.value.message == "smoke: training did nothing: the grad norm of step 1 is 0"

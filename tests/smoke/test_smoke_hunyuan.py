@@ -3,20 +3,22 @@ and SkyReels-I2V trainers on a tiny HunyuanVideo (the repo-local ``hunyuan_hf`` 
 input channels for SkyReels), ``AutoencoderKLHunyuanVideo``, the tiny VideoAlign reward and, for
 SkyReels' first frame, the tiny FLUX pipeline (trainers.hunyuan.fixtures, trainers.hunyuan.videoalign).
 
-The slow tests share their runs (each distinct run once, ``HunyuanRuns``), for each trainer:
+The slow tests share their runs (each distinct run once a test run, ``HunyuanRuns``:
+tests/shared_runs.py), for each trainer:
 
-- one 2-rank strict run with --rng cpu --record (HunyuanVideo: 4 steps, SkyReels-I2V: 2): the smoke
-  passes (metrics, upstream's checkpoint loads with diffusers' HunyuanVideoTransformer3DModel.from_pretrained
-  and moved, every rank holds the same weights after training: FSDP);
-- the same again: ``compare`` exits 0 (two --rng cpu --record runs aligned);
+- one 2-rank strict run with --rng cpu --record and a checkpoint after every step (HunyuanVideo: 4
+  steps, SkyReels-I2V: 3): the smoke passes (metrics, upstream's checkpoint loads with diffusers'
+  HunyuanVideoTransformer3DModel.from_pretrained and moved, every rank holds the same weights after
+  training: FSDP);
+- the same run killed once its second checkpoint is complete, continued with ``launch --resume``:
+  it ends as the uninterrupted run, ``compare`` exits 0 and every record is bit-equal (two --rng cpu
+  --record runs aligned, the second resumed at 2 ranks);
 - (extended) one 1-rank run of 4 generations sampled 4 at a time, and the same one at a time:
   ``compare`` exits 0, and clip_frac_first is 0;
 - a reward that raises stops the run in one line naming VideoAlign and the sample: the video
   reader (upstream's torchvision reader asked for, on a torchvision without read_video;
   HunyuanVideo), and the reward model's forward on rank 1 only (SkyReels-I2V; every rank ends:
   none waits in a collective);
-- (extended) a run killed after its second checkpoint resumes with ``launch --resume`` and ends
-  as the uninterrupted run, every record bit-equal.
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ if os.environ.get("RANK") == "1":
 
 TRAINERS = ("hunyuan", "skyreels-i2v")
 # The default tier's 2-rank runs: HunyuanVideo's of 4 steps (`smoke --trainer hunyuan --steps 4`
-# once stopped at a step whose group the tiny VideoAlign scored alike).
-STEPS = {"hunyuan": 4, "skyreels-i2v": 2}
+# once stopped at a step whose group the tiny VideoAlign scored alike); 3 at least, for a resume
+# after checkpoint 2 to have a step to run.
+STEPS = {"hunyuan": 4, "skyreels-i2v": 3}
+CUT = (("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),)  # killed once checkpoint 2 is complete
 
 
 def options(trainer="hunyuan", nproc=2, steps=2, generations=G, extra=(), align=True, **kw) -> smoke.SmokeOptions:
@@ -80,25 +84,27 @@ def options(trainer="hunyuan", nproc=2, steps=2, generations=G, extra=(), align=
 
 
 class HunyuanRuns:
-    """Each distinct smoke run once: its SmokeResult, or the DancegrpoError it ended with."""
+    """Each distinct smoke run once a test run (tests/shared_runs.py): its SmokeResult, or the
+    DancegrpoError it ended with."""
 
-    def __init__(self, project):
-        self.project, self.done = project, {}
+    def __init__(self, shared, project):
+        self.shared, self.project = shared, project
 
-    def __call__(self, again: int = 0, **kw):
-        key = (again, tuple(sorted(kw.items())))
-        if key not in self.done:
-            try:
-                self.done[key] = smoke.run_smoke(self.project, options(**kw))
-            except DancegrpoError as e:
-                self.done[key] = e
-        return self.done[key]
+    def __call__(self, **kw):
+        return self.shared.smoke(self.project, options(**kw))
+
+    def two_ranks(self, trainer):
+        """The 2-rank strict run, a checkpoint after every step (the resume's reference)."""
+        return self(trainer=trainer, steps=STEPS[trainer], checkpointing_steps=1)
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree):
+def runs(patched_tree, shared_runs):
+    from shared_runs import smoke_fixtures
+
     require_video_extra()
-    return HunyuanRuns(patched_tree.project)
+    smoke_fixtures(shared_runs, patched_tree.project, "hunyuan")  # both rows': built once a test run
+    return HunyuanRuns(shared_runs, patched_tree.project)
 
 
 @pytest.mark.slow
@@ -106,7 +112,7 @@ def runs(patched_tree):
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_two_ranks_strict_every_rank_holds_the_same_weights(runs, trainer):
     steps = STEPS[trainer]
-    result = passed(runs(trainer=trainer, steps=steps))
+    result = passed(runs.two_ranks(trainer))
     assert [s.step for s in result.steps] == list(range(1, steps + 1)) and all(s.grad_norm > 0 for s in result.steps)
     assert result.checkpoint.loaded_with == "HunyuanVideoTransformer3DModel.from_pretrained"
     assert result.checkpoint.path.name == f"checkpoint-{steps}-0"
@@ -121,11 +127,15 @@ def test_two_ranks_strict_every_rank_holds_the_same_weights(runs, trainer):
 @pytest.mark.slow
 @pytest.mark.upstream
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_two_cpu_rng_runs_are_aligned(runs, trainer):
-    from dancegrpo_npu.cli import main
+def test_a_killed_run_resumes_exactly_and_is_aligned(runs, trainer, capsys):
+    """The 2-rank run killed once checkpoint 2 is complete; `launch --resume` continues it and it
+    ends as the uninterrupted run: `compare` exits 0 with no divergence, every record bit-equal,
+    steps 1..N once each (two --rng cpu --record runs aligned: the second one cut and resumed)."""
+    from dataclasses import replace
 
-    one, two = passed(runs(trainer=trainer, steps=STEPS[trainer])), passed(runs(trainer=trainer, steps=STEPS[trainer], again=1))
-    assert main(["compare", str(one.run_dir), str(two.run_dir)]) == 0
+    ref = passed(runs.two_ranks(trainer))
+    cut = replace(options(trainer=trainer, steps=STEPS[trainer], checkpointing_steps=1), env=CUT)
+    assert_a_cut_run_resumes_exactly(runs.project, ref, cut, capsys)
 
 
 @pytest.mark.slow
@@ -175,18 +185,3 @@ def test_a_reward_forward_that_raises_on_one_rank_ends_every_rank(runs, tmp_path
     (tmp_path / "sitecustomize.py").write_text(BREAK_FORWARD)
     failed = runs(trainer="skyreels-i2v", align=False, env=(("PYTHONPATH", str(tmp_path)),))
     assert_failed_on_the_reward(failed, 1, "RuntimeError: the reward model's forward failed (the test broke it)")
-
-
-@pytest.mark.slow
-@pytest.mark.extended
-@pytest.mark.upstream
-@pytest.mark.parametrize("trainer", TRAINERS)
-def test_a_killed_run_resumes_exactly(runs, trainer, capsys):
-    """3 steps on 1 rank with --rng cpu --record, a checkpoint after each, killed once checkpoint 2
-    is complete; `launch --resume` continues it and it ends as the uninterrupted run."""
-    from dataclasses import replace
-
-    ref = passed(runs(trainer=trainer, nproc=1, steps=3, checkpointing_steps=1))
-    cut = replace(options(trainer=trainer, nproc=1, steps=3, checkpointing_steps=1),
-                  env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
-    assert_a_cut_run_resumes_exactly(runs.project, ref, cut, capsys)

@@ -1,14 +1,15 @@
 """``dancegrpo-npu smoke --trainer wan``: the patched stock Wan2.1 trainer on a tiny Wan built from
 diffusers' classes, with the diffusers-0.35 dependency set (docs/dependencies.md).
 
-The slow tests share their runs (each distinct run once, ``WanRuns``):
+The slow tests share their runs (each distinct run once a test run, ``WanRuns``: tests/shared_runs.py):
 
 - one 2-rank strict run at G = 4 with --rng cpu --record: the smoke passes (metrics, the
   checkpoint loads with WanTransformer3DModel.from_pretrained and moved, every rank holds the
   same weights after training);
 - the same with --sample_batch_size 4: ``compare`` against the first exits 0 and
   clip_frac_first is 0 on every step of both (two --rng cpu --record runs aligned);
-- one 1-rank strict run of 1 step;
+- one 1-rank strict run of 3 steps with --rng cpu --record; killed once its checkpoint 2 is complete
+  and continued with ``launch --resume``, it ends as the uninterrupted run, every record bit-equal;
 - the tree without the FSDP patch (``apply --without wan-fsdp.patch``) at 2 ranks: the
   smoke refuses it, because the ranks end with different weights (upstream's bug);
 - a bad --sample_batch_size is refused by the trainer at start, in one line.
@@ -19,6 +20,7 @@ float32 RoPE against diffusers' float64 one (in the set's interpreter).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -47,25 +49,24 @@ def options(nproc=2, steps=2, generations=G, extra=(), align=()) -> smoke.SmokeO
 
 
 class WanRuns:
-    """Each distinct smoke run once: its SmokeResult, or the DancegrpoError it ended with."""
+    """Each distinct smoke run once a test run (tests/shared_runs.py): its SmokeResult, or the
+    DancegrpoError it ended with."""
 
-    def __init__(self, projects):
-        self.projects, self.done = projects, {}
+    def __init__(self, shared, projects):
+        self.shared, self.projects = shared, projects
 
     def __call__(self, tree="patched", **kw):
-        key = (tree, tuple(sorted(kw.items())))
-        if key not in self.done:
-            try:
-                self.done[key] = smoke.run_smoke(self.projects[tree](), options(**kw))
-            except DancegrpoError as e:
-                self.done[key] = e
-        return self.done[key]
+        return self.shared.smoke(self.projects[tree](), options(**kw))
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, upstream_source, tmp_path_factory):
-    diffusers_035_python()
+def runs(patched_tree, shared_runs, upstream_source, tmp_path_factory):
+    from shared_runs import smoke_fixtures
 
+    diffusers_035_python()
+    smoke_fixtures(shared_runs, patched_tree.project, "wan")  # built once a test run
+
+    @functools.cache
     def without_fsdp():
         from dancegrpo_npu.engine.apply import apply_worktree
         from dancegrpo_npu.engine.fetch import fetch
@@ -76,7 +77,7 @@ def runs(patched_tree, upstream_source, tmp_path_factory):
         apply_worktree(project, without=(FSDP_PATCH,))
         return project
 
-    return WanRuns({"patched": lambda: patched_tree.project, "without-fsdp": without_fsdp})
+    return WanRuns(shared_runs, {"patched": lambda: patched_tree.project, "without-fsdp": without_fsdp})
 
 
 @pytest.mark.slow
@@ -103,27 +104,33 @@ def test_sample_batch_size_4_is_aligned_with_1(runs):
         assert m["clip_frac_first"] == 0.0
 
 
+# One rank, 3 steps, --rng cpu --record: the 1-rank smoke, and the resume's uninterrupted reference.
+ONE_RANK = dict(nproc=1, steps=3, generations=2, align=True)
+
+
 @pytest.mark.slow
 @pytest.mark.upstream
 def test_one_rank_strict(runs):
-    result = passed(runs(nproc=1, steps=1, generations=2))
-    assert result.checkpoint.updates == 0 and result.checkpoint.changed == 0  # checkpoint-0-0: the start
+    from dancegrpo_npu.smoke.trained import last_checkpoint
+
+    result = passed(runs(**ONE_RANK))
+    name, updates = last_checkpoint(ONE_RANK["steps"])
+    assert result.checkpoint.path.name == name and result.checkpoint.updates == updates > 0
+    assert result.checkpoint.changed == result.checkpoint.total > 0 and all(s.grad_norm > 0 for s in result.steps)
     assert result.equal_weights is None  # one process: no other rank to compare with, and none is claimed
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # CI keeps the FLUX trainer's resumes (tests/patches/test_resume.py)
 @pytest.mark.upstream
 def test_a_killed_run_resumes_exactly(runs, capsys):
-    """Resume comes to Wan through the seam: 3 steps on 1 rank with --rng cpu --record, a
-    checkpoint after each, killed once checkpoint 2 is complete; `launch --resume` continues it in
-    its own directory, and it ends as the uninterrupted run: every record bit-equal, steps 1..3
-    once each."""
+    """Resume comes to Wan through the seam: the 1-rank run above killed once checkpoint 2 is
+    complete; `launch --resume` continues it in its own directory, and it ends as the uninterrupted
+    run: every record bit-equal, steps 1..3 once each."""
     from dataclasses import replace
 
     project = runs.projects["patched"]()
-    ref = passed(runs(nproc=1, steps=3, generations=2, align=True))
-    cut = replace(options(nproc=1, steps=3, generations=2, align=True), env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
+    ref = passed(runs(**ONE_RANK))
+    cut = replace(options(**ONE_RANK), env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
     assert_a_cut_run_resumes_exactly(project, ref, cut, capsys)
 
 

@@ -16,9 +16,9 @@ copies it first (``private_copy``).  They live under the session's base temporar
 (pytest-N/, which the workers' popen-gwN/ directories sit in), so a test run never reads
 another test run's records.
 
-``flux_fixtures`` seeds a project's build directory with the FLUX smoke's fixtures, built once for
-the session: every project copy (the patched tree, the trees without a patch) uses them instead of
-building its own.
+``smoke_fixtures`` seeds a project's build directory with a trainer's smoke fixtures, built once a
+test run: every project copy (the patched tree, the trees without a patch) and every worker uses
+them instead of building its own.
 """
 
 from __future__ import annotations
@@ -136,42 +136,54 @@ class SharedRuns:
                "env": _job_env()}
         return self.get(key, make)
 
-    def fixtures(self, name: str, build: Callable[[Path], object], dest: Path | None = None) -> Path:
-        """The directory of the fixtures ``build(directory)`` writes, built once a test run (read
-        it, never change it); with ``dest``, a copy there too (the builders reuse a complete,
-        current build, so the copy is taken as built)."""
-        def make(d: Path) -> Path:
-            build(d / name)
-            return d / name
-
-        built = self.get({"fixtures": name}, make)
-        if dest is not None and not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(built, dest)
-        return built
-
 
 FLUX_FIXTURES = "fixtures-flux"  # where the FLUX smoke keeps its fixtures in a project's build directory
+SCRATCH = "fixtures-project"  # the project every worker's fixtures are built in
 
 
-def flux_build(shared: SharedRuns):
-    """The FLUX smoke's fixtures of the test run's one build, outside any project (read only)."""
-    from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
+def smoke_fixtures(shared: SharedRuns, project, trainer: str):
+    """What the smoke of ``trainer`` reads from ``project``'s build directory (its row's fixtures
+    hook's result), each of its builds made once a test run: in one scratch project every worker
+    shares (the builders lock each directory they build), then linked into ``project``'s (a build
+    is swapped in whole, never changed in place, so the links are never written through)."""
+    from dancegrpo_npu import trainers
+    from dancegrpo_npu.smoke.fixtures import STAMP_NAME
 
-    return build_fixtures(shared.fixtures("flux", build_fixtures))
+    spec = trainers.smoke_spec(trainer)
+    hook = trainers.load(spec.smoke.fixtures)
+    scratch = _scratch(shared, project)
+
+    def build(_: Path) -> None:
+        hook(scratch, None, spec)
+
+    shared.get({"smoke fixtures": trainer}, build)
+    for built in sorted(scratch.build_dir.iterdir()):
+        dest = project.build_dir / built.name
+        if not built.name.startswith(".") and (built / STAMP_NAME).is_file() and not dest.exists():
+            shutil.copytree(built, dest, copy_function=os.link)
+    return hook(project, None, spec)  # the builds found current: reused
+
+
+def _scratch(shared: SharedRuns, project):
+    from dancegrpo_npu.project import Project
+
+    return Project(root=shared.root / SCRATCH, workdir=project.workdir)
 
 
 def flux_fixtures(shared: SharedRuns, project):
-    """The FLUX smoke's fixtures in ``project``'s build directory, where the smoke reads them,
-    copied from the test run's one build; the tests' own launches take them from there too."""
-    from dancegrpo_npu.trainers.flux import smoke
+    """The FLUX smoke's fixtures in ``project``'s build directory, where the smoke reads them (the
+    test run's one build); the tests' own launches take them from there too."""
+    built = smoke_fixtures(shared, project, "flux")
+    assert built.root == project.build_dir / FLUX_FIXTURES, f"the FLUX smoke's fixtures moved to {built.root}"
+    return built
+
+
+def flux_build(shared: SharedRuns):
+    """The FLUX smoke's fixtures of the test run's one build, outside any project (read only;
+    needs no upstream tree): the scratch project's, which the builder locks and reuses."""
     from dancegrpo_npu.trainers.flux.fixtures import build_fixtures
 
-    dest = project.build_dir / FLUX_FIXTURES
-    shared.fixtures("flux", build_fixtures, dest)
-    built = smoke.fixtures(project, None, None)
-    assert built.root == dest, f"the FLUX smoke's fixtures moved to {built.root}: update FLUX_FIXTURES"
-    return built
+    return build_fixtures(shared.root / SCRATCH / "build" / FLUX_FIXTURES)
 
 
 def flux_spec(fixtures, *extra: str, nproc: int = 1, lora: bool = False, steps: int = 2, generations: int = 2,

@@ -30,12 +30,15 @@ def tree_digest(directory) -> str:
 
 
 @pytest.fixture(scope="module")
-def hunyuan(patched_tree):
+def hunyuan(patched_tree, shared_runs):
     import sys
+
+    from shared_runs import smoke_fixtures
 
     from dancegrpo_npu.smoke.fixtures import PROMPTS, build_reward_fixtures
     from dancegrpo_npu.trainers.hunyuan.fixtures import build_hunyuan_fixtures
 
+    smoke_fixtures(shared_runs, patched_tree.project, "hunyuan")  # the smoke's, built once a test run
     build_dir = patched_tree.project.build_dir
     prompts = build_reward_fixtures(build_dir / "fixtures-reward").prompts
     return build_hunyuan_fixtures(build_dir / "fixtures-hunyuan", prompts, sys.executable, patched_tree.tree), PROMPTS

@@ -23,13 +23,15 @@ CHINESE = "一只猫坐在红色的椅子上"
 
 
 @pytest.fixture(scope="module")
-def wan(patched_tree):
+def wan(patched_tree, shared_runs):
     from depset_035 import diffusers_035_python
+    from shared_runs import smoke_fixtures
 
     from dancegrpo_npu.smoke.fixtures import PROMPTS, build_reward_fixtures
     from dancegrpo_npu.trainers.wan.fixtures import build_wan_fixtures
 
     python = diffusers_035_python()
+    smoke_fixtures(shared_runs, patched_tree.project, "wan")  # the smoke's, built once a test run
     build_dir = patched_tree.project.build_dir
     hps = build_reward_fixtures(build_dir / "fixtures-reward")  # the smoke's: built once a session
     return build_wan_fixtures(build_dir / "fixtures-wan", hps.prompts, python), PROMPTS

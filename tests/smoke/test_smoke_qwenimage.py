@@ -57,8 +57,12 @@ class QwenRuns:
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree):
+def runs(patched_tree, shared_runs):
+    from shared_runs import smoke_fixtures
+
     diffusers_035_python()
+    for trainer in TRAINERS:  # built once a test run
+        smoke_fixtures(shared_runs, patched_tree.project, trainer)
     return QwenRuns(patched_tree.project)
 
 

@@ -61,7 +61,10 @@ class SdRuns:
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree):
+def runs(patched_tree, shared_runs):
+    from shared_runs import smoke_fixtures
+
+    smoke_fixtures(shared_runs, patched_tree.project, "sd")  # built once a test run
     return SdRuns(patched_tree.project)
 
 

@@ -12,7 +12,8 @@ Noise (``--rng``, ``--replay``)
   device  upstream's draws, call for call: ``torch.randn(shape, device=, dtype=bfloat16)``
           for the initial latents (one (1, 16, h/8, w/8) draw before the rollout with
           --init_same_noise, else one (n, 16, h/8, w/8) draw per rollout batch of n),
-          ``torch.randn_like(prev_sample_mean)`` for the SDE noise of every sampling step,
+          ``torch.randn_like(prev_sample_mean)`` for the SDE noise of every sampling step (of the
+          SDE window's steps only, with one: the ODE steps draw nothing),
           ``torch.randperm(S - 1)`` on the global CPU generator, one per sample, for the
           timestep permutations.
   cpu     ONE ``torch.Generator("cpu")`` seeded ``seed * 1000 + rank`` for the whole run.
@@ -22,6 +23,7 @@ Noise (``--rng``, ``--replay``)
             for each sample b = 0..B-1:
               without --init_same_noise: randn((1, 16, h/8, w/8))     its initial latents
               randn((S, tokens, 64))                                   its SDE noise, steps 0..S-1
+                (with an SDE window of W steps, randn((W, tokens, 64)): the window's steps only)
             the conditioning's draws, where a trainer has one (SkyReels-I2V's first frame:
               its FLUX pipeline's initial latents, then the VAE's sample), in the order the
               pipelines draw them
@@ -54,7 +56,8 @@ from dancegrpo_port import alignment_records as records
 from dancegrpo_port import dataset_index
 from dancegrpo_port import upstream_args
 from dancegrpo_port.alignment_health import Health
-from dancegrpo_port.contract import RECORD_DATASET, RNG_CHOICES, parse_steps
+from dancegrpo_port.contract import (RECORD_DATASET, RNG_CHOICES, SDE_WINDOW_FLAGS, parse_steps, sde_window,
+                                     sde_window_fit)
 from dancegrpo_port.feature import Feature
 
 
@@ -73,6 +76,7 @@ class Settings:
     clip_range: float = 1e-4
     group_size: int | None = None  # --num_generations with --use_group, else None (one group)
     msprobe: str | None = None  # DANCEGRPO_MSPROBE: also dump the --record_modules calls with msprobe
+    window_values: dict | None = None  # the SDE window's flags and --sampling_steps (None: no window)
 
     @classmethod
     def from_args(cls, args, rank: int, world_size: int) -> "Settings":
@@ -83,7 +87,8 @@ class Settings:
             record_modules=bool(getattr(args, "record_modules", False)),
             replay=getattr(args, "replay", None), clip_range=args.clip_range,
             group_size=args.num_generations if args.use_group else None,
-            msprobe=msprobe_dump.task_from_env())
+            msprobe=msprobe_dump.task_from_env(),
+            window_values={name: getattr(args, name, None) for name in (*SDE_WINDOW_FLAGS, "sampling_steps")})
 
 
 # ---------------------------------------------------------------- arguments
@@ -124,7 +129,7 @@ def run_fields(args, world_size: int) -> dict:
         "rng": getattr(args, "rng", "device"), "seed": args.seed, "h": args.h, "w": args.w, "t": args.t,
         "num_generations": args.num_generations, "sampling_steps": args.sampling_steps,
         "init_same_noise": bool(args.init_same_noise), "eta": args.eta, "clip_range": args.clip_range,
-        "timestep_fraction": args.timestep_fraction,
+        "timestep_fraction": args.timestep_fraction, "sde_window": sde_window_fit(vars(args)),
         "replayed_from": os.path.abspath(args.replay) if getattr(args, "replay", None) else None,
     }
 
@@ -135,12 +140,15 @@ def run_fields(args, world_size: int) -> dict:
 class Noise:
     """The random draws of the training path (see the module doc for modes and order)."""
 
-    def __init__(self, mode: str, seed: int | None = None, rank: int = 0, replay_dir: str | None = None):
+    def __init__(self, mode: str, seed: int | None = None, rank: int = 0, replay_dir: str | None = None,
+                 window_values: dict | None = None):
         self.mode = "replay" if replay_dir else mode
         self.generator = torch.Generator("cpu").manual_seed(seed * 1000 + rank) if self.mode == "cpu" else None
         self.replay_dir, self.rank = replay_dir, rank
+        self.window_values = window_values or {}  # the SDE window's flags (contract.sde_window)
         self.keep = False  # keep this step's noise for the record
         self.step = None
+        self.window = None  # [start, end) of the step's SDE window: its noise only is drawn; None: every step's
         self._clear()
 
     def _clear(self):
@@ -151,6 +159,7 @@ class Noise:
 
     def begin_step(self, step: int, keep: bool) -> None:
         self.step, self.keep = step, keep
+        self.window = sde_window(self.window_values, step)
         self._clear()
         if self.mode == "replay":
             self.init, self.sde, self.perms, self.order = records.load_noise(self.replay_dir, step, self.rank)
@@ -159,12 +168,14 @@ class Noise:
                       sde_shape=None) -> None:
         """Before the rollout of a step: B samples, a sample's initial latents ``latent_shape``
         (FLUX: C, h/8, w/8; Wan: C, frames, h/8, w/8), S steps.  A sample's SDE noise has
-        ``sde_shape``; None: FLUX's packed latents, (h/16 * w/16, 4C)."""
+        ``sde_shape``; None: FLUX's packed latents, (h/16 * w/16, 4C).  With an SDE window, only
+        its steps have SDE noise."""
         if sde_shape is None:
             channels, lh, lw = latent_shape
             sde_shape = ((lh // 2) * (lw // 2), channels * 4)
         one = (1, *latent_shape)
-        sde_shape = (num_samples, sampling_steps, *sde_shape)
+        sde_steps = sampling_steps if self.window is None else self.window[1] - self.window[0]
+        sde_shape = (num_samples, sde_steps, *sde_shape)
         init_shape = (1 if same_noise else num_samples, *latent_shape)
         self.same = same_noise
         if self.mode == "cpu":
@@ -200,16 +211,28 @@ class Noise:
         return drawn.to(device=device, dtype=dtype)
 
     def sde_noise(self, like: torch.Tensor, index: int) -> torch.Tensor:
+        slot = self._slot(index)
         if self.mode == "device":
             noise = torch.randn_like(like)
             if self.keep and self.sde is not None:
-                self.sde[self.batch, index] = noise.detach().to("cpu", torch.float32)
+                self.sde[self.batch, slot] = noise.detach().to("cpu", torch.float32)
             return noise
         if self.batch is None:
             raise RuntimeError("SDE noise asked for outside a rollout batch (alignment.rollout_batch not called)")
-        drawn = self.sde[self.batch, index]
+        drawn = self.sde[self.batch, slot]
         _same_shape("SDE noise", drawn, like.shape)
         return drawn.to(device=like.device, dtype=like.dtype)
+
+    def _slot(self, index: int) -> int:
+        """Where sampling step ``index``'s noise is in a step's SDE noise: the step itself, or its
+        place in the SDE window (a step outside it draws none)."""
+        if self.window is None:
+            return index
+        start, end = self.window
+        if not start <= index < end:
+            raise RuntimeError(f"SDE noise asked for at sampling step {index}, outside step {self.step}'s SDE window "
+                               f"[{start}, {end}) (an ODE step draws none)")
+        return index - start
 
     def timestep_perms(self, batch_size: int, n: int) -> torch.Tensor:
         if self.mode == "device":
@@ -262,7 +285,7 @@ def _same_shape(what: str, tensor: torch.Tensor, shape) -> None:
 class Run:
     def __init__(self, settings: Settings, device=None, fields: dict | None = None):
         self.settings, self.device = settings, device
-        self.noise = Noise(settings.rng, settings.seed, settings.rank, settings.replay)
+        self.noise = Noise(settings.rng, settings.seed, settings.rank, settings.replay, settings.window_values)
         self.health = Health(settings.clip_range, settings.group_size)
         self.recorder = None
         if settings.record:

@@ -8,7 +8,8 @@ Layout (the trainer's working directory is the run directory)::
     records/modules/rank_0.json              {"order": [tensor names in execution order]}
 
 Tensors of a step file (B samples on the rank, S sampling steps, T trained timesteps a
-sample; float32 unless said): noise.init (1 or B, 16, h/8, w/8), noise.sde (B, S, tokens, 64),
+sample; float32 unless said): noise.init (1 or B, 16, h/8, w/8), noise.sde (B, S, tokens, 64)
+(with an SDE window of W steps (B, W, tokens, 64), its steps' noise only),
 noise.perms int64 (B, S-1), noise.order int64 (K,) (best-of-n's order of the K kept), latents (B, S+1, tokens, 64), log_probs (B, S), images uint8
 (B, h, w, 3), rewards (B,), advantages (B,), train.log_prob / train.old_log_prob /
 train.ratio / train.loss (B, T), grad_norm (K,) one per optimizer step.
@@ -84,8 +85,9 @@ def replay_problem(root, fields: dict, rank: int, samples: int, max_step: int) -
     # model's (FLUX's packed latents, Wan's frames, SD's 4 channels): the noise source checks it
     # at its first draw (alignment._same_shape), naming the tensor.
     steps = fields["sampling_steps"]
-    want = {"noise.init": (1 if fields["init_same_noise"] else samples,), "noise.sde": (samples, steps),
-            "noise.perms": (samples, steps - 1)}
+    window = fields.get("sde_window")  # contract.sde_window_fit: an SDE window's steps alone have SDE noise
+    want = {"noise.init": (1 if fields["init_same_noise"] else samples,),
+            "noise.sde": (samples, steps if window is None else window[0]), "noise.perms": (samples, steps - 1)}
     for step in range(1, max_step + 1):
         path = step_path(root, step, rank)
         try:

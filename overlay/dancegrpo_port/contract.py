@@ -30,6 +30,11 @@ What is defined here, and nowhere else:
   directory, the signal that asks a rank for its stacks, and the status of a run it ended.
 - the step-list syntax (``--record_steps``, ``--profile_steps``, ``compare --steps``,
   ``launch --profile``) and its one parser, ``parse_steps``, with ``format_steps`` back.
+- ``SDE_WINDOW_FLAGS``, ``SDE_WINDOW_METRICS``: the SDE window's trainer flags
+  (``dancegrpo_port/sde_window.py``) and what metrics.jsonl says of it; ``sde_window_problem``, the
+  flags' one check (the trainer runs it at start, launch on the parsed arguments before anything
+  starts, a dry run too), ``sde_window``, the window of a GRPO step, and ``sde_window_fit``, what a
+  replay and its records must share of it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ HEALTH_KEYS = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min
                "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 
 RECORDS_FORMAT = 1
-REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise")
+# sde_window: sde_window_fit's list, None without a window (records made before it have none: they fit)
+REPLAY_FIT = ("world_size", "h", "w", "num_generations", "sampling_steps", "init_same_noise", "sde_window")
 MODULE_GROUPS = ("transformer", "vae", "reward")
 RECORD_NOISE = ("noise.init", "noise.sde", "noise.perms")
 OPTIONAL_RECORD_NOISE = ("noise.order",)  # best-of-n's order: only a trainer with best-of-n (HunyuanVideo) draws it
@@ -114,3 +120,77 @@ def format_steps(steps) -> str:
         out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
         i = j + 1
     return ",".join(out)
+
+
+# The SDE window (dancegrpo_port/sde_window.py).  Sampling steps are counted from 0; upstream trains
+# steps 0 .. sampling_steps - 2 (never the last), so only those can be in the window.  The window of
+# GRPO step n (from 1) is [s, s + size), s = start + (n - 1) // shift_every * stride, never ending
+# past ``end`` (default: the last trainable step): once there it stays, as the paper's window does.
+SDE_WINDOW_FLAGS = ("sde_window_size", "sde_window_start", "sde_window_end", "sde_window_shift_every",
+                    "sde_window_stride")
+SDE_WINDOW_METRICS = ("sde_window", "timesteps_trained")  # [start, end) of the step's window; timesteps a sample
+
+
+def sde_window_problem(values: dict) -> str | None:
+    """What is wrong with the SDE window flags among a trainer's parsed arguments (``values``:
+    name -> value; a flag absent is not given), in one line, or None."""
+    size = values.get("sde_window_size") or 0
+    start, end = values.get("sde_window_start"), values.get("sde_window_end")
+    every, stride = values.get("sde_window_shift_every"), values.get("sde_window_stride")
+    given = [f"--{name}" for name in SDE_WINDOW_FLAGS[1:] if values.get(name) is not None]
+    if size < 0:
+        return f"--sde_window_size {size} must be 0 (no window: every sampling step an SDE step, upstream's) or more"
+    if size == 0:
+        return f"{given[0]} needs --sde_window_size W (W > 0: without it there is no window)" if given else None
+    steps = values.get("sampling_steps")
+    if not isinstance(steps, int):
+        return f"--sde_window_size {size} needs --sampling_steps (the window is a range of sampling steps)"
+    last = steps - 2
+    start = 0 if start is None else start
+    if start < 0:
+        return f"--sde_window_start {start} must be a sampling step, counted from 0"
+    if start + size > steps - 1:
+        return (f"--sde_window_size {size} --sde_window_start {start}: the window [{start}, {start + size}) ends past "
+                f"the last trainable step {last} of --sampling_steps {steps} (upstream trains steps 0..{last}, never "
+                f"the last); make the window smaller or start it earlier")
+    if every is None and (end is not None or stride is not None):
+        return (f"{'--sde_window_end' if end is not None else '--sde_window_stride'} needs --sde_window_shift_every K "
+                "(the window moves every K GRPO steps; without it the window stays where it starts)")
+    if every is not None and every < 1:
+        return f"--sde_window_shift_every {every} must be at least 1 (GRPO steps between two moves of the window)"
+    if stride is not None and stride < 1:
+        return f"--sde_window_stride {stride} must be at least 1 (sampling steps the window moves by)"
+    if end is not None and not start + size - 1 <= end <= last:
+        return (f"--sde_window_end {end} must be a step from the starting window's last, {start + size - 1}, to the "
+                f"last trainable step {last} of --sampling_steps {steps}")
+    return None
+
+
+def sde_window(values: dict, step: int) -> tuple[int, int] | None:
+    """[start, end) of the SDE window of GRPO step ``step`` (from 1; a step before the first, the
+    bench's warm-up 0, has the first's), for arguments ``sde_window_problem`` passes; None without
+    a window."""
+    size = values.get("sde_window_size") or 0
+    if size <= 0:
+        return None
+    start = values.get("sde_window_start") or 0
+    every = values.get("sde_window_shift_every")
+    if every:
+        end = values.get("sde_window_end")
+        last = values["sampling_steps"] - 2 if end is None else end
+        start = min(start + max(step - 1, 0) // every * (values.get("sde_window_stride") or 1), last - size + 1)
+    return start, start + size
+
+
+def sde_window_fit(values: dict) -> list | None:
+    """The window's schedule, every default resolved: [size, start, end, shift_every, stride]
+    (shift_every 0: the window stays), or None without a window.  A replay and its records must
+    have the same (REPLAY_FIT's sde_window)."""
+    size = values.get("sde_window_size") or 0
+    if size <= 0:
+        return None
+    every = values.get("sde_window_shift_every") or 0
+    end = values.get("sde_window_end")
+    return [size, values.get("sde_window_start") or 0,
+            (values["sampling_steps"] - 2 if end is None else end) if every else None, every,
+            (values.get("sde_window_stride") or 1) if every else None]

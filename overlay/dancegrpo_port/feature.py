@@ -14,9 +14,10 @@ Three kinds of event, as hooks.py calls them:
 - contexts (``sampling``, ``model_call``, ``decoding``, ``rewarding``, ``training``): every
   feature's context manager is entered around the trainer's code (the base's does nothing);
 - answers (``initial_latents``, ``sde_noise``, ``timestep_perms``, ``selection_order``,
-  ``condition_generator``: the noise source): the
-  first feature that returns something other than None answers; when none does, the draw is
-  upstream's, from the row that gives it (``FeatureRow.upstream_answers``).  ``checkpoint_load`` passes the step to start after from feature to feature.
+  ``condition_generator``: the noise source; ``sde_step``, ``trained_order``,
+  ``trained_timesteps``: the SDE window): the first feature that returns something other than
+  None answers; when none does, the draw or the choice is upstream's, from the row that gives it
+  (``FeatureRow.upstream_answers``).  ``checkpoint_load`` passes the step to start after from feature to feature.
 
 A row of the seam's table (``hooks.FEATURES``) says how to make one feature for a run: its
 trainer flags (``add_arguments(parser)``), its one-line check of them
@@ -89,6 +90,11 @@ class Feature:
         """The noise source's SDE noise of sampling step ``index``, or None."""
         return None
 
+    def sde_step(self, index: int):
+        """Whether sampling step ``index`` is an SDE step (True) or the ODE (False), or None:
+        not this feature's to answer (upstream's: every step an SDE step)."""
+        return None
+
     def sampling(self):
         """Around a rollout batch's sampling loop."""
         return nullcontext()
@@ -131,6 +137,14 @@ class Feature:
         """The noise source's timestep permutations, or None."""
         return None
 
+    def trained_order(self, perms):
+        """The timestep permutations in the order the training loop takes them, or None."""
+        return None
+
+    def trained_timesteps(self, count: int):
+        """The timesteps each sample trains (upstream's ``count``), or None."""
+        return None
+
     def selection_order(self, n: int, device):
         """The noise source's shuffle of the samples best-of-n keeps, or None."""
         return None
@@ -152,7 +166,8 @@ class Feature:
 
 EVENTS = frozenset(name for name, value in vars(Feature).items() if callable(value) and not name.startswith("_"))
 # the events whose first answer (not None) is the result; upstream's draw when none answers
-ANSWERS = ("initial_latents", "sde_noise", "timestep_perms", "selection_order", "condition_generator")
+ANSWERS = ("initial_latents", "sde_noise", "timestep_perms", "selection_order", "condition_generator", "sde_step",
+           "trained_order", "trained_timesteps")
 # the events that are context managers, entered for every feature
 CONTEXTS = ("sampling", "model_call", "decoding", "rewarding", "conditioning", "training")
 

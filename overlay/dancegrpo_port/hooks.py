@@ -30,12 +30,14 @@ Call points, in the order a run makes them::
           rollout_batch(batch_idx)   the samples (indices into the step's) of the next batch
           initial_latents(shape, device, dtype) / sde_noise(like, index)   the noise source
           with sampling(): ... with model_call("transformer", transformer): ...
+            sampling_step(flux_step, ...) a sampling step: upstream's SDE step, or the ODE step
+                                     outside an SDE window (sde_step(index); sde-window patch)
           sampled(latents, log_probs)
           with decoding(vae): ...    decoded(images, batch_idx, name); image_file(path)
           with rewarding(model): ...
         rewards_gathered(rewards)    every rank's rewards of the step (metrics.jsonl: reward_mean)
         advantages(rewards, advantages); selection_order(n, device)  (best-of-n)
-        timestep_perms(samples, n)
+        timestep_perms(samples, n); trained_order(perms); trained_timesteps(count)  (the SDE window's)
         for item in training(items): ... trained_pair(new, old, ratio, loss); update(grad_norm)
       step_end(step, **figures)      after the step's time is taken (upstream's loss, grad norm, step
                                      time, lr): records, health, times, metrics.jsonl
@@ -58,7 +60,7 @@ import os
 import sys
 from contextlib import ExitStack, contextmanager
 
-from dancegrpo_port import alignment, checkpoints, heartbeat, phases, rollout, upstream_args, weights
+from dancegrpo_port import alignment, checkpoints, heartbeat, phases, rollout, sde_window, upstream_args, weights
 from dancegrpo_port.clean_exit import CleanExit
 from dancegrpo_port.feature import (
     BENCH_EVERY_STEP, BENCH_TIMED_STEPS, Context, FeatureError, FeatureRow, check_feature,
@@ -83,6 +85,9 @@ FEATURES = (
                upstream_answers=alignment.UPSTREAM_NOISE),
     FeatureRow(name="batching", add_arguments=rollout.add_arguments, argument_problem=rollout.argument_problem,
                create=lambda c: rollout.Batching(getattr(c.args, "sample_batch_size", 1)), bench=BENCH_EVERY_STEP),
+    FeatureRow(name="sde-window", add_arguments=sde_window.add_arguments, argument_problem=sde_window.argument_problem,
+               create=lambda c: sde_window.SdeWindow(vars(c.args)), bench=BENCH_EVERY_STEP,
+               upstream_answers=sde_window.UPSTREAM_STEPS),
     FeatureRow(name="profile", add_arguments=phases.add_arguments, argument_problem=phases.argument_problem,
                create=lambda c: phases.Profile(phases.StepProfiler(getattr(c.args, "profile_steps", None), "./profile"))),
     FeatureRow(name="phase-times", create=lambda c: phases.PhaseTimes(c.get("phase_timer", phases.PhaseTimer)),
@@ -123,7 +128,7 @@ def create(context: Context, rows=None) -> list:
 
 def add_arguments(parser) -> None:
     """Every feature's trainer flags (--checkpoints_total_limit, --rng, --record..., --replay,
-    --sample_batch_size, --vae_decode_chunk, --profile_steps, --weights_digest)."""
+    --sample_batch_size, --vae_decode_chunk, --sde_window_..., --profile_steps, --weights_digest)."""
     for row in FEATURES:
         if row.add_arguments is not None:
             row.add_arguments(parser)
@@ -197,10 +202,11 @@ def _around(name: str, *args):
 
 def _answer(name: str, *args):
     """The first feature's answer (not None), else upstream's draw (the rows' ``upstream_answers``):
-    the noise source's events."""
+    the noise source's and the SDE window's events."""
     heartbeat.mark(name)
     for source in (*_FEATURES, *_UPSTREAM_ANSWERS):
-        answer = getattr(source, name)(*args)
+        method = getattr(source, name, None)  # a row's upstream_answers answers its own events
+        answer = None if method is None else method(*args)
         if answer is not None:
             return answer
     return None
@@ -286,6 +292,18 @@ def model_call(name: str, module):
     return _around("model_call", name, module)
 
 
+def sampling_step(step, model_output, latents, eta, sigmas, index: int):
+    """Sampling step ``index`` of a rollout batch, ``step`` the trainer's ``flux_step``:
+    upstream's SDE step, ``step(..., prev_sample=None, grpo=True, sde_solver=True)`` (its noise
+    from ``sde_noise``), unless a feature says it is an ODE step (``sde_step``: outside the SDE
+    window): then upstream's ODE form and a log-prob slot of 0 (sde_window.ode_step).
+    (prev_sample, pred_original, log_prob) either way."""
+    if _answer("sde_step", index):
+        return step(model_output, latents, eta, sigmas=sigmas, index=index, prev_sample=None, grpo=True,
+                    sde_solver=True)
+    return sde_window.ode_step(step, model_output, latents, eta, sigmas, index)
+
+
 def sampled(latents, log_probs) -> None:
     _call("sampled", latents, log_probs)
 
@@ -334,6 +352,18 @@ def advantages(rewards, advantages) -> None:
 
 def timestep_perms(batch_size: int, n: int):
     return _answer("timestep_perms", batch_size, n)
+
+
+def trained_order(perms):
+    """The timestep permutations (``timestep_perms``'s, (samples, n)) in the order the training
+    loop takes them: upstream's, or the SDE window's steps first (in the permutation's order)."""
+    return _answer("trained_order", perms)
+
+
+def trained_timesteps(count: int) -> int:
+    """The timesteps each sample trains: upstream's ``count`` (int((steps - 1) * timestep_fraction)),
+    or the SDE window's size."""
+    return _answer("trained_timesteps", count)
 
 
 def selection_order(n: int, device):

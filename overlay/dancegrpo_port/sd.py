@@ -30,6 +30,7 @@ import time
 import torch
 
 from dancegrpo_port import reward
+from dancegrpo_port.contract import SDE_WINDOW_FLAGS
 
 # What upstream hard-codes, relative to the directory the script starts in.
 MODEL_DIR = "./data/stable-diffusion-v1-4"
@@ -101,6 +102,11 @@ def settle(args, config) -> None:
 
 def argument_problem(args, config) -> str | None:
     """What the configuration and the port's flags cannot run (one line), or None."""
+    window = [f"--{name}" for name in SDE_WINDOW_FLAGS if getattr(args, name, None) not in (None, 0)]
+    if window:
+        return (f"{window[0]}: the SD trainer takes no SDE window: its DDIM pipeline passes one eta to every step, "
+                "its log-prob is NaN at eta = 0 (no ODE step), and its number of trained timesteps sets accelerate's "
+                "gradient accumulation at start")
     if config.use_lora:
         return ("config.use_lora=True: upstream's LoRA path builds LoRAAttnProcessor(hidden_size=...), which "
                 "diffusers 0.32 no longer takes; train the full UNet (the configuration's default)")

@@ -237,8 +237,8 @@ def test_the_recorder_writes_the_contracts_names_shapes_and_dtypes(rng, tmp_path
     index = json.loads((tmp_path / "records" / "index.json").read_text())
     assert index == {"format": 1, "script": index["script"], "world_size": 1, "rng": rng, "seed": 42, "h": H, "w": W,
                      "t": 1, "num_generations": 2, "sampling_steps": 4, "init_same_noise": False, "eta": 0.3,
-                     "clip_range": 1e-4, "timestep_fraction": 0.6, "replayed_from": None, "steps": [2],
-                     "modules": False}
+                     "clip_range": 1e-4, "timestep_fraction": 0.6, "sde_window": None, "replayed_from": None,
+                     "steps": [2], "modules": False}
 
 
 def test_cpu_noise_is_recorded_as_drawn_in_float32(tmp_path, monkeypatch):

@@ -30,10 +30,12 @@ What is defined here, and nowhere else:
   directory, the signal that asks a rank for its stacks, and the status of a run it ended.
 - the step-list syntax (``--record_steps``, ``--profile_steps``, ``compare --steps``,
   ``launch --profile``) and its one parser, ``parse_steps``, with ``format_steps`` back.
+- ``arguments_problem``: the checks of the port's trainer flags that need no torch, which the
+  tool runs too, on the arguments launch gives the script, before anything starts (a dry run
+  included): the trainer's features run the same at start.
 - ``SDE_WINDOW_FLAGS``, ``SDE_WINDOW_METRICS``: the SDE window's trainer flags
   (``dancegrpo_port/sde_window.py``) and what metrics.jsonl says of it; ``sde_window_problem``, the
-  flags' one check (the trainer runs it at start, launch on the parsed arguments before anything
-  starts, a dry run too), ``sde_window``, the window of a GRPO step, and ``sde_window_fit``, what a
+  flags' one check, ``sde_window``, the window of a GRPO step, and ``sde_window_fit``, what a
   replay and its records must share of it.
 """
 
@@ -164,6 +166,12 @@ def sde_window_problem(values: dict) -> str | None:
         return (f"--sde_window_end {end} must be a step from the starting window's last, {start + size - 1}, to the "
                 f"last trainable step {last} of --sampling_steps {steps}")
     return None
+
+
+def arguments_problem(values: dict) -> str | None:
+    """The first problem of a trainer's parsed arguments (name -> value) that the shared checks
+    find (one line), or None: the SDE window's."""
+    return sde_window_problem(values)
 
 
 def sde_window(values: dict, step: int) -> tuple[int, int] | None:

@@ -102,7 +102,7 @@ def settle(args, config) -> None:
 
 def argument_problem(args, config) -> str | None:
     """What the configuration and the port's flags cannot run (one line), or None."""
-    window = [f"--{name}" for name in SDE_WINDOW_FLAGS if getattr(args, name, None) not in (None, 0)]
+    window = [f"--{name} {getattr(args, name)}" for name in SDE_WINDOW_FLAGS if getattr(args, name, None) not in (None, 0)]
     if window:
         return (f"{window[0]}: the SD trainer takes no SDE window: its DDIM pipeline passes one eta to every step, "
                 "its log-prob is NaN at eta = 0 (no ODE step), and its number of trained timesteps sets accelerate's "

@@ -41,6 +41,8 @@ def epilog() -> str:
         f"  dancegrpo-npu bench --trainer {default} --size cpu --device cpu --sample-batch-sizes 1,4",
         f"  dancegrpo-npu bench --trainer {default} --size tiny --generations 8 --sample-batch-sizes 1,8",
         f"  dancegrpo-npu bench --trainer {other} --size tiny --sample-batch-sizes 1,2 --record",
+        f"  dancegrpo-npu bench --trainer {default} --size tiny --sampling-steps 16 --timestep-fraction 0.6 "
+        "--sde-window-size 4\n      # upstream's 9 trained timesteps a sample against an SDE window of 4, step by step",
     ]
     if short:
         examples.append(f"  dancegrpo-npu bench --trainer {short} --size tiny --device cpu   # a short run of its smoke")
@@ -78,7 +80,7 @@ def options_from_args(args) -> dict:
     options.update(
         trainer=args.trainer, size=args.size, sample_batch_sizes=args.sample_batch_sizes,
         vae_decode_chunk=args.vae_decode_chunk, device=resolve_device(args.device), dtype=args.dtype,
-        record=args.record,
+        record=args.record, sde_window_size=args.sde_window_size,
     )  # fmt: skip
     return options
 
@@ -139,6 +141,11 @@ def register(sub, common) -> None:
                    help=f"timed GRPO steps per N (default {presets.TIMING['steps']}; cpu size 1)")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help=f"untimed GRPO steps before them (default {presets.TIMING['warmup_steps']})")
+    p.add_argument("--sde-window-size", type=int, default=0, metavar="W",
+                   help="measure each N twice, step by step in turn: upstream's step (every sampling step an SDE "
+                   "step, --timestep-fraction of them trained), then one with the trainer's --sde_window_size W (W "
+                   "steps an SDE step and trained, the rest the ODE); the table says how much faster the train "
+                   "phase and the whole step are (default 0: upstream's alone)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results and the fingerprint here")
     p.add_argument("--record", action="store_true",
                    help="record every timed step's stages into <run>/records/ as `launch --record` does, so that "

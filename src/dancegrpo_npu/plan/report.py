@@ -103,6 +103,8 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
         + (f", CPU offload" if cpu_offload else "") + (f", LoRA rank {lora_rank}" if lora_rank else "")
         + (f", the first frame's {model.first_frame['name']}: {options.first_frame}" if model.first_frame else ""),
         f"  recipe: {script} ({_ranks(recipe_world)}, read from the patched tree); an estimate from shapes, not a measurement",
+        *([] if model.unet else ["  an SDE window (--sde_window_size W) changes no figure here: training takes one timestep at "
+                                 "a time at any W, and the rollout keeps every step's latents, as upstream's"]),
         "",
         f"  {'per rank, as asked':<72} {'GiB':>7}",
     ]

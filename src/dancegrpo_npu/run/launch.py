@@ -26,7 +26,7 @@ from dancegrpo_npu import trainers
 from dancegrpo_npu.run.align_flags import TRAINER_FLAGS, check_replay
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
-from dancegrpo_npu.contract import DEVICE_ENV, parse_step_spec
+from dancegrpo_npu.contract import DEVICE_ENV, arguments_problem, parse_step_spec, sde_window_fit
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
 from dancegrpo_npu.run import datasets, depsets, recipes
@@ -126,8 +126,10 @@ def _profile_args(spec: LaunchSpec) -> list[str]:
 
 def replay_values(info: TrainerSpec, values: dict[str, object], world_size: int) -> dict[str, object]:
     """What a replay's records must fit (contract.REPLAY_FIT): the values this launch's trainer runs
-    with (``values``: run.upstream_args.trainer_values), the row's fixed ones and the world size."""
-    return {**values, **dict(info.fixed_values), "world_size": world_size}
+    with (``values``: run.upstream_args.trainer_values), the row's fixed ones, the world size, and
+    the SDE window's schedule made of its flags (contract.sde_window_fit)."""
+    values = {**values, **dict(info.fixed_values), "world_size": world_size}
+    return {**values, "sde_window": sde_window_fit(values)}
 
 
 def _alignment_args(project: Project, spec: LaunchSpec) -> tuple[list[str], Path | None]:
@@ -203,6 +205,16 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
     return f"checked by {Path(info.relpath).name}'s own parser", parsed.values
 
 
+def _check_port_flags(info: TrainerSpec, parsed: dict | None) -> None:
+    """The contract's checks of the port's flags (contract.arguments_problem: the SDE window's),
+    which the trainer makes at start, made on the namespace its own parser gives (None: not read,
+    nothing to check) before anything starts: one line, exit 2."""
+    problem = None if parsed is None else arguments_problem(parsed)
+    if problem:
+        raise DancegrpoError(f"{Path(info.relpath).name} would refuse its arguments: {problem}",
+                             "fix the script's arguments; nothing was started", exit_code=2)
+
+
 def build_plan(
     project: Project,
     spec: LaunchSpec,
@@ -244,6 +256,7 @@ def build_plan(
     script_args += _profile_args(spec)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
     arguments_checked, parsed = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+    _check_port_flags(info, parsed)
     _check_alignment(spec, info, script_args, parsed, spec.nproc_per_node * spec.nnodes, replay_source)
     sizes = image_sizes_problem(flag_values(script_args), info.image_sizes)
     if sizes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dancegrpo_npu import trainers
-from dancegrpo_npu.contract import REPLAY_FIT
+from dancegrpo_npu.contract import REPLAY_FIT, SDE_WINDOW_FLAGS
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import datasets
 
@@ -189,8 +189,10 @@ def input_problems(info: TrainerSpec, script_args: list[str]) -> list[str]:
 
 
 # What a replay must match that the trainer's arguments hold (contract.REPLAY_FIT but the world
-# size), the steps it replays, and the seed ``--rng cpu`` seeds its generator from.
-REPLAY_ARGUMENTS = (*(name for name in REPLAY_FIT if name != "world_size"), "max_train_steps", "seed")
+# size, and the SDE window's flags in place of its schedule, which launch.replay_values makes of
+# them), the steps it replays, and the seed ``--rng cpu`` seeds its generator from.
+REPLAY_ARGUMENTS = (*(name for name in REPLAY_FIT if name not in ("world_size", "sde_window")), *SDE_WINDOW_FLAGS,
+                    "max_train_steps", "seed")
 
 
 def trainer_values(info: TrainerSpec, script_args, parsed: dict | None) -> dict[str, object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from dancegrpo_npu.files import process_alive
-from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, TIMED_PHASES, RunInfo, read_metrics
+from dancegrpo_npu.rundirs.rundir import HEALTH_COLUMNS, TIMED_PHASES, RunInfo, read_metrics, window_summary
 
 
 def status_of(run: RunInfo) -> str:
@@ -42,6 +42,7 @@ def row(run: RunInfo) -> dict:
         "phases_s": metrics.phase_means(),  # mean seconds per step of each timed phase ({} for older runs)
         "peak_memory_bytes": metrics.phase_peaks(),  # the largest peak of each phase over the steps
         "peak_memory_kind": metrics.peak_memory_kind,
+        "sde_window": window_summary(metrics.sde_windows, len(metrics.steps)) if metrics.sde_windows else None,  # None: every step an SDE step
         "reason": failure_reason(run.summary) or smoke_failure(run),  # why a failed run failed, else None
         "resumes": run.summary.get("resumes") or 0,  # launch --resume / smoke --resume continued it
         "restarts": run.summary.get("restarts") or 0,  # torchrun's elastic restarts (--max-restarts)
@@ -99,7 +100,21 @@ def format_table(rows: list[dict]) -> str:
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
     # each run's reason and phase lines go under its row (rows are out[1:], in the order of rows)
     return "\n".join([out[0]] + [text for r, line in zip(rows, out[1:], strict=True)
-                                 for text in [line, *reason_lines(r), *continued_lines(r), *phase_lines(r)]])
+                                 for text in [line, *reason_lines(r), *continued_lines(r), *window_lines(r),
+                                              *phase_lines(r)]])
+
+
+def window_lines(r: dict) -> list[str]:
+    """A run trained on an SDE window: its window at the first step and at the last, and the
+    timesteps each sample trained."""
+    window = r.get("sde_window")
+    if not window:
+        return []
+    first, last = window["first"], window["last"]
+    where = (f"[{first[0]}, {first[1]})" if first == last else
+             f"[{first[0]}, {first[1]}) at step {window['first_step']} -> [{last[0]}, {last[1]}) at step {window['last_step']}")
+    some = f" ({window['steps']} of {window['of_steps']} steps)" if window["steps"] < window["of_steps"] else ""
+    return [f"    SDE window: {where}, {window['timesteps_trained']} timesteps trained a sample{some}"]
 
 
 def reason_lines(r: dict) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from dancegrpo_npu.contract import HEALTH_KEYS
 from dancegrpo_npu.contract import OPTIONAL_PHASES
 from dancegrpo_npu.contract import PHASES as STEP_PHASES
+from dancegrpo_npu.contract import SDE_WINDOW_METRICS
 from dancegrpo_npu.errors import DancegrpoError
 
 
@@ -66,6 +67,8 @@ class Metrics:
     peak_memory_kind: str | None = None  # "device allocator" | "host peak RSS (includes weights)"
     # metrics.jsonl's first line that is no record, or why the file cannot be read (None: all read)
     problem: str | None = None
+    # the steps trained with an SDE window (SDE_WINDOW_METRICS): (step, (start, end), timesteps trained a sample)
+    sde_windows: tuple[tuple[int, tuple[int, int], int], ...] = ()
 
     def last(self, key: str) -> float | None:
         """The last non-null value of a health key (or reward_mean / loss), None without one."""
@@ -116,7 +119,8 @@ def read_metrics(run_dir: Path) -> Metrics:
         health: dict[str, list[float | None]] = {k: [] for k in HEALTH_COLUMNS}
         phase_time: dict[str, list[float | None]] = {p: [] for p in TIMED_PHASES}
         phase_peak: dict[str, list[float | None]] = {p: [] for p in TIMED_PHASES}
-        peak_kind = None
+        peak_kind, windows = None, []
+        window_key, trained_key = SDE_WINDOW_METRICS
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -142,6 +146,8 @@ def read_metrics(run_dir: Path) -> Metrics:
                 phase_peak[phase].append(_num(peaks.get(phase)))
             if isinstance(rec.get("peak_memory_kind"), str):
                 peak_kind = rec["peak_memory_kind"]
+            if isinstance(rec.get(window_key), list) and len(rec[window_key]) == 2:
+                windows.append((step, tuple(rec[window_key]), rec.get(trained_key)))
         if steps:
             return Metrics(
                 tuple(steps),
@@ -155,6 +161,7 @@ def read_metrics(run_dir: Path) -> Metrics:
                 _present(phase_peak),
                 peak_kind,
                 problem,
+                tuple(windows),
             )
     rewards_file = run_dir / "reward.txt"
     if rewards_file.is_file():
@@ -196,7 +203,17 @@ def metrics_summary(run_dir: Path) -> dict:
         "loss": _figures(m.loss),
         "step_time": _figures(m.step_time),
         "images": sum(1 for p in images.iterdir() if p.is_file()) if images.is_dir() else 0,
+        **({"sde_window": window_summary(m.sde_windows, len(m.steps))} if m.sde_windows else {}),
     }
+
+
+def window_summary(windows, steps: int) -> dict:
+    """A run's SDE window (metrics.jsonl's sde_window of each step): the first such step's and the
+    last's [start, end), the timesteps the last trained a sample, and how many of the run's
+    ``steps`` had one (a bench run measures steps without it too)."""
+    (first_step, first, _), (last_step, last, trained) = windows[0], windows[-1]
+    return {"first": list(first), "last": list(last), "first_step": first_step, "last_step": last_step,
+            "timesteps_trained": trained, "steps": len(windows), "of_steps": steps}
 
 
 # A smoke run's verdict, written by ``smoke`` after its checks: {"passed": bool, "error": the one

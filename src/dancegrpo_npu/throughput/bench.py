@@ -165,8 +165,9 @@ def run_bench(project, config: presets.BenchConfig, progress=say_progress):
         with phases.single_rank_group():
             recorded = config.sizes.steps * len(config.sample_batch_sizes) if config.record else 0
             bench = phases.Bench(trainer, built, prompt, config.sizes, kind, target, run_dir, recorded, spec)
+            windows = (0, config.sde_window_size) if config.sde_window_size else (0,)  # side by side, step by step
             for n in config.sample_batch_sizes:
-                results.append(phases.measure(bench, n, config.decode_chunk(n), progress))
+                results.extend(phases.measure(bench, n, config.decode_chunk(n), progress, windows))
         facts["rewards_finite"] = all(r.rewards_finite for r in results)
         status = "succeeded"
         return results, facts
@@ -213,6 +214,8 @@ def bench_argv(options: dict, json_path: str | None) -> list[str]:
             "--dtype", options["dtype"], "--sample-batch-sizes", options["sample_batch_sizes"]]
     if options.get("vae_decode_chunk") is not None:
         argv += ["--vae-decode-chunk", str(options["vae_decode_chunk"])]
+    if options.get("sde_window_size"):
+        argv += ["--sde-window-size", str(options["sde_window_size"])]
     for flag, name in presets.SIZE_FLAGS:
         if options.get(name) is not None:
             argv += [flag, str(options[name])]
@@ -244,8 +247,9 @@ def run_in_depset(project, name: str, options: dict, json_path: str | None) -> i
 
 def format_table(results, facts) -> str:
     gib = 2**30
-    head = (f"{'N':>3}  {'rollout/s':>9}  {'step/s':>8}  " + "  ".join(f"{p + ' s':>9}" for p in PHASES)
-            + "  " + "  ".join(f"{'peak ' + p:>12}" for p in PHASES))  # fmt: skip
+    windowed = any(r.sde_window_size for r in results)
+    head = (f"{'N':>3}  " + (f"{'W':>3}  " if windowed else "") + f"{'rollout/s':>9}  {'step/s':>8}  "
+            + "  ".join(f"{p + ' s':>9}" for p in PHASES) + "  " + "  ".join(f"{'peak ' + p:>12}" for p in PHASES))
     threads = (f"; {facts['torch_threads']} CPU thread(s) ({facts['torch_threads_from']})"
                if facts.get("torch_threads_from") else "")
     if facts.get("short_run"):
@@ -265,16 +269,32 @@ def format_table(results, facts) -> str:
     lines += ["samples/s; seconds per GRPO step; peak memory in GiB (" + facts["peak_memory"] + ")", head]
     for r in results:
         peaks = ["-" if r.peak_memory_bytes[p] is None else f"{r.peak_memory_bytes[p] / gib:.2f}" for p in PHASES]
+        window = (f"{r.sde_window_size or '-':>3}  " if windowed else "")
         lines.append(
-            f"{r.sample_batch_size:>3}  {r.rollout_samples_per_s:>9.3f}  {r.step_samples_per_s:>8.3f}  "
+            f"{r.sample_batch_size:>3}  {window}{r.rollout_samples_per_s:>9.3f}  {r.step_samples_per_s:>8.3f}  "
             + "  ".join(f"{r.phases_s[p]:>9.3f}" for p in PHASES) + "  " + "  ".join(f"{x:>12}" for x in peaks))
-    if len(results) > 1:
-        base = results[0]
+    upstream = [r for r in results if not r.sde_window_size]
+    if len(upstream) > 1:
+        base = upstream[0]
         lines.append("rollout samples/s against N=%d: %s" % (base.sample_batch_size, ", ".join(
-            f"N={r.sample_batch_size} {r.rollout_samples_per_s / base.rollout_samples_per_s:.2f}x" for r in results[1:])))
+            f"N={r.sample_batch_size} {r.rollout_samples_per_s / base.rollout_samples_per_s:.2f}x" for r in upstream[1:])))
+    if windowed:
+        lines.append(window_line(results, facts["train_timesteps"]))
     if not facts.get("rewards_finite", True):
         lines.append("note: some rewards were not finite (random weights); the timings stand")
     return "\n".join(lines)
+
+
+def window_line(results, train_timesteps: int) -> str:
+    """The SDE window against upstream at each N, measured side by side: how much faster the
+    train phase and the whole step are (seconds without the window / seconds with it)."""
+    parts = []
+    for base, windowed in zip(results[::2], results[1::2]):
+        whole = sum(base.phases_s.values()) / sum(windowed.phases_s.values())
+        parts.append(f"N={base.sample_batch_size} train {base.phases_s['train'] / windowed.phases_s['train']:.2f}x, "
+                     f"whole step {whole:.2f}x")
+    return (f"SDE window of {results[1].sde_window_size} steps against upstream's {train_timesteps} trained "
+            f"timesteps (faster by): " + "; ".join(parts))
 
 
 def bench_fingerprint(project, facts: dict) -> dict:

@@ -72,16 +72,17 @@ def load_trainer(tree: Path, device: str, relpath: str):
     return importlib.import_module(relpath.removesuffix(".py").replace("/", ".")), kind
 
 
-def trainer_args(sizes, n: int, decode_chunk: int, extra=()) -> SimpleNamespace:
+def trainer_args(sizes, n: int, decode_chunk: int, extra=(), sde_window_size: int = 0) -> SimpleNamespace:
     """The trainer flags ``train_one_step`` and ``sample_reference_model`` read: upstream's
     recipe (``--use_group --use_hpsv2 --init_same_noise``, its clip ranges) at the bench's sizes,
-    and the trainer's ``extra`` ones (its registry row's ``bench.extra_args``)."""
+    the trainer's ``extra`` ones (its registry row's ``bench.extra_args``), and the seam's SDE
+    window (``--sde_window_size``; 0: none, upstream's)."""
     return SimpleNamespace(**dict(extra), **dict(
         h=sizes.height, w=sizes.width, t=1, sampling_steps=sizes.sampling_steps, eta=sizes.eta, shift=sizes.shift,
         num_generations=sizes.generations, use_group=True, train_batch_size=1, init_same_noise=True,
         use_hpsv2=True, use_pickscore=False, timestep_fraction=sizes.timestep_fraction, seed=None,
         clip_range=CLIP_RANGE, adv_clip_max=ADV_CLIP_MAX, gradient_accumulation_steps=sizes.gradient_accumulation_steps,
-        sample_batch_size=n, vae_decode_chunk=decode_chunk,
+        sample_batch_size=n, vae_decode_chunk=decode_chunk, sde_window_size=sde_window_size,
     ))  # fmt: skip
 
 
@@ -165,26 +166,27 @@ class Bench:
             self.alignment_run = alignment.start(args, 0, 1, device)
         self.logged_steps = 0
 
-    def features(self, n: int, logged: bool) -> list:
+    def features(self, n: int, logged: bool, sde_window_size: int = 0) -> list:
         """The seam's features for a step at N, made from the seam's table (dancegrpo_port/hooks.py
         FEATURES) in its order: the rows a bench step takes (alignment: upstream's noise and the
-        GRPO health figures; the batching check; the phase times) and, for a timed step, those
-        that log it (metrics.jsonl).  Every step shares the bench's alignment run and phase
+        GRPO health figures; the batching check; the SDE window, of ``sde_window_size`` steps from
+        step 0, or none; the phase times) and, for a timed step, those that log it (metrics.jsonl).  Every step shares the bench's alignment run and phase
         timer; a step runs in the run directory, where metrics.jsonl is written."""
         from dancegrpo_port import feature, hooks
 
         wanted = (feature.BENCH_EVERY_STEP, feature.BENCH_TIMED_STEPS) if logged else (feature.BENCH_EVERY_STEP,)
-        context = feature.Context(trainer_args(self.sizes, n, 1), 0, 1, self.device,
+        context = feature.Context(trainer_args(self.sizes, n, 1, sde_window_size=sde_window_size), 0, 1, self.device,
                                   shared={"alignment": self.alignment_run, "phase_timer": self.timer})
         return hooks.create(context, [row for row in hooks.FEATURES if row.bench in wanted])
 
-    def step(self, n: int, decode_chunk: int, logged: bool) -> dict:
+    def step(self, n: int, decode_chunk: int, logged: bool, sde_window_size: int = 0) -> dict:
         """One ``train_one_step`` between the seam's step_begin and step_end: its figures
-        (time_<phase>, peak_memory_bytes, loss, grad_norm, reward_mean, ...)."""
+        (time_<phase>, peak_memory_bytes, loss, grad_norm, reward_mean, ..., and with an SDE window
+        sde_window and timesteps_trained)."""
         hooks = self.trainer.hooks
-        hooks.install(self.features(n, logged))
+        hooks.install(self.features(n, logged, sde_window_size))
         step = self.logged_steps + 1 if logged else 0
-        args = trainer_args(self.sizes, n, decode_chunk, self.spec.bench.extra_args)
+        args = trainer_args(self.sizes, n, decode_chunk, self.spec.bench.extra_args, sde_window_size)
         start = time.time()
         with self.in_run_dir():  # records/ (with --record) is written relative to it, as in a launch
             hooks.step_begin(step)
@@ -238,6 +240,7 @@ class Result:
     peak_memory_bytes: dict
     generations: int
     rewards_finite: bool
+    sde_window_size: int = 0  # the SDE window's steps (0: none, every step an SDE step: upstream's)
 
     @property
     def rollout_s(self) -> float:
@@ -254,6 +257,7 @@ class Result:
     def as_json(self) -> dict:
         return {
             "sample_batch_size": self.sample_batch_size,
+            "sde_window_size": self.sde_window_size,
             "rollout_samples_per_s": self.rollout_samples_per_s,
             "step_samples_per_s": self.step_samples_per_s,
             "phases_s": dict(self.phases_s),
@@ -261,31 +265,39 @@ class Result:
         }
 
 
-def result_of(n: int, generations: int, figures: list[dict]) -> Result:
-    """The timed steps' figures at N: mean seconds and the largest peak, per phase."""
+def result_of(n: int, generations: int, figures: list[dict], sde_window_size: int = 0) -> Result:
+    """The timed steps' figures at N (and SDE window): mean seconds and the largest peak, per phase."""
     seconds = {p: sum(f[f"time_{p}"] for f in figures) / len(figures) for p in PHASES}
     peaks = {}
     for p in PHASES:
         values = [f["peak_memory_bytes"][p] for f in figures if f["peak_memory_bytes"].get(p) is not None]
         peaks[p] = max(values) if values else None
     finite = all(math.isfinite(f["reward_mean"]) for f in figures)
-    return Result(n, seconds, peaks, generations, finite)
+    return Result(n, seconds, peaks, generations, finite, sde_window_size)
 
 
-def measure(bench: Bench, n: int, decode_chunk: int, progress=None) -> Result:
-    """Warm-up steps (timed, not logged), then the timed ones, logged to metrics.jsonl."""
+def measure(bench: Bench, n: int, decode_chunk: int, progress=None, windows=(0,)) -> list[Result]:
+    """Warm-up steps (timed, not logged), then the timed ones, logged to metrics.jsonl: each
+    step once for each SDE window size of ``windows`` (0: none, upstream's), one after the
+    other, so that a change in the machine's load reaches each of them alike.  A Result each."""
     sizes = bench.sizes
+
+    def label(window: int) -> str:
+        return f"N={n}" + (f", W={window}" if window else "")
+
     for k in range(sizes.warmup_steps):
-        if progress:
-            progress(f"N={n}: warm-up step {k + 1}/{sizes.warmup_steps}")
-        bench.step(n, decode_chunk, logged=False)
-    figures = []
+        for window in windows:
+            if progress:
+                progress(f"{label(window)}: warm-up step {k + 1}/{sizes.warmup_steps}")
+            bench.step(n, decode_chunk, logged=False, sde_window_size=window)
+    figures = {window: [] for window in windows}
     for k in range(sizes.steps):
-        if progress:
-            progress(f"N={n}: timed step {k + 1}/{sizes.steps}")
-        figures.append(bench.step(n, decode_chunk, logged=True))
+        for window in windows:
+            if progress:
+                progress(f"{label(window)}: timed step {k + 1}/{sizes.steps}")
+            figures[window].append(bench.step(n, decode_chunk, logged=True, sde_window_size=window))
     bench.release()
-    return result_of(n, sizes.generations, figures)
+    return [result_of(n, sizes.generations, figures[window], window) for window in windows]
 
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dancegrpo_npu import trainers
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
+from dancegrpo_npu.contract import sde_window_problem
 from dancegrpo_npu.errors import DancegrpoError
 
 DTYPES = ("auto", "bf16", "fp32")
@@ -201,6 +202,7 @@ class BenchConfig:
     record: bool = False  # the timed steps' stages into <run>/records/, as launch --record writes them
     recipe: Path | None = None  # the upstream script the sizes the preset leaves out were read from, or None
     short: ShortRun | None = None  # a short run's sizes (the row's ``bench.short_run``)
+    sde_window_size: int = 0  # W > 0: each N measured again with an SDE window of W steps, beside upstream's
 
     def decode_chunk(self, n: int) -> int:
         return self.vae_decode_chunk or n
@@ -221,6 +223,7 @@ class BenchConfig:
             **({"vae_decode_chunk": self.vae_decode_chunk or "N", "gradient_checkpointing": True}
                if self.sizes is not None else {}),
             "record": self.record,
+            "sde_window_size": self.sde_window_size,
         }
 
 
@@ -301,7 +304,12 @@ def resolve(options: dict, tree=None) -> BenchConfig:
     if chunk is not None and chunk < 1:
         raise _bad(f"--vae-decode-chunk {chunk} is below 1", "give 1 or more (default: the sample batch size)")
     given = {f: options[f] for _, f in SIZE_FLAGS if options.get(f) is not None}
+    window = options.get("sde_window_size") or 0
     if preset.short_run:
+        if window:
+            raise _bad(f"--sde-window-size {window}: {trainer_of(preset).name} is timed by a short run of its smoke "
+                       f"({preset.short_run}), not by its train_one_step beside an SDE window's",
+                       "leave --sde-window-size out")
         return _short_run_config(preset, given, batch_sizes, chunk, device, dtype, bool(options.get("record")))
     recipe, path = {}, None
     if preset.needs_recipe:
@@ -309,7 +317,22 @@ def resolve(options: dict, tree=None) -> BenchConfig:
     sizes = Sizes(**{**recipe, **preset.sizes, **given})
     check_sizes(sizes)
     check_batch_sizes(sizes, batch_sizes)
-    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), path)
+    check_window(sizes, window, bool(options.get("record")))
+    return BenchConfig(preset, sizes, batch_sizes, chunk, device, dtype, bool(options.get("record")), path,
+                       sde_window_size=window)
+
+
+def check_window(sizes: Sizes, window: int, record: bool) -> None:
+    """--sde-window-size W as the trainer checks it (the contract's check, the window starting at
+    step 0); a run's records hold one window setting, and the bench measures two."""
+    if sde_window_problem({"sde_window_size": window, "sampling_steps": sizes.sampling_steps}):
+        raise _bad(f"--sde-window-size {window}: a window holds 1 to {sizes.sampling_steps - 1} of the trainable "
+                   f"steps of --sampling-steps {sizes.sampling_steps} (upstream never trains the last)",
+                   f"give a size from 1 to {sizes.sampling_steps - 1}, or leave it out (no window)")
+    if window and record:
+        raise _bad("--record with --sde-window-size: a run's records hold one SDE window setting, and the bench "
+                   "measures two (without and with the window)", "record a bench without --sde-window-size, or "
+                   "launch with --record and --sde_window_size")
 
 
 def _short_run_config(preset: Preset, given: dict, batch_sizes, chunk, device: str, dtype: str,

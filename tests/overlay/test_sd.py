@@ -51,6 +51,11 @@ def test_a_flag_given_sets_its_key_and_one_not_given_takes_it(config):
     (lambda a, c: setattr(c.train, "gradient_accumulation_steps", 6), "an epoch's 64 samples a rank"),
     (lambda a, c: setattr(c.train, "batch_size", 8), "config.sample.batch_size 4 must be a multiple of"),
     (lambda a, c: setattr(a, "h", 500), "--h 500 --w 512: the SD VAE needs multiples of 8"),
+    # the seam's SDE window flags reach every trainer's parser; this one says why it has none
+    (lambda a, c: setattr(a, "sde_window_size", 2), "--sde_window_size 2: the SD trainer takes no SDE window: its "
+                                                    "DDIM pipeline passes one eta to every step, its log-prob is NaN "
+                                                    "at eta = 0"),
+    (lambda a, c: setattr(a, "sde_window_shift_every", 1), "--sde_window_shift_every 1: the SD trainer takes no SDE"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(config, change, message):
     if "hpsv3" in message and importlib.util.find_spec("hpsv3"):

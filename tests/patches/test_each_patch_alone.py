@@ -71,6 +71,11 @@ SKYREELS_WITHOUT = {
 PREPROCESS_WITHOUT = {
     "preprocess-order-by-prompt.patch": None,  # the smoke builds its embeddings itself
 }
+# Group 16 touches every flow trainer; its FLUX smoke is run as group 4's (each trainer's smoke without
+# it, the flag absent, is compared with the full series' in tests/patches/test_sde_window.py).
+WINDOW_WITHOUT = {
+    "sde-window.patch": None,  # no --sde_window_size: upstream's sampling step, count and order
+}
 
 # The Wan2.1 patches of group 9 change the Wan trainer and its preprocessing (wan-fsdp also adds a Wan
 # branch after the Flux one in fastvideo/utils/load.py): the FLUX smoke runs none of it, so a FLUX
@@ -138,6 +143,7 @@ CONCERN_WITHOUT = {
     "batched-rollout.patch": None,  # upstream's loop, one generation at a time
     "rewards-in-batches.patch": None,  # upstream's rewards (Wan2.1: the first frame read back from the mp4)
     "gloo-loss-average.patch": None,
+    "sde-window.patch": None,  # no --sde_window_size: upstream's sampling step, count and order
 }
 
 
@@ -155,7 +161,7 @@ def after_foundation() -> list[str]:
 def test_the_table_names_every_patch_after_the_foundation():
     assert after_foundation() == (list(WITHOUT) + list(WAN_WITHOUT) + list(QWEN_WITHOUT) + list(LATER_WITHOUT)
                                   + list(VIDEO_WITHOUT) + list(HUNYUAN_WITHOUT) + list(SKYREELS_WITHOUT)
-                                  + list(PREPROCESS_WITHOUT))
+                                  + list(PREPROCESS_WITHOUT) + list(WINDOW_WITHOUT))
 
 
 def assert_smoke_without(project, patch: str, expected: str | None, **options) -> None:
@@ -202,9 +208,9 @@ def test_the_tree_without_it_builds(project, patch):
 @pytest.mark.upstream
 # CI runs the patches whose absence fails the smoke; the trees whose smoke passes are the extended tier
 @pytest.mark.parametrize("patch", [pytest.param(p, marks=() if v else pytest.mark.extended)
-                                   for p, v in {**WITHOUT, **LATER_WITHOUT}.items()])
+                                   for p, v in {**WITHOUT, **LATER_WITHOUT, **WINDOW_WITHOUT}.items()])
 def test_the_tree_without_it_builds_and_runs_the_smoke(project, patch):
-    assert_smoke_without(project, patch, {**WITHOUT, **LATER_WITHOUT}[patch], steps=1)
+    assert_smoke_without(project, patch, {**WITHOUT, **LATER_WITHOUT, **WINDOW_WITHOUT}[patch], steps=1)
 
 
 @pytest.mark.upstream

@@ -20,7 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("hpsv2")
 
-RESULT_KEYS = {"sample_batch_size", "rollout_samples_per_s", "step_samples_per_s", "phases_s", "peak_memory_bytes"}
+RESULT_KEYS = {"sample_batch_size", "sde_window_size", "rollout_samples_per_s", "step_samples_per_s", "phases_s",
+               "peak_memory_bytes"}
 PHASES = {"rollout", "decode", "reward", "train"}
 
 
@@ -41,7 +42,7 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     document = json.loads(out.read_text())
     assert set(document) == {"results", "fingerprint"}
     results = document["results"]
-    assert [x["sample_batch_size"] for x in results] == [1, 2]
+    assert [(x["sample_batch_size"], x["sde_window_size"]) for x in results] == [(1, 0), (2, 0)]  # no SDE window
     for x in results:
         assert set(x) == RESULT_KEYS
         assert set(x["phases_s"]) == PHASES and set(x["peak_memory_bytes"]) == PHASES
@@ -69,6 +70,32 @@ def test_tiny_preset_on_cpu_writes_the_results(patched_tree, tmp_path):
     check_run_directory(patched_tree, tmp_path / "runs", facts, results)
     check_compare(patched_tree, tmp_path / "runs", facts)
     check_memory_plan(facts, results)
+
+
+@pytest.mark.slow
+@pytest.mark.upstream
+def test_an_sde_window_is_measured_step_by_step_beside_upstreams(patched_tree, tmp_path):
+    """--sde-window-size W: each N twice, upstream's step then the window's, alternating (here
+    one timed step each, no warm-up): its own result, its table row and the ratio line; the
+    window's steps say their window in metrics.jsonl, and `runs` says how many had one."""
+    out = tmp_path / "bench.json"
+    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--preset", "tiny", "--device", "cpu",
+              "--steps", "1", "--warmup-steps", "0", "--sde-window-size", "2", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert [(x["sample_batch_size"], x["sde_window_size"]) for x in document["results"]] == [(1, 0), (1, 2)]
+    assert document["fingerprint"]["bench"]["sde_window_size"] == 2
+    rows = [line.split()[:2] for line in r.stdout.splitlines() if line.split()[:1] == ["1"]]
+    assert rows == [["1", "-"], ["1", "2"]]
+    assert "SDE window of 2 steps against upstream's 1 trained timesteps (faster by): N=1 train " in r.stdout
+    assert "N=1, W=2: timed step 1/1" in r.stderr  # bench's progress
+    (run,) = (tmp_path / "runs").iterdir()
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["step"], x.get("sde_window"), x.get("timesteps_trained")) for x in lines] == [(1, None, None),
+                                                                                             (2, [0, 2], 2)]
+    listed = subprocess.run([sys.executable, "-m", "dancegrpo_npu", "-C", str(patched_tree.project.root), "runs",
+                             "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert "SDE window: [0, 2), 2 timesteps trained a sample (1 of 2 steps)" in listed.stdout, listed.stdout
 
 
 def check_memory_plan(facts, results):

@@ -133,6 +133,12 @@ def test_explicit_sizes_win_over_the_preset():
     ({"vae_decode_chunk": 0}, "--vae-decode-chunk 0 is below 1"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"dtype": "fp16"}, "unknown dtype 'fp16'"),
+    # the tiny preset's 4 sampling steps: steps 0..2 are trained
+    ({"preset": "tiny", "sde_window_size": 4}, "--sde-window-size 4: a window holds 1 to 3 of the trainable steps of "
+                                               "--sampling-steps 4"),
+    ({"preset": "tiny", "sde_window_size": -2}, "--sde-window-size -2: a window holds 1 to 3"),
+    ({"preset": "tiny", "sde_window_size": 2, "record": True}, "--record with --sde-window-size: a run's records hold "
+                                                               "one SDE window setting"),
 ])  # fmt: skip
 def test_bad_input_is_refused(options, message):
     with pytest.raises(DancegrpoError) as err:
@@ -154,6 +160,7 @@ def bench(*args, project=ROOT):
                            "`dancegrpo-npu bench --trainer NAME --size tiny|cpu|full`"),
     (("--size", "tiny", "--sample-batch-sizes", "1,3"), "3 does not divide the 4 generations"),
     (("--sample-batch-sizes", "0"), "fewer than 1"),
+    (("--preset", "tiny", "--sde-window-size", "4"), "--sde-window-size 4: a window holds 1 to 3"),
 ])  # fmt: skip
 def test_cli_bad_input_is_one_line_exit_2(args, message):
     r = bench(*args)

@@ -6,7 +6,9 @@ ViT-H-14 HPSv2 reward from configs shipped with the tool (its family's; the smok
 patched trainer's own ``train_one_step`` for one prompt's G generations (``phases``): rollout,
 decode, reward, train, timed by the trainer's PhaseTimer through its seam.  Each
 ``--sample-batch-sizes`` value N is measured in the same process, one after the other: the G
-generations go through the transformer N at a time (the trainer's --sample_batch_size).
+generations go through the transformer N at a time (the trainer's --sample_batch_size).  With
+``--sde-window-size W`` each N is measured twice, step by step in turn: upstream's step, then
+one with the trainer's SDE window of W steps (docs/sde-window.md).
 
 A trainer whose row says bench cannot call its ``train_one_step`` in process (``bench.short_run``:
 a loop with none, or a reward or conditioning bench does not build) is timed by a short run

@@ -18,8 +18,9 @@ So rollout (``run_sample_step`` and its sampler step, N samples a transformer ca
 reward (``rollout.hps_inputs``, HPSv2 as the trainer scores it) and train (``grpo_one_step``,
 the clipped loss, backward, AdamW) are the code a training run runs.  The seam's features
 installed for a bench step are alignment (upstream's noise, the GRPO health figures; nothing
-recorded), the batching check, ``PhaseTimes(PhaseTimer())`` and, for the timed steps,
-``MetricsLog`` into the run directory's metrics.jsonl.
+recorded), the batching check, the SDE window (``--sde-window-size``: its steps, from step 0),
+``PhaseTimes(PhaseTimer())`` and, for the timed steps, ``MetricsLog`` into the run directory's
+metrics.jsonl.
 
 Every trainer with in-process bench facts in its registry row is driven the same way: the row
 says how a prompt is built (``bench.prompt``: a video trainer's the negative prompt's embeddings

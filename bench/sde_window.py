@@ -1,0 +1,106 @@
+"""The SDE window's cost: ``dancegrpo-npu bench --sde-window-size 4`` against upstream's step, side by side.
+
+    PYTHONPATH=src python bench/sde_window.py [-C PROJECT] [--threads K] [--window W] [--steps N]
+                                              [--cpu-generations G] [--skip-cpu-presets]
+
+Needs the patched tree (``dancegrpo-npu fetch && dancegrpo-npu apply``).  Every preset runs at
+upstream's FLUX recipe shapes for the step count, 16 sampling steps and timestep fraction 0.6, so
+upstream trains int(15 x 0.6) = 9 timesteps a sample and the window W (default 4) of them: the
+train phase should be about 9 / W times faster (2.25x at W = 4), the rollout (every step is a
+transformer call, ODE or SDE) about the same.  In each bench process the two steps alternate,
+upstream's then the window's, after a warm-up of each, so that a change in the machine's load
+reaches both alike.  On the CPU:
+
+1. the tiny preset (the smoke's models, 64x64, G = 4);
+2. the cpu preset (FLUX.1-dev width, 1 double + 1 single block, 128x128), G = --cpu-generations
+   (default 2: an upstream step takes about 20 minutes on 2 cores at G = 4);
+3. the wan-cpu preset (Wan2.1-1.3B width, 1 block, 128x128, one frame, CFG 5.0), G = 4, in the
+   diffusers-0.35 set's interpreter (bench starts it).
+
+Prints each preset's table, and the train phase's and the whole step's ratio (upstream's seconds
+over the window's).  Goal: the train phase at least 1.9x faster on the tiny and cpu presets; the
+script exits 1 if either is below.  ``--threads K`` sets OMP_NUM_THREADS for the bench processes
+(default: inherited; the table says what bench ran with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GOAL = 1.9
+SHAPES = ("--sampling-steps", "16", "--timestep-fraction", "0.6")
+
+
+def run_bench(project: Path, env: dict, *args: str) -> tuple[dict, str, float]:
+    """(the --json document, the printed table, wall seconds) of one bench process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        command = [sys.executable, "-m", "dancegrpo_npu", "-C", str(project), "bench", "--runs-dir", str(Path(tmp) / "runs"),
+                   "--device", "cpu", *args, "--json", str(out)]  # fmt: skip
+        start = time.monotonic()
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        wall = time.monotonic() - start
+        if proc.returncode != 0:
+            sys.exit(f"bench failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr[-2000:]}")
+        return json.loads(out.read_text()), proc.stdout, wall
+
+
+def machine() -> str:
+    cores = os.cpu_count()
+    load = ", load average %.1f" % os.getloadavg()[0] if hasattr(os, "getloadavg") else ""
+    return f"{cores} cores{load}"
+
+
+def ratios(doc: dict) -> tuple[float, float, float]:
+    """(train, whole step, rollout) seconds of upstream's step over the window's."""
+    upstream, window = doc["results"]
+    assert not upstream["sde_window_size"] and window["sde_window_size"]
+    whole = sum(upstream["phases_s"].values()) / sum(window["phases_s"].values())
+    return (upstream["phases_s"]["train"] / window["phases_s"]["train"], whole,
+            upstream["phases_s"]["rollout"] / window["phases_s"]["rollout"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-C", dest="project", default=".", help="the project directory (default .)")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the bench (default: inherited)")
+    parser.add_argument("--window", type=int, default=4, help="the SDE window's size (default 4)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps of each kind on the tiny preset (default 3; "
+                        "the cpu presets time 1 after 1 warm-up)")
+    parser.add_argument("--cpu-generations", type=int, default=2, help="G of the cpu preset (default 2)")
+    parser.add_argument("--skip-cpu-presets", action="store_true", help="the tiny preset only (seconds, not an hour)")
+    args = parser.parse_args()
+    project = Path(args.project).resolve()
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    print(f"machine: {machine()}; OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}; "
+          f"16 sampling steps, timestep fraction 0.6 (9 trained timesteps) against an SDE window of {args.window}")
+    common = (*SHAPES, "--sde-window-size", str(args.window))
+    runs = [("tiny", ("--preset", "tiny", "--steps", str(args.steps)), True)]  # the cpu presets: 1 timed step
+    if not args.skip_cpu_presets:
+        runs += [("cpu", ("--preset", "cpu", "--generations", str(args.cpu_generations),
+                          "--gradient-accumulation-steps", str(args.cpu_generations)), True),
+                 ("wan-cpu", ("--preset", "wan-cpu"), False)]
+    measured = []
+    for name, preset, held in runs:
+        doc, table, wall = run_bench(project, env, *preset, *common)
+        train, whole, rollout = ratios(doc)
+        measured.append((name, train, whole, rollout, held))
+        print(f"\n{name} ({wall / 60:.1f} min):\n{table}")
+    print(f"\n{'preset':<8}  {'train':>6}  {'step':>6}  {'rollout':>7}  verdict")
+    for name, train, whole, rollout, held in measured:
+        verdict = ("goal met" if train >= GOAL else f"BELOW THE {GOAL}x GOAL") if held else "(not held to the goal)"
+        print(f"{name:<8}  {train:>5.2f}x  {whole:>5.2f}x  {rollout:>6.2f}x  {verdict}")
+    return 0 if all(train >= GOAL for _, train, _, _, held in measured if held) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

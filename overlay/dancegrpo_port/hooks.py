@@ -73,21 +73,21 @@ from dancegrpo_port.resume import Resume
 # Its flags and their checks are added and run in this order too.  Image writer first (a write
 # error surfaces before the step's records), metrics.jsonl last of those that add figures (it
 # writes what the others add); Resume first of all: it restores the generators at rollout_begin,
-# before alignment draws.  A new feature is one row here (dancegrpo_port/feature.py says what a
+# before alignment draws; the SDE window before alignment: it sees a step's noise asked for first.  A new feature is one row here (dancegrpo_port/feature.py says what a
 # row holds); the bench (dancegrpo_npu/throughput/phases.py) makes its step's features from it.
 FEATURES = (
     FeatureRow(name="resume", add_arguments=checkpoints.add_arguments, argument_problem=checkpoints.argument_problem,
                create=lambda c: Resume(c.args, c.rank, c.world_size, c.device, alignment.run_of(c).noise.generator,
                                        on_resume=lambda step: _call("resumed", step))),
     FeatureRow(name="images", create=lambda c: ImageFiles(c.rank)),
+    FeatureRow(name="sde-window", add_arguments=sde_window.add_arguments, argument_problem=sde_window.argument_problem,
+               create=lambda c: sde_window.SdeWindow(vars(c.args)), bench=BENCH_EVERY_STEP,
+               upstream_answers=sde_window.UPSTREAM_STEPS),
     FeatureRow(name="alignment", add_arguments=alignment.add_arguments, argument_problem=alignment.argument_problem,
                create=lambda c: alignment.Alignment(alignment.run_of(c)), bench=BENCH_EVERY_STEP,
                upstream_answers=alignment.UPSTREAM_NOISE),
     FeatureRow(name="batching", add_arguments=rollout.add_arguments, argument_problem=rollout.argument_problem,
                create=lambda c: rollout.Batching(getattr(c.args, "sample_batch_size", 1)), bench=BENCH_EVERY_STEP),
-    FeatureRow(name="sde-window", add_arguments=sde_window.add_arguments, argument_problem=sde_window.argument_problem,
-               create=lambda c: sde_window.SdeWindow(vars(c.args)), bench=BENCH_EVERY_STEP,
-               upstream_answers=sde_window.UPSTREAM_STEPS),
     FeatureRow(name="profile", add_arguments=phases.add_arguments, argument_problem=phases.argument_problem,
                create=lambda c: phases.Profile(phases.StepProfiler(getattr(c.args, "profile_steps", None), "./profile"))),
     FeatureRow(name="phase-times", create=lambda c: phases.PhaseTimes(c.get("phase_timer", phases.PhaseTimer)),

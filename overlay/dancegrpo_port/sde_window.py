@@ -103,7 +103,8 @@ UPSTREAM_STEPS = UpstreamSteps()
 class SdeWindow(Feature):
     """The window of each GRPO step: which sampling steps are SDE steps, which timesteps are
     trained, and the step's figures.  A tree whose trainer does not ask (without the sde-window
-    patch) stops at its first rollout batch instead of ignoring --sde_window_size."""
+    patch) stops at its first SDE step instead of ignoring --sde_window_size: the seam's table
+    puts this feature before the noise source, so it sees the noise asked for first."""
 
     def __init__(self, values: dict):
         self.values = dict(values)  # the trainer's parsed arguments
@@ -122,10 +123,11 @@ class SdeWindow(Feature):
         self.asked = True
         return self.window[0] <= index < self.window[1]
 
-    def sampled(self, latents, log_probs) -> None:
+    def sde_noise(self, like, index: int):
         if self.window is not None and not self.asked:
             raise RuntimeError(f"--sde_window_size {self.values['sde_window_size']}: this trainer sampled every step "
                                "as an SDE step (its rollout has no SDE window: the sde-window patch is not in this tree)")
+        return None  # the noise source's to answer
 
     def trained_order(self, perms):
         return None if self.window is None else window_first(perms, *self.window)

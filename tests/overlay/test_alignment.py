@@ -418,6 +418,7 @@ def recorded(tmp_path, monkeypatch):
     (dict(h=64, w=64, num_generations=4), {}, "h 32 (this run: 64), w 32 (this run: 64), num_generations 2 (this run: 4)"),
     (dict(sampling_steps=8), {}, "sampling_steps 4 (this run: 8)"),
     (dict(init_same_noise=True), {}, "init_same_noise False (this run: True)"),
+    (dict(sde_window_size=2), {}, "sde_window None (this run: [2, 0, None, 0, None])"),  # recorded without one
     (dict(), {"WORLD_SIZE": "2"}, "world_size 1 (this run: 2)"),
     (dict(max_train_steps=5), {}, "step(s) 3-5 of this run were not recorded (recorded: 1-2)"),
     (dict(train_batch_size=1), {}, "noise.init of step 1 is (4, 16, 4, 4), this run needs (2, '...')"),

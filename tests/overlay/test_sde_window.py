@@ -165,18 +165,26 @@ def test_outside_the_window_the_ode_step_and_a_log_prob_of_0():
         (0, False, False), (1, True, True), (2, True, True), (3, False, False), (4, False, False), (5, False, False)]
     assert torch.equal(log_probs[0], torch.tensor([0.0, 2.0, 3.0, 0.0, 0.0, 0.0]))
     assert log_probs.dtype == torch.float32
-    hooks.sampled(torch.zeros(2, 7, 3, 4), log_probs)  # a trainer that asked goes on
 
 
-def test_a_trainer_that_does_not_ask_stops_at_its_first_rollout_batch():
-    hooks.install([feature(sde_window_size=2)])
+def test_a_trainer_that_does_not_ask_stops_at_its_first_sde_step():
+    """Without the sde-window patch the trainer calls flux_step's SDE form for every step: the
+    first noise it asks for, before the noise source draws, stops it, naming why."""
+    hooks.install([feature(sde_window_size=2), alignment.Alignment(noise_run(sde_window_size=2))])
+    hooks.step_begin(1)
+    hooks.rollout_begin(1, (16, 4, 4), 6, True)
     hooks.rollout_batch([0])
+    latents, sigmas = torch.ones(1, 4, 64), torch.linspace(1, 0, 7)
+
+    def upstreams_call():  # the unpatched trainer's: flux_step(..., grpo=True, sde_solver=True)
+        return FluxStep()(torch.ones_like(latents), latents, 0.3, sigmas, 0, None, True, True)
+
     with pytest.raises(RuntimeError, match=r"--sde_window_size 2: this trainer sampled every step as an SDE step "
                                            r"\(its rollout has no SDE window: the sde-window patch is not in this tree\)"):
-        hooks.sampled(torch.zeros(1, 7, 3, 4), torch.zeros(1, 6))
+        upstreams_call()
     hooks.install([feature()])  # without a window nothing is asked, nothing stops
     hooks.rollout_batch([0])
-    hooks.sampled(torch.zeros(1, 7, 3, 4), torch.zeros(1, 6))
+    upstreams_call()
 
 
 # ---------------------------------------------------------------- the training
@@ -245,3 +253,29 @@ def test_device_noise_is_kept_for_the_windows_steps_only(tmp_path, monkeypatch):
     drawn = [hooks.sde_noise(torch.zeros(1, 4, 64), i) for i in (3, 4)]
     assert run.noise.sde.shape == (1, 2, 4, 64) and torch.equal(run.noise.sde[0], torch.cat(drawn))
     assert run.recorder.index["sde_window"] == [2, 3, None, 0, None]  # what a replay of it must fit
+
+
+def test_a_windowed_record_replays_its_noise_and_a_replay_with_another_window_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    given = dict(sde_window_size=2, sde_window_start=3)
+
+    def args(**kw):
+        return argparse.Namespace(**{**UPSTREAM, **values(sampling_steps=6, **given), "rng": "cpu", "seed": 7,
+                                     "max_train_steps": 1, "init_same_noise": True, **kw})
+
+    def rollout(run):
+        hooks.install([alignment.Alignment(run), feature(**given)])
+        hooks.step_begin(1)
+        hooks.rollout_begin(2, (16, 4, 4), 6, True)
+        hooks.rollout_batch([0, 1])
+        noise = [hooks.sde_noise(torch.zeros(2, 4, 64), i) for i in (3, 4)]
+        hooks.timestep_perms(2, 5)
+        hooks.step_end(1)
+        return noise
+
+    drawn = rollout(alignment.start(args(record=True), 0, 1))
+    assert alignment.argument_problem(args(replay="records"), {}) is None
+    problem = alignment.argument_problem(args(replay="records", sde_window_start=2), {})
+    assert "does not fit this run: sde_window [2, 3, None, 0, None] (this run: [2, 2, None, 0, None])" in problem
+    replayed = rollout(alignment.start(args(replay="records"), 0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(replayed, drawn))

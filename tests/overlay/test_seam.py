@@ -101,9 +101,9 @@ def test_every_feature_of_a_run_comes_from_the_table_in_its_order():
     installed = hooks.features()
     assert len(installed) == len(hooks.FEATURES) == len({row.name for row in hooks.FEATURES})
     assert all(isinstance(f, Feature) for f in installed)
-    assert [type(f).__name__ for f in installed] == ["Resume", "ImageFiles", "Alignment", "Batching", "SdeWindow",
+    assert [type(f).__name__ for f in installed] == ["Resume", "ImageFiles", "SdeWindow", "Alignment", "Batching",
                                                       "Profile", "PhaseTimes", "MetricsLog", "WeightDigest", "CleanExit"]
-    resume, aligned = installed[0], installed[2]
+    resume, aligned = installed[0], installed[3]
     assert resume.port_generator is aligned.run.noise.generator  # one alignment run, shared
 
 

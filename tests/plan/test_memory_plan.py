@@ -442,3 +442,20 @@ def test_the_world_size_help_names_no_default_the_recipes_do_not_share(patched_t
     worlds = {models.read_recipe(name, patched_tree.tree)[1] for name in models.names()}
     assert len(worlds) > 1 and "recipe" in text
     assert {int(n) for n in re.findall(r"\d+", text)} in (set(), worlds), (text, worlds)
+
+
+@pytest.mark.upstream
+def test_the_plan_says_an_sde_window_changes_none_of_its_figures(patched_tree, capsys):
+    """Every flow trainer takes --sde_window_size; training still takes one timestep at a time and
+    the rollout keeps every step's latents, so the plan says so once, and a UNet's plan (a trainer
+    that refuses the window) says nothing of it."""
+    from dancegrpo_npu.plan import models
+
+    kinds = set()
+    for name in models.names():
+        model = models.load(name, patched_tree.tree)[0]
+        _, out, _ = _plan(capsys, patched_tree, name)
+        said = out.count("an SDE window (--sde_window_size W) changes no figure here")
+        assert said == (0 if model.unet else 1), (name, out[:400])
+        kinds.add(model.unet)
+    assert kinds == {True, False}  # both kinds were asked

@@ -108,6 +108,8 @@ def test_replay_without_records(project, capsys):
         ({"num_generations": 12}, ["--", *SMALL], "recorded with num_generations 12, but this launch has num_generations 2"),
         ({"sampling_steps": 16}, ["--", *SMALL], "sampling_steps 16, but this launch has sampling_steps 3"),
         ({"init_same_noise": False}, ["--", *SMALL], "init_same_noise false, but this launch has init_same_noise true"),
+        ({"sde_window": [2, 0, None, 0, None]}, ["--", *SMALL], "recorded with sde_window [2, 0, null, 0, null], but "
+                                                                "this launch has sde_window not set"),
         ({"steps": [1]}, ["--", *SMALL], "steps 2 of this launch (max_train_steps 2) were not recorded (recorded: 1)"),
         ({"steps": [1, 2]}, ["--", *SMALL[:-1], "10"], "steps 3-10 of this launch (max_train_steps 10) were not"),
     ],

@@ -79,7 +79,7 @@ def test_an_sde_window_is_measured_step_by_step_beside_upstreams(patched_tree, t
     one timed step each, no warm-up): its own result, its table row and the ratio line; the
     window's steps say their window in metrics.jsonl, and `runs` says how many had one."""
     out = tmp_path / "bench.json"
-    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--preset", "tiny", "--device", "cpu",
+    r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--size", "tiny", "--device", "cpu",
               "--steps", "1", "--warmup-steps", "0", "--sde-window-size", "2", "--json", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     document = json.loads(out.read_text())

@@ -134,17 +134,28 @@ def test_explicit_sizes_win_over_the_preset():
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"dtype": "fp16"}, "unknown dtype 'fp16'"),
     # the tiny preset's 4 sampling steps: steps 0..2 are trained
-    ({"preset": "tiny", "sde_window_size": 4}, "--sde-window-size 4: a window holds 1 to 3 of the trainable steps of "
-                                               "--sampling-steps 4"),
-    ({"preset": "tiny", "sde_window_size": -2}, "--sde-window-size -2: a window holds 1 to 3"),
-    ({"preset": "tiny", "sde_window_size": 2, "record": True}, "--record with --sde-window-size: a run's records hold "
-                                                               "one SDE window setting"),
+    ({"size": "tiny", "sde_window_size": 4}, "--sde-window-size 4: a window holds 1 to 3 of the trainable steps of "
+                                             "--sampling-steps 4"),
+    ({"size": "tiny", "sde_window_size": -2}, "--sde-window-size -2: a window holds 1 to 3"),
+    ({"size": "tiny", "sde_window_size": 2, "record": True}, "--record with --sde-window-size: a run's records hold "
+                                                             "one SDE window setting"),
 ])  # fmt: skip
 def test_bad_input_is_refused(options, message):
     with pytest.raises(DancegrpoError) as err:
         resolve(**options)
     assert err.value.exit_code == 2
     assert message in err.value.one_line()
+
+
+def test_a_window_is_measured_beside_upstreams_step_and_a_short_run_takes_none():
+    config = resolve(size="tiny", sampling_steps=16, timestep_fraction=0.6, sde_window_size=4)
+    assert config.sde_window_size == 4 and config.sizes.train_timesteps == 9
+    assert config.describe()["sde_window_size"] == 4 and resolve(size="tiny").sde_window_size == 0
+    short = next(s.name for s in trainers.benched() if s.bench.short_run)
+    with pytest.raises(DancegrpoError) as err:
+        resolve(trainer=short, size="tiny", sde_window_size=2)
+    assert err.value.exit_code == 2 and "--sde-window-size 2: " in err.value.one_line()
+    assert "is timed by a short run of its smoke" in err.value.one_line()
 
 
 def bench(*args, project=ROOT):
@@ -160,7 +171,7 @@ def bench(*args, project=ROOT):
                            "`dancegrpo-npu bench --trainer NAME --size tiny|cpu|full`"),
     (("--size", "tiny", "--sample-batch-sizes", "1,3"), "3 does not divide the 4 generations"),
     (("--sample-batch-sizes", "0"), "fewer than 1"),
-    (("--preset", "tiny", "--sde-window-size", "4"), "--sde-window-size 4: a window holds 1 to 3"),
+    (("--size", "tiny", "--sde-window-size", "4"), "--sde-window-size 4: a window holds 1 to 3"),
 ])  # fmt: skip
 def test_cli_bad_input_is_one_line_exit_2(args, message):
     r = bench(*args)

@@ -14,7 +14,9 @@ tiny fixtures, 1 rank, strict mode, --rng cpu --record:
 - a W=2 smoke passes, its metrics.jsonl giving each step's window (CI: Wan2.1; every other flow
   trainer extended);
 - the tree without sde-window stops a run asked for a window at its first SDE step.
-The runs are shared (each distinct one once).
+The runs are shared (tests/shared_runs.py: each distinct one once a test run; FLUX's recorded run
+without the flag is the rollout batching's reference), and copied before anything is written into
+one.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import json
 
 import pytest
 from conftest import copy_project, require_video_extra
+from shared_runs import flux_fixtures, flux_spec
 from smoke_runs import assert_a_cut_run_resumes_exactly, metrics, passed
-from test_alignment_patches import assert_same_records, compare_says_aligned
+from test_alignment_patches import assert_same_records, compare_says_aligned, ok
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
@@ -57,15 +60,13 @@ def options(trainer="flux", steps=None, extra=(), env=(), checkpointing_steps=No
 
 
 class Runs:
-    """Each distinct smoke once: its SmokeResult, or the DancegrpoError it ended with."""
+    """Smokes of ``options(**kw)`` on the patched tree or the one without sde-window: a SmokeResult,
+    or the DancegrpoError it ended with; and FLUX's recorded launch at the smoke's settings."""
 
-    def __init__(self, projects):
-        self.projects, self.done = projects, {}
+    def __init__(self, shared, projects):
+        self.shared, self.projects = shared, projects
 
     def __call__(self, tree="patched", **kw):
-        from dancegrpo_npu.errors import DancegrpoError
-        from dancegrpo_npu.smoke import runner as smoke
-
         trainer = kw.get("trainer", "flux")
         if trainer in DEPSET_035:
             from depset_035 import diffusers_035_python
@@ -73,17 +74,19 @@ class Runs:
             diffusers_035_python()
         if trainer in VIDEO:
             require_video_extra()
-        key = (tree, options(**kw))
-        if key not in self.done:
-            try:
-                self.done[key] = smoke.run_smoke(self.projects[tree](), options(**kw))
-            except DancegrpoError as e:
-                self.done[key] = e
-        return self.done[key]
+        project = self.projects[tree]()
+        flux_fixtures(self.shared, project)  # the test run's one build, which the FLUX smokes read
+        return self.shared.smoke(project, options(**kw))
+
+    def flux_recorded(self, tree="patched"):
+        """FLUX at the smoke's settings, --rng cpu --record, no window flag (the patched tree's is
+        the rollout batching's reference run)."""
+        project = self.projects[tree]()
+        return ok(self.shared.launch(project, flux_spec(flux_fixtures(self.shared, project), "--rng", "cpu", "--record")))
 
 
 @pytest.fixture(scope="module")
-def runs(patched_tree, upstream_source, tmp_path_factory):
+def runs(patched_tree, upstream_source, tmp_path_factory, shared_runs):
     made = {}
 
     def without():
@@ -100,19 +103,18 @@ def runs(patched_tree, upstream_source, tmp_path_factory):
             made["without"] = project
         return made["without"]
 
-    return Runs({"patched": lambda: patched_tree.project, "without": without})
-
-
-def assert_off_is_upstream(runs, trainer: str, capsys) -> None:
-    base, ours = passed(runs(tree="without", trainer=trainer)), passed(runs(trainer=trainer))
-    compare_says_aligned(runs.projects["patched"](), base.run_dir, ours.run_dir, capsys)
-    assert_same_records(base.run_dir, ours.run_dir)
-    assert all("sde_window" not in m for m in metrics(ours.run_dir))  # no window: upstream's line
+    return Runs(shared_runs, {"patched": lambda: patched_tree.project, "without": without})
 
 
 @pytest.mark.parametrize("trainer", ["flux", "wan", *(pytest.param(t, marks=pytest.mark.extended) for t in OTHERS)])
-def test_without_the_flag_the_run_is_the_series_without_the_patch_bit_for_bit(runs, trainer, capsys):
-    assert_off_is_upstream(runs, trainer, capsys)
+def test_without_the_flag_the_run_is_the_series_without_the_patch_bit_for_bit(runs, trainer, capsys, tmp_path):
+    if trainer == "flux":
+        base, ours = runs.flux_recorded("without"), runs.flux_recorded()
+    else:
+        base, ours = passed(runs(tree="without", trainer=trainer)).run_dir, passed(runs(trainer=trainer)).run_dir
+    compare_says_aligned(runs.projects["patched"](), base, ours, capsys, tmp_path)
+    assert_same_records(base, ours)
+    assert all("sde_window" not in m for m in metrics(ours))  # no window: upstream's line
 
 
 def test_w4_trains_4_timesteps_a_sample_all_inside_the_window_and_records_its_noise_alone(runs):
@@ -143,18 +145,19 @@ def test_w4_trains_4_timesteps_a_sample_all_inside_the_window_and_records_its_no
 def test_a_sliding_window_resumed_in_the_middle_is_the_uninterrupted_run(runs, capsys):
     ref = passed(runs(steps=3, extra=SLIDING, checkpointing_steps=1))
     cut = options(steps=3, extra=SLIDING, checkpointing_steps=1, env=(("DANCEGRPO_CHECKPOINT_FAULT", "2:saved"),))
-    project = runs.projects["patched"]()
+    project = runs.projects["patched"]()  # the cut run is this test's own, in the project's runs/
+    project.runs_dir.mkdir(parents=True, exist_ok=True)
     before = set(project.runs_dir.iterdir())
     assert_a_cut_run_resumes_exactly(project, ref, cut, capsys)
     (resumed,) = set(project.runs_dir.iterdir()) - before
     assert [m["sde_window"] for m in metrics(resumed)] == WINDOWS
 
 
-def test_a_replay_of_the_sliding_run_is_bit_equal_to_it(runs, capsys):
+def test_a_replay_of_the_sliding_run_is_bit_equal_to_it(runs, capsys, tmp_path):
     """--replay takes the window's noise from the records (the schedule fits: launch checks it)."""
     ref = passed(runs(steps=3, extra=SLIDING, checkpointing_steps=1))
     replayed = passed(runs(steps=3, extra=SLIDING, checkpointing_steps=1, replay=str(ref.run_dir)))
-    compare_says_aligned(runs.projects["patched"](), ref.run_dir, replayed.run_dir, capsys)
+    compare_says_aligned(runs.projects["patched"](), ref.run_dir, replayed.run_dir, capsys, tmp_path)
     assert_same_records(ref.run_dir, replayed.run_dir)
     assert [m["sde_window"] for m in metrics(replayed.run_dir)] == WINDOWS
 
@@ -182,5 +185,5 @@ def test_without_a_window_every_step_is_an_sde_step_and_upstreams_count_is_train
     """The off run's records: every step's noise and log-prob, T = int(3 * 0.6) = 1 trained a sample."""
     from safetensors.torch import load_file
 
-    t = load_file(passed(runs()).run_dir / "records" / "step_000001" / "rank_0.safetensors")
+    t = load_file(runs.flux_recorded() / "records" / "step_000001" / "rank_0.safetensors")
     assert t["train.log_prob"].shape[1] == 1 and t["noise.sde"].shape[1] == 4 and (t["log_probs"] != 0).all()

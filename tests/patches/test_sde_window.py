@@ -25,7 +25,7 @@ import json
 
 import pytest
 from conftest import copy_project, require_video_extra
-from shared_runs import flux_fixtures, flux_spec
+from shared_runs import flux_fixtures, flux_spec, smoke_fixtures
 from smoke_runs import assert_a_cut_run_resumes_exactly, metrics, passed
 from test_alignment_patches import assert_same_records, compare_says_aligned, ok
 
@@ -75,7 +75,7 @@ class Runs:
         if trainer in VIDEO:
             require_video_extra()
         project = self.projects[tree]()
-        flux_fixtures(self.shared, project)  # the test run's one build, which the FLUX smokes read
+        smoke_fixtures(self.shared, project, trainer)  # the test run's one build of the trainer's fixtures
         return self.shared.smoke(project, options(**kw))
 
     def flux_recorded(self, tree="patched"):

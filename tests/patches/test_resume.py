@@ -172,6 +172,10 @@ def test_two_ranks_with_ema_resume_exactly_through_the_smoke(patched_tree, share
     same_final_weights(ref, cut, tmp_path)
     ema = f"checkpoint-ema-{STEPS}-0/diffusion_pytorch_model.safetensors"  # saved at the start of step 3: resumed
     assert same(load_file(cut / "outputs" / ema), load_file(ref / "outputs" / ema)), ema
+    # and after step 3's update, made after the resume: the last checkpoint's EMA (rank 0's file)
+    last = Path("outputs") / "resume" / f"step-{STEPS:06d}" / "rank_0.pt"
+    mine, theirs = (torch.load(run / last, weights_only=False)["ema"] for run in (cut, ref))
+    assert mine and same(mine, theirs)
     rc, out = cli(project, "runs", capsys=capsys)
     assert rc == 0 and "resumed 1" in out, out
 

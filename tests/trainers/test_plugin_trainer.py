@@ -77,7 +77,10 @@ def copy_repository(dest: Path) -> None:
         source = REPO / rel
         if source.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / rel)
+            try:
+                shutil.copy2(source, dest / rel)
+            except FileNotFoundError:  # an untracked file another test's run removed meanwhile
+                pass
     _git(dest, "init", "-q")
     _git(dest, "add", "-A")
     _git(dest, "commit", "-qm", "the repository")

@@ -26,30 +26,15 @@ script exits 1 if either is below.  ``--threads K`` sets OMP_NUM_THREADS for the
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from rollout import run_bench  # one bench process, as the rollout's benchmark runs it (bench/ is on sys.path)
 
 GOAL = 1.9
 SHAPES = ("--sampling-steps", "16", "--timestep-fraction", "0.6")
 
-
-def run_bench(project: Path, env: dict, *args: str) -> tuple[dict, str, float]:
-    """(the --json document, the printed table, wall seconds) of one bench process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench.json"
-        command = [sys.executable, "-m", "dancegrpo_npu", "-C", str(project), "bench", "--runs-dir", str(Path(tmp) / "runs"),
-                   "--device", "cpu", *args, "--json", str(out)]  # fmt: skip
-        start = time.monotonic()
-        proc = subprocess.run(command, capture_output=True, text=True, env=env)
-        wall = time.monotonic() - start
-        if proc.returncode != 0:
-            sys.exit(f"bench failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr[-2000:]}")
-        return json.loads(out.read_text()), proc.stdout, wall
 
 
 def machine() -> str:

@@ -28,7 +28,7 @@ def assert_a_cut_run_resumes_exactly(project, ref, cut_options, capsys) -> None:
     from dancegrpo_npu.cli import main
     from dancegrpo_npu.smoke import runner as smoke
 
-    before = set(project.runs_dir.iterdir())
+    before = set(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else set()  # shared runs go elsewhere
     with pytest.raises(DancegrpoError, match="training run failed"):
         smoke.run_smoke(project, cut_options)
     (cut,) = set(project.runs_dir.iterdir()) - before

@@ -41,9 +41,11 @@ def test_a_bench_step_makes_its_features_from_the_seams_table(monkeypatch):
 
     warm_up = phases.Bench.features(bench, 2, logged=False)
     timed = phases.Bench.features(bench, 2, logged=True)
-    assert [type(f).__name__ for f in warm_up] == ["Alignment", "Batching", "PhaseTimes", "Probe"]
-    assert [type(f).__name__ for f in timed] == ["Alignment", "Batching", "PhaseTimes", "MetricsLog", "Probe"]
-    aligned, batching, times, metrics, probe = timed
+    # the SDE window comes before the noise source (it sees a step's SDE call first)
+    assert [type(f).__name__ for f in warm_up] == ["SdeWindow", "Alignment", "Batching", "PhaseTimes", "Probe"]
+    assert [type(f).__name__ for f in timed] == ["SdeWindow", "Alignment", "Batching", "PhaseTimes", "MetricsLog",
+                                                 "Probe"]
+    _, aligned, batching, times, metrics, probe = timed
     assert aligned.run is run and times.timer is timer  # every step shares the bench's run and timer
     assert batching.size == 2 and probe.sample_batch_size == 2
     assert metrics.path == "./metrics.jsonl"  # the step runs in the run directory

@@ -63,7 +63,7 @@ def test_the_table_is_what_bootstrap_installs():
             source = _pins((ROOT / "scripts" / "deps" / f"{name}.txt").read_text().splitlines())
         else:
             text = (ROOT / "pyproject.toml").read_text()
-            source = _pins(text[text.index("flux = ["):].split("]", 1)[0].splitlines())
+            source = _pins(text[text.index("train = ["):].split("]", 1)[0].splitlines())
         assert {d: source.get(d) for d, _ in depset.pins} == dict(depset.pins), name
     layered = sorted(p.stem for p in (ROOT / "scripts" / "deps").glob("*.txt"))
     assert layered == sorted(n for n, d in depsets.DEPSETS.items() if d.layered)

@@ -220,7 +220,7 @@ def test_stall_timeout_off_and_seconds_reach_the_run(monkeypatch):
     from dancegrpo_npu.smoke import runner
 
     seen = []
-    monkeypatch.setattr(runner, "run_smoke", lambda project, options: seen.append(options) or (_ for _ in ()).throw(
+    monkeypatch.setattr(runner, "run_smoke", lambda project, options, *verified: seen.append(options) or (_ for _ in ()).throw(
         SystemExit(0)))
     for value, want in (("off", OFF), ("OFF", OFF), ("90", 90.0)):
         with pytest.raises(SystemExit):

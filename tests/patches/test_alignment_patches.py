@@ -4,7 +4,8 @@ the tiny fixtures, launched like `dancegrpo-npu smoke` with more trainer argumen
 
 - the seam without the port's flags is upstream's run bit for bit: the same rewards, images and
   trained weights as the series without the seam (and the two rollout patches, which use it, and
-  resume-assert, which edits next to its resume call: upstream's assert, always true, stays);
+  resume-assert, which edits next to its resume call: upstream's assert, always true, stays; and
+  the SDE window, whose hooks sit on its lines);
 - --rng cpu twice gives identical records, on 1 and 2 ranks (and with the LoRA trainer);
   --record_modules records the models' modules by their own names;
 - `compare` of two --rng cpu runs, and of a run and its replay, exits 0 ("first divergence: none");
@@ -32,8 +33,9 @@ pytest.importorskip("diffusers")
 pytestmark = [pytest.mark.slow, pytest.mark.upstream]
 
 SEAM = ("seam-train-grpo-flux.patch", "seam-train-grpo-flux-lora.patch")
-# they call the seam's rollout module; resume-assert takes out the lines above the seam's resume call
-ON_THE_SEAM = ("batched-rollout.patch", "rewards-in-batches.patch", "resume-assert.patch")
+# they call the seam's rollout module; resume-assert takes out the lines above the seam's resume call;
+# the SDE window's hooks sit on the seam's lines
+ON_THE_SEAM = ("batched-rollout.patch", "rewards-in-batches.patch", "resume-assert.patch", "sde-window.patch")
 HEALTH = ("reward_std", "adv_min", "adv_max", "zero_std_groups", "ratio_min", "ratio_max", "ratio_mean",
           "clip_frac", "approx_kl", "logprob_diff_max", "logprob_diff_mean", "clip_frac_first")
 

@@ -146,11 +146,11 @@ def smoke_fixtures(shared: SharedRuns, project, trainer: str):
     hook's result), each of its builds made once a test run: in one scratch project every worker
     shares (the builders lock each directory they build), then linked into ``project``'s (a build
     is swapped in whole, never changed in place, so the links are never written through)."""
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.smoke.fixtures import STAMP_NAME
 
-    spec = trainers.smoke_spec(trainer)
-    hook = trainers.load(spec.smoke.fixtures)
+    spec = registry.smoke_spec(trainer)
+    hook = registry.load(spec.smoke.fixtures)
     scratch = _scratch(shared, project)
 
     def build(_: Path) -> None:

@@ -247,17 +247,17 @@ def test_the_top_level_help_and_the_package_name_every_trainer_of_the_registry(c
     usual path's launch line; the package's description names every model too."""
     import tomllib
 
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.cli import main
 
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
     description = out.split("The usual path:")[0]
-    titles = {trainers.get(name).title for name in trainers.trainers()}
+    titles = {registry.get(name).title for name in registry.trainers()}
     assert all(title in " ".join(description.split()) for title in titles), (titles, description)
     launch = out.split("dancegrpo-npu launch ", 1)[1].split("Weights")[0]
-    assert all(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", launch) for name in trainers.trainers()), launch
+    assert all(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", launch) for name in registry.trainers()), launch
     package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
     assert all(title.split(" v")[0].split("-T2V")[0] in package for title in titles), package
 

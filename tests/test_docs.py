@@ -47,22 +47,20 @@ def test_readme_is_a_front_page_linking_every_guide():
 
 
 def test_the_readmes_first_paragraph_names_every_trainers_model():
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     first = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
-    titles = {trainers.get(name).title for name in trainers.trainers()}
+    titles = {registry.get(name).title for name in registry.trainers()}
     assert all(title in first for title in titles), (sorted(titles), first)
 
 
 def test_the_weights_page_names_each_trainers_repository_and_its_place():
     """docs/weights.md: the repository of every trainer's model (Wan's Diffusers layout), under
     the directory launch passes it from; the 910B guide's Weights section links it."""
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     page = (ROOT / "docs" / "weights.md").read_text()
 
     def model_path(script):
-        return dict(trainers.get(script).defaults)["--model_path"]
+        return dict(registry.get(script).defaults)["--model_path"]
 
     model_dirs = {
         "black-forest-labs/FLUX.1-dev": model_path("preprocess"),
@@ -71,8 +69,8 @@ def test_the_weights_page_names_each_trainers_repository_and_its_place():
         "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": model_path("preprocess-wan"),
         "hunyuanvideo-community/HunyuanVideo": model_path("preprocess-hunyuan"),
         "xzyhku/SkyReels-V1-I2V": model_path("preprocess-skyreels-i2v"),
-        "KwaiVGI/VideoReward": dict(trainers.get("hunyuan").defaults)["--videoalign_ckpt"],
-        "Qwen/Qwen2-VL-2B-Instruct": dict(trainers.get("hunyuan").defaults)["--videoalign_base_model"],
+        "KwaiVGI/VideoReward": dict(registry.get("hunyuan").defaults)["--videoalign_ckpt"],
+        "Qwen/Qwen2-VL-2B-Instruct": dict(registry.get("hunyuan").defaults)["--videoalign_base_model"],
     }
     rows = {line.split("|")[2]: line for line in page.splitlines() if line.startswith("| `")}
     for repo, directory in model_dirs.items():
@@ -98,28 +96,25 @@ def test_the_weights_page_has_a_download_command_for_every_repository_in_its_tab
 
 
 def test_the_dependency_sets_table_names_every_script_under_its_set():
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     rows = {line.split("|")[1].strip(" `").split("`")[0]: line for line in
             (ROOT / "docs" / "dependencies.md").read_text().splitlines() if line.startswith("| `diffusers-")}
-    for name, spec in trainers.REGISTRY.items():
+    for name, spec in registry.REGISTRY.items():
         assert f"`{name}`" in rows[spec.depset], (name, spec.depset)
 
 
 def test_the_910b_guide_names_every_models_dataset_directory():
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     weights = (ROOT / "docs" / "ascend-910b.md").read_text().split("## Weights")[1].split("\n## ")[0]
-    datasets = {spec.dataset for spec in trainers.REGISTRY.values() if spec.dataset}
+    datasets = {spec.dataset for spec in registry.REGISTRY.values() if spec.dataset}
     assert datasets and all(f"`{name}/`" in weights for name in datasets), sorted(datasets)
 
 
 def test_alignment_guide_gives_rng_cpu_to_every_trainer_with_the_seam():
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     text = (ROOT / "docs" / "alignment.md").read_text()
     paragraph = text.split("`--rng cpu` (on")[1].split("\n\n")[0]
-    assert all(f"`{name}`" in paragraph for name in trainers.aligning()), paragraph
+    assert all(f"`{name}`" in paragraph for name in registry.aligning()), paragraph
 
 
 def test_port_guide_names_every_patch_in_series_order():
@@ -171,7 +166,7 @@ def test_test_counts_are_stated_with_when_they_were_measured():
 def test_launch_examples_name_the_recipe_the_launch_runs(patched_tree):
     """A documented `launch flux ... --nproc-per-node N  # ... <script>.sh` runs that script's recipe."""
     from dancegrpo_npu.run.recipes import recipes_for
-    from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
+    from dancegrpo_npu.registry import REGISTRY as SCRIPTS
 
     example = re.compile(r"dancegrpo-npu launch (flux|flux-lora) .*--nproc-per-node (\d+)\s.*#.*?(finetune_\w+\.sh)")
     checked = 0

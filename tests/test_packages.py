@@ -9,35 +9,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dancegrpo_npu"
 
 
-def node_of(parts: tuple[str, ...] | list[str]) -> str:
-    """The package a module (its dotted parts below dancegrpo_npu) belongs to: its top-level
-    package, or, under trainers/, its family's folder (``trainers.flux``).  A family is a plug-in:
-    the registry finds it by walking the package, never by an import, and its hooks use the
-    machinery that reads the registry (smoke, run), so it is a package of its own, above both."""
-    parts = list(parts)
-    if parts[0] == "trainers" and len(parts) > 2 and (PACKAGE / "trainers" / parts[1]).is_dir():
-        return f"trainers.{parts[1]}"
-    return parts[0]
-
-
 def package_imports() -> dict[str, set[str]]:
-    """{package, family folder or top-level module: the others it imports}."""
+    """{package or top-level module: the others it imports}."""
     edges: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE)
-        me = node_of(rel.with_suffix("").parts) if len(rel.parts) > 1 else rel.stem
+        me = rel.parts[0] if len(rel.parts) > 1 else rel.stem
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dancegrpo_npu"):
                 names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "dancegrpo_npu" else [node.module]
-                if node.module.startswith("dancegrpo_npu.trainers"):  # from dancegrpo_npu.trainers import flux
-                    names = [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names if a.name.startswith("dancegrpo_npu.")]
             for name in names:
-                parts = name.split(".")[1:]
-                if parts and node_of(parts + ["module"]) != me:
-                    edges.setdefault(me, set()).add(node_of(parts + ["module"]))
+                parts = name.split(".")
+                if len(parts) > 1 and parts[1] != me:
+                    edges.setdefault(me, set()).add(parts[1])
     return edges
 
 
@@ -99,16 +86,16 @@ def test_no_import_cycle_between_modules():
     assert cycles(module_imports()) == []
 
 
-def test_a_family_folder_is_a_package_of_its_own():
-    """A family's hooks import the machinery that reads the registry; the registry's own modules
-    import no family, so no cycle: a family module imported by the registry or by the machinery
-    would be one."""
+def test_the_families_sit_above_the_machinery():
+    """The families (trainers/) use the machinery that reads the registry (smoke, run); the
+    registry finds them by walking the package, and nothing below imports one: an import of a
+    family by the registry or the machinery would close a cycle."""
     edges = package_imports()
-    families = sorted(node for node in edges if node.startswith("trainers."))
-    assert "trainers.flux" in families and "smoke" in edges["trainers.flux"]
-    assert not any(node in edges.get("trainers", ()) for node in families)
-    planted = {**edges, "smoke": edges["smoke"] | {"trainers.flux"}}  # the machinery importing a family
-    assert any("trainers.flux" in cycle for cycle in cycles(planted))
+    assert {"registry", "smoke"} <= edges["trainers"]
+    assert not any("trainers" in edges.get(node, ()) for node in edges if node != "trainers")
+    for importer in ("registry", "smoke", "engine"):
+        planted = {**edges, importer: edges.get(importer, set()) | {"trainers"}}
+        assert any("trainers" in cycle for cycle in cycles(planted)), importer
 
 
 def test_the_cycle_finder_finds_one():

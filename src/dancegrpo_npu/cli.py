@@ -53,11 +53,10 @@ def description() -> str:
     """DESCRIPTION with the registry's models and trainers (every row, as ``--help`` lists them)."""
     import textwrap
 
-    from dancegrpo_npu import trainers
-
-    names = trainers.trainers()
-    titles = list(dict.fromkeys(trainers.get(name).title for name in names))
-    default = trainers.default_trainer().name
+    from dancegrpo_npu import registry
+    names = registry.trainers()
+    titles = list(dict.fromkeys(registry.get(name).title for name in names))
+    default = registry.default_trainer().name
     models = ", ".join(titles[:-1]) + " and " + titles[-1] if len(titles) > 1 else titles[0]
     others = textwrap.fill(f"(also: {', '.join(n for n in names if n != default)})", width=92,
                            initial_indent=" " * 27, subsequent_indent=" " * 27, break_on_hyphens=False)

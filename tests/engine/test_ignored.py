@@ -14,7 +14,7 @@ from dancegrpo_npu.cli import main
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.engine.ignored import EXCLUDE_MARK, weights_dirs
 from dancegrpo_npu.engine.status import inspect
-from dancegrpo_npu.trainers import REGISTRY
+from dancegrpo_npu.registry import REGISTRY
 
 WEIGHTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "weights.md"
 # The block trees were fetched with before the weights' folders came from the trainers' rows.

@@ -184,8 +184,7 @@ def test_the_seam_names_no_trainer_and_no_features_constant():
     import ast
     import inspect
 
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     tree = ast.parse(inspect.getsource(hooks))
     features = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
                 and node.module == "dancegrpo_port" for alias in node.names}
@@ -196,7 +195,7 @@ def test_the_seam_names_no_trainer_and_no_features_constant():
                  and isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in features
                  and n.attr.isupper()]
     assert not constants, f"hooks.py falls back to a feature's constant outside the table: {constants}"
-    names = set(trainers.names()) | {"flux", "qwenimage", "wan_2_1", "hunyuan", "skyreels", "sd"}
+    names = set(registry.names()) | {"flux", "qwenimage", "wan_2_1", "hunyuan", "skyreels", "sd"}
     defaults = [f"{f.name}({a.value!r})" for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
                 for a in f.args.defaults + [d for d in f.args.kw_defaults if d is not None]
                 if isinstance(a, ast.Constant) and a.value in names]

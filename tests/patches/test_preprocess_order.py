@@ -57,9 +57,8 @@ def test_an_entry_not_named_by_its_prompt_index_is_refused():
 
 
 def preprocessing_scripts() -> list[str]:
-    from dancegrpo_npu import trainers
-
-    return sorted({trainers.get(name).relpath for name in trainers.preprocessing()})
+    from dancegrpo_npu import registry
+    return sorted({registry.get(name).relpath for name in registry.preprocessing()})
 
 
 @pytest.mark.upstream

@@ -261,7 +261,7 @@ def test_the_launch_lines_name_flags_the_trainers_have(patched_tree, capsys):
     """Every trainer flag a launch line prints is one its script's argparse defines."""
     import re
 
-    from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
+    from dancegrpo_npu.registry import REGISTRY as SCRIPTS
 
     for model in ("flux", "qwenimage", "qwenimage-edit", "wan"):
         for extra in ([], ["--lora-rank", "128"]) if SCRIPTS[model].lora else ([],):  # a row without LoRA: refused

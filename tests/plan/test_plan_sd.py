@@ -262,13 +262,12 @@ def test_what_a_trainer_lacks_is_its_rows_not_its_names(tmp_path, capsys, monkey
     SD's row given them is planned with them."""
     from dataclasses import replace
 
-    from dancegrpo_npu import trainers
-
-    monkeypatch.setitem(trainers.REGISTRY, "flux", replace(trainers.REGISTRY["flux"], offload_flag=None, lora=None,
+    from dancegrpo_npu import registry
+    monkeypatch.setitem(registry.REGISTRY, "flux", replace(registry.REGISTRY["flux"], offload_flag=None, lora=None,
                                                            no_lora="no LoRA in this row"))
     for argv, says in ((["--cpu-offload"], "has no FSDP CPU offload"), (["--lora-rank", "8"], "no LoRA in this row")):
         status, out, err = _plan(capsys, REPO, "flux", *argv)
         assert status == 2 and out == "" and says in err, err
-    monkeypatch.setitem(trainers.REGISTRY, SD, replace(trainers.REGISTRY[SD], offload_flag="--use_cpu_offload"))
+    monkeypatch.setitem(registry.REGISTRY, SD, replace(registry.REGISTRY[SD], offload_flag="--use_cpu_offload"))
     status, out, err = _plan(capsys, _sd_tree(tmp_path / "tree"), SD, "--cpu-offload")
     assert "--cpu-offload" not in err and "CPU offload" in out.splitlines()[0], err

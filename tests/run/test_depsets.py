@@ -14,7 +14,7 @@ from conftest import in_ci
 
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import depsets
-from dancegrpo_npu.trainers import REGISTRY as SCRIPTS
+from dancegrpo_npu.registry import REGISTRY as SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

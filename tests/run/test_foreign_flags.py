@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.upstream_args import build_script_args, without_flags
 
 
@@ -25,7 +25,7 @@ def test_a_configuration_file_is_found_where_the_command_ran_else_in_the_tree(tm
         (root / "fastvideo/config_sd").mkdir(parents=True)
         (root / "fastvideo/config_sd/dgx.py").write_text("# a configuration\n")
     cwd.mkdir(exist_ok=True)
-    spec = trainers.get("sd")
+    spec = registry.get("sd")
     args = build_script_args(spec, ("--config", "fastvideo/config_sd/dgx.py:hpsv3"), tree=tree, cwd=cwd,
                              run_dir=tmp_path / "run", upstream_defaults=False)
     expected = (cwd if where == "cwd" else tree) / "fastvideo/config_sd/dgx.py"

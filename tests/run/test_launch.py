@@ -18,10 +18,10 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.fingerprint import trainer_matmul_precision
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan, launch
 from dancegrpo_npu.project import find_project
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.upstream_args import split_flags
 
-PREPROCESS_DEFAULTS = trainers.get("preprocess").defaults
+PREPROCESS_DEFAULTS = registry.get("preprocess").defaults
 
 PY = "/opt/py/bin/python"
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "PYTHONPATH": "/usr/local/Ascend/python/site-packages"}

@@ -11,7 +11,7 @@ import pytest
 from recorded_runs import index
 from synthetic_tree import make_project, trust_synthetic_tree
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.project import find_project
 
@@ -70,7 +70,7 @@ def test_flags_become_the_contracts_trainer_arguments(project, capsys):
         (["flux", "--record-steps", "0,2"], "'0' is not a step"),
         (["flux", "--record-steps", "5-2"], "'5-2' is not a step"),
         (["flux", "--record-steps", ""], "--record-steps '': '' is not understood"),
-        (["preprocess", "--record"], f"--record: only the GRPO trainers ({', '.join(trainers.aligning())}) draw noise and record"),
+        (["preprocess", "--record"], f"--record: only the GRPO trainers ({', '.join(registry.aligning())}) draw noise and record"),
         (["flux", "--record", "--", "--record"], "--record given after -- as well as launch's alignment options"),
         (["flux", "--rng", "cpu", "--no-upstream-defaults"], "--rng cpu: the launch sets no --seed"),
         (["flux", "--replay", "nosuch"], "no run 'nosuch'"),
@@ -147,7 +147,7 @@ def test_replay_checks_the_trainers_own_defaults_without_upstream_defaults(proje
                                                                             same_noise):
     """--no-upstream-defaults (as smoke runs): a flag not given is the trainer's own parser's default
     (each row's: read from its script), not the shell script's, nor another trainer's."""
-    (project.workdir / trainers.get(script).relpath).write_text(
+    (project.workdir / registry.get(script).relpath).write_text(
         PARSED_TRAINER.format(generations=generations, same_noise=same_noise))
     recorded(project, "20260101-100000-src")
     small = ("--h", "16", "--w", "16", "--sampling_steps", "3", "--max_train_steps", "2")
@@ -246,7 +246,7 @@ def test_a_replay_fits_hunyuans_use_same_noise_as_the_shared_initial_noise():
     from dancegrpo_npu.run.launch import replay_values
     from dancegrpo_npu.run.upstream_args import trainer_values
 
-    hunyuan, flux = trainers.get("hunyuan"), trainers.get("flux")
+    hunyuan, flux = registry.get("hunyuan"), registry.get("flux")
     namespace = {"h": 480, "w": 848, "use_same_noise": True, "max_train_steps": 2, "num_generations": 16}
     assert replay_values(hunyuan, trainer_values(hunyuan, [], namespace), 8)["init_same_noise"] is True
     assert trainer_values(hunyuan, [], {**namespace, "use_same_noise": False})["init_same_noise"] is False
@@ -258,4 +258,4 @@ def test_a_replay_fits_hunyuans_use_same_noise_as_the_shared_initial_noise():
     assert trainer_values(hunyuan, args[:4], None)["init_same_noise"] is None
     assert trainer_values(flux, args, None)["init_same_noise"] is None
     # the SD trainer always shares its initial latents, whatever its flags say
-    assert replay_values(trainers.get("sd"), trainer_values(trainers.get("sd"), [], {}), 1)["init_same_noise"] is True
+    assert replay_values(registry.get("sd"), trainer_values(registry.get("sd"), [], {}), 1)["init_same_noise"] is True

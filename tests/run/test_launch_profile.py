@@ -10,7 +10,7 @@ import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 from test_launch_align import command_tail, dry_run
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.project import find_project
 from dancegrpo_npu.run.launch import build_plan
 from dancegrpo_npu.run.plan import LaunchSpec
@@ -39,7 +39,7 @@ def test_profile_becomes_the_trainers_profile_steps(project, capsys, script):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["preprocess", "--profile", "1"], f"--profile: only the GRPO trainers ({', '.join(trainers.aligning())}) time and profile"),
+        (["preprocess", "--profile", "1"], f"--profile: only the GRPO trainers ({', '.join(registry.aligning())}) time and profile"),
         (["flux", "--profile", "x"], "--profile 'x': 'x' is not understood"),
         (["flux", "--profile", "0"], "--profile '0': '0' is not a step or an increasing range"),
         (["flux", "--profile", "4-2"], "'4-2' is not a step or an increasing range"),

@@ -77,10 +77,9 @@ def test_a_trainer_whose_batch_is_a_ranks_runs_the_recipe_as_it_is_at_any_world_
     prompts a rank takes would mix prompts in one best-of-n; the row says so (per_rank_batch)."""
     from dataclasses import replace
 
-    from dancegrpo_npu import trainers
-
-    row = replace(trainers.get("flux"), per_rank_batch="a rank's batch")
-    monkeypatch.setitem(trainers.REGISTRY, "flux", row)
+    from dancegrpo_npu import registry
+    row = replace(registry.get("flux"), per_rank_batch="a rank's batch")
+    monkeypatch.setitem(registry.REGISTRY, "flux", row)
     plan = plan_of(project, tmp_path, LaunchSpec("flux", nproc_per_node=4))
     assert plan.recipe.name == "8gpus"
     assert (arg(plan, "--train_batch_size"), arg(plan, "--gradient_accumulation_steps")) == ("2", "12")
@@ -89,7 +88,7 @@ def test_a_trainer_whose_batch_is_a_ranks_runs_the_recipe_as_it_is_at_any_world_
                                           "(a rank's batch), so a step takes 4/8 of the recipe's global batch: "
                                           "8 prompts per step, accumulation 12, effective batch 48 samples")
     assert "the script has 16 prompts per step" in recipes.recipe_line(plan)
-    assert trainers.get("hunyuan").per_rank_batch and trainers.get("skyreels-i2v").per_rank_batch
+    assert registry.get("hunyuan").per_rank_batch and registry.get("skyreels-i2v").per_rank_batch
 
 
 def test_scaling_keeps_the_accumulation_a_divisor_of_the_samples_per_step():

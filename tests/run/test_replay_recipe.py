@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.run.align_flags import AlignOptions
 
@@ -38,10 +38,10 @@ def launched(project, args, align: AlignOptions, name: str):
 def test_a_run_of_upstreams_recipe_with_use_same_noise_replays(patched_tree, capsys):
     from dancegrpo_npu.smoke import runner
 
-    project, spec = patched_tree.project, trainers.get(TRAINER)
+    project, spec = patched_tree.project, registry.get(TRAINER)
     assert ("use_same_noise", "init_same_noise") in spec.renamed_values
     options = runner.SmokeOptions(trainer=TRAINER, device="cpu", steps=1, generations=2)
-    built = trainers.load(spec.smoke.fixtures)(project, options, spec)
+    built = registry.load(spec.smoke.fixtures)(project, options, spec)
     tiny = runner.trainer_arguments(project, built, options, spec)  # the smoke's models, dataset and sizes
     source = launched(project, tiny, AlignOptions(rng="cpu", record=True), "recipe")
     script_args = json.loads((source / "launch.json").read_text())["script_args"]

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import absl_config
@@ -135,8 +135,8 @@ def test_launch_sd_dry_run_refuses_what_its_absl_and_overlay_would(patched_tree,
 
 
 def test_every_trainer_that_takes_sizes_has_its_models_rule():
-    for name in trainers.trainers():
-        sizes = trainers.get(name).image_sizes
+    for name in registry.trainers():
+        sizes = registry.get(name).image_sizes
         assert sizes is not None and sizes.multiple in (8, 16), name
 
 
@@ -147,7 +147,7 @@ def test_every_trainer_that_takes_sizes_has_its_models_rule():
     ({"--h": "72", "--w": "512"}, 8, None),
 ])
 def test_sizes_by_the_rows_rule(values, multiple, says):
-    rows = [trainers.get(n) for n in trainers.trainers() if trainers.get(n).image_sizes.multiple == multiple]
+    rows = [registry.get(n) for n in registry.trainers() if registry.get(n).image_sizes.multiple == multiple]
     assert rows
     for row in rows:
         problem = image_sizes_problem(values, row.image_sizes)

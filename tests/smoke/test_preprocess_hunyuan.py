@@ -98,8 +98,7 @@ def test_preprocess_skyreels_writes_the_empty_prompt_in_the_same_run(patched_tre
 
 
 def test_the_skyreels_preprocessing_writes_the_empty_prompt_where_its_trainer_reads_it():
-    from dancegrpo_npu import trainers
-
-    preprocess = dict(trainers.get("preprocess-skyreels-i2v").defaults)
-    trainer = dict(trainers.get("skyreels-i2v").defaults)
+    from dancegrpo_npu import registry
+    preprocess = dict(registry.get("preprocess-skyreels-i2v").defaults)
+    trainer = dict(registry.get("skyreels-i2v").defaults)
     assert preprocess["--empty_output_dir"] == trainer["--empty_embeddings_dir"] == "data/empty"

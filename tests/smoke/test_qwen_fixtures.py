@@ -27,8 +27,7 @@ import sys
 import pytest
 
 from dancegrpo_npu.cli import main
-from dancegrpo_npu import trainers
-
+from dancegrpo_npu import registry
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.upstream
@@ -63,7 +62,7 @@ def built(patched_tree):
     prompts = build_reward_fixtures(project.build_dir / "fixtures-reward").prompts  # the smokes' prompts
     # where the rows' fixtures hook builds them (trainers.qwenimage.smoke.fixtures)
     plain, edit = (build_qwen_fixtures(project.build_dir / f"fixtures-{name}", prompts, python,
-                                       edit=trainers.get(name).smoke.param("edit"))
+                                       edit=registry.get(name).smoke.param("edit"))
                    for name in ("qwenimage", "qwenimage-edit"))
     return {"python": python, "prompts": prompts.read_text().splitlines(), "plain": plain, "edit": edit,
             "prompts_file": prompts}

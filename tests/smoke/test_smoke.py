@@ -20,7 +20,7 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 
 from conftest import copy_project
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.smoke import checks, passes
 from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.checks import DecayBudget
@@ -123,13 +123,13 @@ def test_steps_and_generations_set_the_run(built, steps, generations):
 
 def test_arguments_after_the_smokes_own_win(built):
     options = smoke.SmokeOptions(extra_args=("--learning_rate", "5e-4", "--weight_decay=0.01", "--h", "128"))
-    args = smoke.trainer_arguments(None, built, options, trainers.get("flux"))
+    args = smoke.trainer_arguments(None, built, options, registry.get("flux"))
     assert args[-5:] == options.extra_args
     value = smoke.flag_values(args)
     assert (value["--learning_rate"], value["--weight_decay"], value["--h"]) == ("5e-4", "0.01", "128")
     assert checks.decay_budget(args, 2) == DecayBudget(5e-4, 0.01, 1)
     options = smoke.SmokeOptions(extra_args=("--gradient_accumulation_steps", "1"))
-    assert checks.decay_budget(smoke.trainer_arguments(None, built, options, trainers.get("flux")),
+    assert checks.decay_budget(smoke.trainer_arguments(None, built, options, registry.get("flux")),
                                3).updates == 4  # 2 updates a step
 
 

@@ -75,7 +75,7 @@ def test_a_loss_of_0_and_tensors_that_did_not_change_are_explained_where_shown()
 def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path, monkeypatch):
     """The equal-weights check compares ranks: with one there is nothing to compare or print, and a
     row that does not check it (no --weights_digest in its arguments) is not checked at two."""
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.smoke import trained
 
     calls = []
@@ -85,15 +85,15 @@ def test_one_process_is_not_said_to_hold_the_same_weights_as_the_others(tmp_path
     monkeypatch.setattr(trained, "check_equal_weights", lambda run_dir, nproc: calls.append(nproc) or 42)
     checked = CheckpointCheck(Path("c"), "x", 4, 4, 1.0, 0.0, 2)
     for name, nproc, said in (("wan", 1, False), ("wan", 2, True), ("flux", 2, False)):
-        spec = trainers.get(name)
+        spec = registry.get(name)
         hooks = {spec.smoke.fixtures: lambda *a: None, spec.smoke.arguments: lambda *a: (),
                  spec.smoke.checkpoint: lambda *a: checked}
-        monkeypatch.setattr(trainers, "load", hooks.get)
+        monkeypatch.setattr(registry, "load", hooks.get)
         result = runner._pipeline(None, runner.SmokeOptions(trainer=name, nproc=nproc, steps=2), spec, {}, 0.0)
         text = runner.format_result(result)
         assert ("every rank holds the same weights" in text) == said, (name, nproc, text)
     assert calls == [2]
-    assert not trainers.get("flux").smoke.equal_weights and trainers.get("wan").smoke.equal_weights
+    assert not registry.get("flux").smoke.equal_weights and registry.get("wan").smoke.equal_weights
 
 
 def test_the_unchanged_tensors_named_are_those_qwen_image_gives_no_gradient():
@@ -148,19 +148,19 @@ def test_smoke_help_covers_every_trainer_of_the_registry(monkeypatch, capsys):
     its checkpoint loads with, not FLUX's alone: a row added to the registry is listed too."""
     from dataclasses import replace
 
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.cli import main
 
-    hunyuan = trainers.get("hunyuan")
+    hunyuan = registry.get("hunyuan")
     extra = replace(hunyuan, name="tiny-video", smoke=replace(hunyuan.smoke, title="a tiny video GRPO"))
-    monkeypatch.setitem(trainers.REGISTRY, "tiny-video", extra)
+    monkeypatch.setitem(registry.REGISTRY, "tiny-video", extra)
     with pytest.raises(SystemExit) as done:
         main(["smoke", "--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     description = text[:text.index("positional arguments")]
-    for name in trainers.smoked():
-        spec = trainers.get(name)
+    for name in registry.smoked():
+        spec = registry.get(name)
         assert f"{name} {spec.smoke.title}" in description, name
         assert spec.relpath.rsplit("/", 1)[-1] in description, name
     assert "VideoAlign reward; the checkpoint loads with HunyuanVideoTransformer3DModel" in description

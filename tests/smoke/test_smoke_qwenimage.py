@@ -20,7 +20,7 @@ import pytest
 from depset_035 import diffusers_035_python
 from smoke_runs import assert_a_cut_run_resumes_exactly, metrics, passed
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import runner as smoke
 
@@ -76,7 +76,7 @@ def test_two_ranks_strict(runs, trainer):
     result = passed(runs(trainer, steps=steps, align=True))
     assert [s.step for s in result.steps] == list(range(1, steps + 1)) and all(s.grad_norm > 0 for s in result.steps)
     assert result.checkpoint.loaded_with == "QwenImageTransformer2DModel.from_pretrained"
-    name, updates = last_checkpoint(steps, trainers.smoke_spec(trainer).smoke.passes)
+    name, updates = last_checkpoint(steps, registry.smoke_spec(trainer).smoke.passes)
     assert result.checkpoint.path.name == name and result.checkpoint.updates == updates > 0
     assert result.checkpoint.changed > 0
     assert result.equal_weights == result.checkpoint.total

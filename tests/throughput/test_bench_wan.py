@@ -44,10 +44,9 @@ def test_the_wan_preset_is_wan2_1_t2v_1_3b(patched_tree):
     assert dict(presets.trainer_of(presets.PRESETS["wan-full"]).bench.extra_args)["cfg_infer"] == 5.0
     cpu, _, _ = model_configs(presets.PRESETS["wan-cpu"])
     assert cpu == {**transformer, "num_layers": 1}
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     assert {name: presets.depset_of(p) for name, p in presets.PRESETS.items()} == {
-        name: trainers.get(p.trainer).depset for name, p in presets.PRESETS.items()}  # each its trainer's set
+        name: registry.get(p.trainer).depset for name, p in presets.PRESETS.items()}  # each its trainer's set
     assert {presets.depset_of(presets.PRESETS[f"wan-{size}"]) for size in presets.SIZES} == {"diffusers-0.35"}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import presets
 
@@ -30,7 +30,7 @@ def resolve(tree=None, **options):
 def test_full_is_upstreams_recipe(patched_tree):
     config = resolve(patched_tree.tree)
     s = config.sizes
-    assert config.preset.name == f"{trainers.default_trainer().name}-full" and config.sample_batch_sizes == (1,)
+    assert config.preset.name == f"{registry.default_trainer().name}-full" and config.sample_batch_sizes == (1,)
     assert config.recipe == patched_tree.tree / "scripts/finetune/finetune_flux_grpo.sh"
     assert (s.height, s.width, s.sampling_steps, s.generations) == (720, 720, 16, 12)
     assert (s.timestep_fraction, s.eta, s.shift, s.text_tokens) == (0.6, 0.3, 3.0, 512)
@@ -44,7 +44,7 @@ FROM_THE_RECIPE = [name for name, p in presets.presets().items() if p.needs_reci
 
 def test_only_the_tiny_presets_set_every_size():
     assert {p.size for p in presets.presets().values() if not p.needs_recipe} == {"tiny"}
-    for spec in trainers.benched():  # a full-size preset sets none of upstream's sizes
+    for spec in registry.benched():  # a full-size preset sets none of upstream's sizes
         full = spec.bench.preset("full")
         assert full is None or not set(full.sizes) & set(presets.RECIPE_FIELDS), spec.name
 
@@ -52,8 +52,8 @@ def test_only_the_tiny_presets_set_every_size():
 def test_every_trainer_has_a_bench_at_each_size_or_says_why():
     """bench --trainer NAME --size SIZE for every GRPO trainer of the registry: a preset, or the
     row's reason for the size; a trainer timed by a short run says why too."""
-    assert [s.name for s in trainers.benched()] == trainers.trainers()
-    for spec in trainers.benched():
+    assert [s.name for s in registry.benched()] == registry.trainers()
+    for spec in registry.benched():
         for size in presets.SIZES:
             assert (spec.bench.preset(size) is None) == (size in dict(spec.bench.no_sizes)), (spec.name, size)
         assert spec.bench.preset("tiny") is not None, spec.name
@@ -61,11 +61,11 @@ def test_every_trainer_has_a_bench_at_each_size_or_says_why():
         assert bool(spec.bench.short_run) != bool(spec.bench.train and spec.bench.prompt), spec.name
 
 
-@pytest.mark.parametrize("name", [s.name for s in trainers.benched() if s.bench.no_sizes])
+@pytest.mark.parametrize("name", [s.name for s in registry.benched() if s.bench.no_sizes])
 def test_a_size_a_trainer_has_no_preset_at_is_refused_saying_why(name, capsys):
     from dancegrpo_npu.cli import main
 
-    spec = trainers.get(name)
+    spec = registry.get(name)
     size, why = spec.bench.no_sizes[0]
     status = main(["bench", "--trainer", name, "--size", size])
     out, err = capsys.readouterr()
@@ -75,13 +75,13 @@ def test_a_size_a_trainer_has_no_preset_at_is_refused_saying_why(name, capsys):
 
 
 def test_a_short_run_takes_only_its_own_sizes():
-    name = next(s.name for s in trainers.benched() if s.bench.short_run)
+    name = next(s.name for s in registry.benched() if s.bench.short_run)
     config = resolve(trainer=name, size="tiny", generations=6, steps=1, sample_batch_sizes="1,3")
     assert config.sizes is None and (config.short.generations, config.short.steps, config.short.warmup_steps) == (6, 1, 1)
     with pytest.raises(DancegrpoError) as err:
         resolve(trainer=name, size="tiny", height=128)
     assert f"--height: {name} is timed by a short run of its smoke" in err.value.one_line()
-    without = next((s.name for s in trainers.benched() if s.bench.short_run and not s.bench.sample_batch_flag), None)
+    without = next((s.name for s in registry.benched() if s.bench.short_run and not s.bench.sample_batch_flag), None)
     if without:  # a trainer that takes no --sample_batch_size: one N
         with pytest.raises(DancegrpoError) as err:
             resolve(trainer=without, size="tiny", sample_batch_sizes="1,2")
@@ -151,7 +151,7 @@ def test_a_window_is_measured_beside_upstreams_step_and_a_short_run_takes_none()
     config = resolve(size="tiny", sampling_steps=16, timestep_fraction=0.6, sde_window_size=4)
     assert config.sde_window_size == 4 and config.sizes.train_timesteps == 9
     assert config.describe()["sde_window_size"] == 4 and resolve(size="tiny").sde_window_size == 0
-    short = next(s.name for s in trainers.benched() if s.bench.short_run)
+    short = next(s.name for s in registry.benched() if s.bench.short_run)
     with pytest.raises(DancegrpoError) as err:
         resolve(trainer=short, size="tiny", sde_window_size=2)
     assert err.value.exit_code == 2 and "--sde-window-size 2: " in err.value.one_line()

@@ -10,12 +10,12 @@ import math
 import pytest
 from bench_runs import PHASES, bench
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.throughput import presets
 from dancegrpo_npu.throughput.bench import format_table
 from dancegrpo_npu.throughput.short_run import result_of_run
 
-SHORT = [s.name for s in trainers.benched() if s.bench.short_run]
+SHORT = [s.name for s in registry.benched() if s.bench.short_run]
 
 
 def step(n: int, rollout: float, train: float, peak: int, **more) -> dict:
@@ -45,7 +45,7 @@ def test_the_table_of_a_short_run_says_what_was_timed_and_why(name):
     first, second = format_table([], facts).splitlines()[:2]
     assert first.startswith(f"{name} at size tiny on cpu: a short run of its smoke")
     assert first.endswith("1 CPU thread(s) (OMP_NUM_THREADS=1, yours)")
-    assert second.endswith(f"not a train_one_step called in process: {trainers.get(name).bench.short_run}")
+    assert second.endswith(f"not a train_one_step called in process: {registry.get(name).bench.short_run}")
 
 
 @pytest.mark.slow
@@ -57,7 +57,7 @@ def test_sd_is_timed_by_a_short_run_of_its_smoke(patched_tree, tmp_path):
     r = bench(patched_tree.project.root, "--runs-dir", str(tmp_path / "runs"), "--trainer", "sd", "--size", "tiny",
               "--device", "cpu", "--steps", "1", "--warmup-steps", "1", "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    why = trainers.get("sd").bench.short_run
+    why = registry.get("sd").bench.short_run
     assert f"not a train_one_step called in process: {why}" in r.stdout
     document = json.loads(out.read_text())
     [result], facts = document["results"], document["fingerprint"]["bench"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from synthetic_tree import make_project, trust_synthetic_tree
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.project import find_project
 
@@ -27,7 +27,7 @@ COMING = ("hunyuan", "skyreels-i2v", "sd")
 
 
 def trainer_literal() -> re.Pattern:
-    names = sorted({*trainers.trainers(), *COMING}, key=len, reverse=True)
+    names = sorted({*registry.trainers(), *COMING}, key=len, reverse=True)
     return re.compile(r"[\"'](" + "|".join(map(re.escape, names)) + r")[\"']|fastvideo/train_grpo_")
 
 
@@ -52,7 +52,7 @@ def outside_registry(found: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def test_no_trainer_is_named_outside_the_registry():
     found = files_naming(trainer_literal())
-    assert set(trainers.trainers()) <= set(found)  # the registry itself names each one
+    assert set(registry.trainers()) <= set(found)  # the registry itself names each one
     assert outside_registry(found) == {}
 
 
@@ -68,7 +68,7 @@ def test_the_check_finds_a_name_written_elsewhere(tmp_path):
 def registry_aliases(root: Path = SRC) -> list[str]:
     """Module-level names outside trainers/ that hold the registry or a view of it: an import of
     REGISTRY under a module's own name, an assignment from it, or an instance of a class of the
-    module that reads it.  Every reader looks rows up through dancegrpo_npu.trainers instead."""
+    module that reads it.  Every reader looks rows up through dancegrpo_npu.registry instead."""
     import ast
 
     def reads_registry(node) -> bool:
@@ -99,43 +99,43 @@ def test_the_registry_is_looked_up_only_through_its_package():
 
 def test_the_alias_check_finds_an_alias_and_a_view(tmp_path):
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "args.py").write_text("from x import trainers\nSCRIPTS = trainers.REGISTRY\n")
+    (tmp_path / "run" / "args.py").write_text("from x import trainers\nSCRIPTS = registry.REGISTRY\n")
     (tmp_path / "run" / "view.py").write_text(
-        "class Smoked:\n    def get(self, k):\n        return trainers.REGISTRY[k]\n\n\nTRAINERS = Smoked()\n")
-    (tmp_path / "run" / "imported.py").write_text("from dancegrpo_npu.trainers import REGISTRY as ROWS\n")
+        "class Smoked:\n    def get(self, k):\n        return registry.REGISTRY[k]\n\n\nTRAINERS = Smoked()\n")
+    (tmp_path / "run" / "imported.py").write_text("from dancegrpo_npu.registry import REGISTRY as ROWS\n")
     assert registry_aliases(tmp_path) == ["run/args.py:2", "run/imported.py: imports REGISTRY", "run/view.py:6"]
 
 
 def test_a_row_is_keyword_built():
     with pytest.raises(TypeError):
-        trainers.TrainerSpec("x", "fastvideo/x.py", "help", "X", output_in_run_dir=True)  # type: ignore[misc]
+        registry.TrainerSpec("x", "fastvideo/x.py", "help", "X", output_in_run_dir=True)  # type: ignore[misc]
 
 
 def test_every_row_names_what_it_needs():
-    for name, spec in trainers.REGISTRY.items():
+    for name, spec in registry.REGISTRY.items():
         assert spec.name == name
         if spec.is_trainer:
             assert spec.smoke is not None, name
         if spec.is_trainer and spec.dataset is not None:  # a trainer of an embeddings dataset names its maker
-            assert spec.preprocess in trainers.preprocessing(), name
-            assert trainers.get(spec.preprocess).dataset == spec.dataset, name
+            assert spec.preprocess in registry.preprocessing(), name
+            assert registry.get(spec.preprocess).dataset == spec.dataset, name
         hooks = (spec.smoke.fixtures, spec.smoke.arguments, spec.smoke.checkpoint, spec.smoke.check_options,
                  spec.smoke.unchanged_note) if spec.smoke else ()
         for ref in hooks:
-            assert not ref or callable(trainers.load(ref)), (name, ref)
-    assert [s.name for s in trainers.REGISTRY.values() if s.default] == [trainers.default_trainer().name]
+            assert not ref or callable(registry.load(ref)), (name, ref)
+    assert [s.name for s in registry.REGISTRY.values() if s.default] == [registry.default_trainer().name]
 
 
 def test_the_readmes_list_of_trainers_is_the_registrys():
     """The README's sentence that lists the ported trainers names each one the registry has."""
     readme = (SRC.parents[1] / "README.md").read_text()
     listed = " ".join(next(p for p in readme.split("\n\n") if "trainers are ported" in p).split())
-    assert all(f"`{name}`" in listed for name in trainers.trainers()), listed
+    assert all(f"`{name}`" in listed for name in registry.trainers()), listed
 
 
 def test_an_unknown_name_is_refused_in_one_line_with_the_nearest():
     with pytest.raises(Exception) as e:
-        trainers.get("wam")
+        registry.get("wam")
     assert e.value.exit_code == 2 and "did you mean wan?" in e.value.one_line()
 
 
@@ -147,8 +147,8 @@ NEW = "flux-copy"
 @pytest.fixture
 def plugged(monkeypatch):
     """The default trainer's row again under a new name, and nothing else changed."""
-    row = replace(trainers.default_trainer(), name=NEW, default=False, lora=None, help="a copy of the default trainer")
-    monkeypatch.setitem(trainers.REGISTRY, NEW, row)
+    row = replace(registry.default_trainer(), name=NEW, default=False, lora=None, help="a copy of the default trainer")
+    monkeypatch.setitem(registry.REGISTRY, NEW, row)
     return row
 
 
@@ -197,6 +197,6 @@ def test_doctor_checks_a_new_row_by_default(plugged, tmp_path, monkeypatch):
     trust_synthetic_tree(monkeypatch)
     project = find_project(make_project(tmp_path / "proj"))
     installed = doctor_trainers.installed(project, dict(__import__("os").environ))
-    assert NEW in installed and trainers.default_trainer().name in installed
+    assert NEW in installed and registry.default_trainer().name in installed
     assert doctor_trainers.trainer_problems(project, NEW, dict(__import__("os").environ)) == \
-        doctor_trainers.trainer_problems(project, trainers.default_trainer().name, dict(__import__("os").environ))
+        doctor_trainers.trainer_problems(project, registry.default_trainer().name, dict(__import__("os").environ))

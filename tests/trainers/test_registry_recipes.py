@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.recipes import recipes_for
 from dancegrpo_npu.throughput import presets
 
@@ -22,17 +22,17 @@ def recipe_sizes(values: dict) -> dict:
                 gradient_accumulation_steps=min(int(values["--gradient_accumulation_steps"]), generations))
 
 
-FULL_SIZE = [spec.name for spec in trainers.benched() if spec.bench.preset("full")]
+FULL_SIZE = [spec.name for spec in registry.benched() if spec.bench.preset("full")]
 
 
 def test_only_a_short_run_lacks_a_full_size_preset():
-    assert FULL_SIZE and all(bool(spec.bench.short_run) == (spec.name not in FULL_SIZE) for spec in trainers.benched())
+    assert FULL_SIZE and all(bool(spec.bench.short_run) == (spec.name not in FULL_SIZE) for spec in registry.benched())
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)
 def test_the_registry_holds_no_copy_of_upstreams_sizes(name):
     """A full-size preset sets none of the recipe's sizes; the row keeps the text tokens alone."""
-    bench = trainers.get(name).bench
+    bench = registry.get(name).bench
     assert not hasattr(bench, "sizes")
     full = presets.PRESETS[f"{name}-full"]
     assert full.needs_recipe and not set(full.sizes) & set(presets.RECIPE_FIELDS)
@@ -42,7 +42,7 @@ def test_the_registry_holds_no_copy_of_upstreams_sizes(name):
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", FULL_SIZE)
 def test_each_full_size_preset_runs_its_upstream_recipe(patched_tree, name):
-    spec = trainers.get(name)
+    spec = registry.get(name)
     recipes = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}
     want = recipe_sizes(recipes[spec.bench.recipe].values())
     config = presets.resolve({"trainer": name, "size": "full"}, patched_tree.tree)
@@ -56,7 +56,7 @@ def test_bench_runs_the_recipe_the_tree_holds_under_the_presets_and_the_flags(pa
     flag win over the recipe's."""
     import shutil
 
-    spec = trainers.default_trainer()
+    spec = registry.default_trainer()
     full, smaller = {"trainer": spec.name, "size": "full"}, {"trainer": spec.name, "size": "cpu"}
     recipe = {r.name: r for r in recipes_for(patched_tree.tree, spec.relpath, spec.recipe_glob)}[spec.bench.recipe]
     tree = tmp_path / "tree"

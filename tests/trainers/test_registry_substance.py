@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dancegrpo_npu import trainers
-
+from dancegrpo_npu import registry
 SRC = Path(__file__).resolve().parents[2] / "src" / "dancegrpo_npu"
 
 # Model names upstream's trainers are known by that are not a row's or a family's name.
@@ -37,9 +36,9 @@ def forbidden_words() -> set[str]:
     """Every family's folder name, the parts of every row's name but the generic ones
     (flux-lora: flux; preprocess-wan: wan; skyreels-i2v: skyreels), and MODEL_WORDS."""
     words = set(MODEL_WORDS)
-    for family in trainers.FAMILIES:
+    for family in registry.FAMILIES:
         words.add(family.__name__.rsplit(".", 1)[-1])
-    for name in trainers.names():
+    for name in registry.names():
         words.update(part for part in name.split("-") if part not in GENERIC_PARTS)
     return words
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.throughput import bench, presets
@@ -16,7 +16,7 @@ def sizes_text() -> str:
     """The trainers and their sizes, from the registry: what each preset builds, or why the sizes
     it has none at are refused (once for the sizes of one reason), and which are short runs."""
     lines = []
-    for spec in trainers.benched():
+    for spec in registry.benched():
         short = f" (a short run: {spec.bench.short_run})" if spec.bench.short_run else ""
         lines.append(textwrap.fill(f"{spec.name}{short}", 96, initial_indent="  ", subsequent_indent="      "))
         refused: dict[str, list[str]] = {}
@@ -33,9 +33,9 @@ def sizes_text() -> str:
 
 
 def epilog() -> str:
-    default = trainers.default_trainer().name
-    other = next((s.name for s in trainers.benched() if s.depset != trainers.default_trainer().depset), default)
-    short = next((s.name for s in trainers.benched() if s.bench.short_run), None)
+    default = registry.default_trainer().name
+    other = next((s.name for s in registry.benched() if s.depset != registry.default_trainer().depset), default)
+    short = next((s.name for s in registry.benched() if s.bench.short_run), None)
     examples = [
         f"  dancegrpo-npu bench --trainer {default} --sample-batch-sizes 1,4,12 --json bench.json   # full size",
         f"  dancegrpo-npu bench --trainer {default} --size cpu --device cpu --sample-batch-sizes 1,4",
@@ -75,7 +75,7 @@ def options_from_args(args) -> dict:
     if args.preset is not None:  # the names before --trainer and --size
         raise DancegrpoError(f"bench: --preset {args.preset}: a bench is named by its trainer and size",
                              f"give `dancegrpo-npu bench --trainer NAME --size {'|'.join(presets.SIZES)}` "
-                             f"(trainers: {', '.join(s.name for s in trainers.benched())})", exit_code=2)
+                             f"(trainers: {', '.join(s.name for s in registry.benched())})", exit_code=2)
     options = {name: getattr(args, name) for _, name in presets.SIZE_FLAGS}
     options.update(
         trainer=args.trainer, size=args.size, sample_batch_sizes=args.sample_batch_sizes,
@@ -101,7 +101,7 @@ def run(args) -> int:
 
 
 def register(sub, common) -> None:
-    names = [s.name for s in trainers.benched()]
+    names = [s.name for s in registry.benched()]
     p = sub.add_parser(
         "bench",
         parents=[common],
@@ -133,7 +133,7 @@ def register(sub, common) -> None:
     p.add_argument("--shift", type=float, default=None, help="the sigma schedule's time shift")
     p.add_argument("--text-tokens", type=int, default=None,
                    help="prompt-embedding length (default: the trainer's: "
-                        + ", ".join(f"{s.name} {s.bench.text_tokens}" for s in trainers.benched() if s.bench.text_tokens)
+                        + ", ".join(f"{s.name} {s.bench.text_tokens}" for s in registry.benched() if s.bench.text_tokens)
                         + ")")
     p.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
                    help="samples per optimizer step (must divide G)")

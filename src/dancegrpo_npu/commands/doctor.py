@@ -16,7 +16,7 @@ from dancegrpo_npu.argtypes import non_negative, positive
 
 def _trainer(name: str) -> str:
     """--trainer NAME: a registry trainer, else one line naming the trainers."""
-    from dancegrpo_npu import trainers as registry
+    from dancegrpo_npu import registry
 
     if name not in registry.trainers():
         raise registry.unknown(name, "trainer", registry.trainers(), "doctor")
@@ -25,14 +25,14 @@ def _trainer(name: str) -> str:
 
 def _takers(flag: str) -> str:
     """The trainers with an input doctor's ``flag`` stands for."""
-    from dancegrpo_npu import trainers as registry
+    from dancegrpo_npu import registry
 
     return ", ".join(n for n in trainers.grpo_trainers() if flag in trainers.doctor_inputs(registry.get(n)))
 
 
 def _examples() -> str:
     """doctor's examples, with the registry's default trainer."""
-    from dancegrpo_npu import trainers as registry
+    from dancegrpo_npu import registry
 
     name = registry.default_trainer().name
     return (f"examples:\n"

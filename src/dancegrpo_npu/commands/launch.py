@@ -13,7 +13,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run.environment import parse_env_assignment
 from dancegrpo_npu.project import project_from_args
 from dancegrpo_npu.run.plan import LaunchSpec
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.launch import launch
 from dancegrpo_npu.run.resume import resume_spec
 from dancegrpo_npu.run.watchdog import FACTOR, FLOOR_S, GRACE_S, LOADING_S, stall_timeout
@@ -50,7 +50,7 @@ def _add_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--recipe", default=d(None), metavar="NAME",
                    help="upstream's recipe for a trainer: the trainer arguments of one of its launch scripts in "
                    "the patched tree (" + ", ".join(dict.fromkeys(
-                       s.recipe_glob for s in trainers.REGISTRY.values() if s.recipe_glob)).replace("%", "%%")
+                       s.recipe_glob for s in registry.REGISTRY.values() if s.recipe_glob)).replace("%", "%%")
                    + "), named after the file (e.g. 8gpus); default: the one for the launch's world size, else "
                    "the nearest one, scaled")
     p.add_argument(
@@ -146,9 +146,9 @@ EPILOG = textwrap.dedent(
 
 def examples() -> str:
     """launch's examples, from the registry: the default trainer, and the rows that show each option."""
-    default = trainers.default_trainer()
+    default = registry.default_trainer()
     name = default.name
-    rows = [trainers.get(n) for n in trainers.trainers()]
+    rows = [registry.get(n) for n in registry.trainers()]
     lines = [f"dancegrpo-npu launch {default.preprocess} --nproc-per-node 8"] if default.preprocess else []
     lines += [
         f"dancegrpo-npu launch {name} --nproc-per-node 8 --device npu            # its one-node recipe",
@@ -178,17 +178,17 @@ def examples() -> str:
 
 def scripts_table() -> str:
     """The registry's trainers, one a line with what each trains, then its preprocessing scripts."""
-    width = max(map(len, trainers.trainers()))
-    lines = [f"  {name:<{width}}  {trainers.get(name).help}" for name in trainers.trainers()]
-    return "\n".join([*lines, f"  preprocessing (a model's dataset): {', '.join(trainers.preprocessing())}"])
+    width = max(map(len, registry.trainers()))
+    lines = [f"  {name:<{width}}  {registry.get(name).help}" for name in registry.trainers()]
+    return "\n".join([*lines, f"  preprocessing (a model's dataset): {', '.join(registry.preprocessing())}"])
 
 
 def register(sub, common) -> None:
-    datasets = ", ".join(dict.fromkeys(s.dataset for s in trainers.REGISTRY.values() if s.dataset))
+    datasets = ", ".join(dict.fromkeys(s.dataset for s in registry.REGISTRY.values() if s.dataset))
     p = sub.add_parser(
         "launch",
         parents=[common],
-        help=f"run {' | '.join(trainers.names())} under torchrun, with a run record",
+        help=f"run {' | '.join(registry.names())} under torchrun, with a run record",
         description="Run a stock upstream script (SCRIPT) from the patched tree under torchrun.\n\ntrainers:\n"
                     + scripts_table(),
         epilog=EPILOG.replace("{datasets}", datasets) + examples(),
@@ -205,7 +205,7 @@ def register(sub, common) -> None:
 def _parse_words(args) -> tuple[str, list[str]]:
     words = list(args.words)
     if not words or words[0].startswith("-"):
-        raise DancegrpoError("launch: name the script", f"one of: {', '.join(trainers.names())}", exit_code=2)
+        raise DancegrpoError("launch: name the script", f"one of: {', '.join(registry.names())}", exit_code=2)
     script, rest = words[0], words[1:]
     upstream: list[str] = []
     if "--" in rest:
@@ -225,7 +225,7 @@ def _parse_words(args) -> tuple[str, list[str]]:
     if unknown:
         raise DancegrpoError(
             f"launch: unknown option {unknown[0]!r}",
-            f"put the script's own arguments after --, e.g. `launch {trainers.default_trainer().name} -- "
+            f"put the script's own arguments after --, e.g. `launch {registry.default_trainer().name} -- "
             "--max_train_steps 10`",
             exit_code=2,
         )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.plan.report import first_frame_options, plan
 from dancegrpo_npu.project import project_from_args
@@ -38,9 +38,9 @@ from dancegrpo_npu.project import project_from_args
 def examples() -> str:
     """plan's examples, from the registry: its default trainer, and the rows that have each option."""
     names = models.names()
-    default = trainers.default_trainer().name if trainers.default_trainer().name in names else names[0]
-    offload = next((n for n in names if trainers.get(n).offload_flag and n != default), default)
-    lora = next((n for n in names if trainers.get(n).lora), None)
+    default = registry.default_trainer().name if registry.default_trainer().name in names else names[0]
+    offload = next((n for n in names if registry.get(n).offload_flag and n != default), default)
+    lora = next((n for n in names if registry.get(n).lora), None)
     ddp = next((n for n in names if models.model_of(n).parallel == "ddp"), None)
     lines = [
         f"  dancegrpo-npu plan {default}                       # upstream's recipe, read from the patched tree",

@@ -11,7 +11,7 @@ from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.smoke import passes, runner
 from dancegrpo_npu.run.watchdog import stall_timeout
 
@@ -20,8 +20,8 @@ def examples() -> str:
     """``smoke --help``'s examples, the trainers named from the registry's rows."""
     import textwrap
 
-    default = trainers.default_trainer()
-    smoked = [trainers.get(name) for name in trainers.smoked()]
+    default = registry.default_trainer()
+    smoked = [registry.get(name) for name in registry.smoked()]
     lines = [("dancegrpo-npu smoke", f"1 process, {default.smoke.title} ({default.name}), device auto")]
     if default.lora:
         lines.append(("dancegrpo-npu smoke --nproc 2 --lora", f"its LoRA variant ({default.lora}) on 2 ranks"))
@@ -79,8 +79,8 @@ def run(args) -> int:
                            checkpointing_steps=args.checkpointing_steps, resume=args.resume,
                            max_restarts=args.max_restarts, stall_timeout=args.stall_timeout)
     if options.trainer:
-        trainers.smoke_spec(options.trainer)  # an unknown one is refused before anything else
-    steps = args.steps if args.steps is not None else runner.default_steps(trainers.smoke_spec(runner.trainer_of(options)))
+        registry.smoke_spec(options.trainer)  # an unknown one is refused before anything else
+    steps = args.steps if args.steps is not None else runner.default_steps(registry.smoke_spec(runner.trainer_of(options)))
     options = replace(options, steps=steps)
     if options.resume is not None and (options.extra_args or options.align.given() or args.if_needed):
         raise DancegrpoError("smoke --resume continues a run as it was started",
@@ -90,7 +90,7 @@ def run(args) -> int:
              "checkpointing-steps": args.checkpointing_steps, "device": None if args.device == "auto" else args.device}
     options = runner.resumed_options(project, options, typed)
     runner.check_options(options)
-    spec = trainers.smoke_spec(runner.trainer_of(options))
+    spec = registry.smoke_spec(runner.trainer_of(options))
     verified = treecheck.tree_state(project, spec.relpath)  # once: the pass's key, then the smoke and its launch
     key = passes.inputs_sha256(project, options, verified)
     if args.if_needed:
@@ -119,10 +119,10 @@ def description() -> str:
     """``smoke --help``'s text: what every smoked trainer of the registry runs and is checked on."""
     import textwrap
 
-    default = trainers.default_trainer().name
+    default = registry.default_trainer().name
     rows = []
-    for name in trainers.smoked():
-        spec = trainers.get(name)
+    for name in registry.smoked():
+        spec = registry.get(name)
         smoke = spec.smoke
         text = (f"{smoke.title}{' (default)' if name == default else ''}: {spec.relpath.rsplit('/', 1)[-1]}, "
                 f"{smoke.sampling_steps} sampling steps, {smoke.reward} reward; the checkpoint loads with "
@@ -146,13 +146,13 @@ def description() -> str:
 
 
 def _trainer_help(name: str, default: str) -> str:
-    spec = trainers.get(name)
+    spec = registry.get(name)
     return f"{name} ({'default, ' if name == default else ''}{spec.relpath.rsplit('/', 1)[-1]}, {spec.depset})"
 
 
 def _passes_help() -> str:
     """The trainers of several passes over their prompts: their default --steps is one a pass."""
-    several = [(name, trainers.get(name).smoke.passes) for name in trainers.smoked() if trainers.get(name).smoke.passes > 1]
+    several = [(name, registry.get(name).smoke.passes) for name in registry.smoked() if registry.get(name).smoke.passes > 1]
     return "".join(f"; {name}: {passes}, one a pass of its {passes} passes, so a multiple of {passes}"
                    for name, passes in several)
 
@@ -168,9 +168,9 @@ def register(sub, common) -> None:
         usage="dancegrpo-npu smoke [options] [-- trainer args]",
     )
     p.add_argument("--nproc", type=int, default=None, metavar="N", help="processes (ranks) on this machine (default 1)")
-    default = trainers.default_trainer()
+    default = registry.default_trainer()
     p.add_argument("--trainer", default=None, metavar="NAME",
-                   help="the trainer: " + ", ".join(_trainer_help(name, default.name) for name in trainers.smoked())
+                   help="the trainer: " + ", ".join(_trainer_help(name, default.name) for name in registry.smoked())
                    + "; a dependency set other than the tool's: docs/dependencies.md")
     p.add_argument("--lora", action="store_true", help=f"the same as --trainer {runner.lora_trainer()}")
     p.add_argument("--device", choices=DEVICES, default=None,

@@ -196,12 +196,12 @@ def model_blocks() -> list:
     """The blocks the registry's rows name (``numerics_block``, "module:function" (torch, generator)
     -> (name, run(device))), each once: the rows of the tool's own dependency set, which doctor
     runs in."""
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.run import depsets
 
-    refs = [spec.numerics_block for spec in trainers.REGISTRY.values()
+    refs = [spec.numerics_block for spec in registry.REGISTRY.values()
             if spec.numerics_block and spec.depset == depsets.DEFAULT]
-    return [trainers.load(ref) for ref in dict.fromkeys(refs)]
+    return [registry.load(ref) for ref in dict.fromkeys(refs)]
 
 
 def run_numerics(torch, npu_ops, device: str, blocks=None) -> list[OpResult]:

@@ -63,13 +63,13 @@ def chosen_trainers(project: Project, opts: DoctorOptions) -> list[str]:
 def _other_depsets() -> str:
     """`` (--with SET for NAME, ...)`` for each dependency set of the registry's trainers other than
     the tool's own."""
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.run import depsets
 
     users: dict[str, list[str]] = {}
-    for name in trainers.trainers():
-        if trainers.get(name).depset != depsets.DEFAULT:
-            users.setdefault(trainers.get(name).depset, []).append(name)
+    for name in registry.trainers():
+        if registry.get(name).depset != depsets.DEFAULT:
+            users.setdefault(registry.get(name).depset, []).append(name)
     return "".join(f" (--with {depset} for {', '.join(names)})" for depset, names in users.items())
 
 

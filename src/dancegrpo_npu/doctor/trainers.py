@@ -16,8 +16,8 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
 from dancegrpo_npu.run import depsets
-from dancegrpo_npu import trainers
-from dancegrpo_npu.trainers import TrainerSpec
+from dancegrpo_npu import registry
+from dancegrpo_npu.registry import TrainerSpec
 
 # A resume checkpoint holds a trainable parameter in float32 and AdamW's two float32 moments
 # (dancegrpo_port.resume), and the save wants 5 % over its size (checkpoints.MARGIN).
@@ -27,14 +27,14 @@ SAVE_MARGIN = 1.05
 
 def grpo_trainers() -> list[str]:
     """The registry's trainers (not the preprocessing scripts)."""
-    return trainers.trainers()
+    return registry.trainers()
 
 
 def installed(project: Project, environ: dict[str, str]) -> list[str]:
     """The GRPO trainers this host can run: the script is in the tree and its set is installed."""
     found = []
     for name in grpo_trainers():
-        info = trainers.get(name)
+        info = registry.get(name)
         if not (project.workdir / info.relpath).is_file():
             continue
         try:
@@ -65,7 +65,7 @@ def input_fix(names: list[str]) -> str:
     `launch NAME --dry-run -- ...` with the trainer's own flags for the rest."""
     parts = []
     for name in names:
-        info = trainers.get(name)
+        info = registry.get(name)
         covered = doctor_inputs(info)
         rest = [r.flag for r in info.required_inputs if not any(r.flag in inputs for inputs in covered.values())]
         said = [f"doctor {'/'.join(covered)}"] if covered else []
@@ -104,7 +104,7 @@ def trainer_check(project: Project, name: str, environ: dict[str, str], *, weigh
     from dancegrpo_npu.run.launch import build_plan
     from dancegrpo_npu.run.plan import LaunchSpec
 
-    info = trainers.get(name, "trainer")
+    info = registry.get(name, "trainer")
     spec = LaunchSpec(name, args=_user_args(info, weights_dir, hps_ckpt, hps_open_clip_ckpt), device="cpu")
     try:  # the inputs are the device's own business nowhere: the CPU plan lists the same ones
         plan = build_plan(project, spec, project.runs_dir / "doctor-probe", environ=environ, dry_run=True)
@@ -118,7 +118,7 @@ def resume_checkpoint_bytes(name: str) -> int | None:
     None where plan has no model of that name (the LoRA trainer's checkpoint is small)."""
     from dancegrpo_npu.plan import memory, models
 
-    if trainers.get(name).plan is None:
+    if registry.get(name).plan is None:
         return None
     return int(memory.denoiser_parameters(models.model_of(name)) * RESUME_BYTES_PER_PARAMETER * SAVE_MARGIN)
 

@@ -27,7 +27,7 @@ RUN_OUTPUTS = (
 def weights_dirs(upstream_top: set[str]) -> list[str]:
     """The tree's top-level folders the registry's rows read weights, reward models and
     datasets from (their path flags' defaults), less ``upstream_top``: upstream's own."""
-    from dancegrpo_npu.trainers import REGISTRY
+    from dancegrpo_npu.registry import REGISTRY
 
     found: set[str] = set()
     for spec in REGISTRY.values():

@@ -1,6 +1,6 @@
 """The shapes the memory plan knows: shipped in each family's folder, or the bench's built configs.
 
-The models are the registry's trainers with a ``plan`` (dancegrpo_npu.trainers): its entry of
+The models are the registry's trainers with a ``plan`` (dancegrpo_npu.registry): its entry of
 its family's plan.json holds the shapes, and its ``architecture`` the kind plan counts it as and
 the counts that kind leaves to the model.  A model's denoiser (and VAE) config is in the entry,
 or names a config file beside it (``denoiser_file``, which the bench builds too).  Its recipe sizes (resolution,
@@ -20,7 +20,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan.memory import Model, Recipe
 
@@ -33,7 +33,7 @@ def _shipped(shapes: Path) -> dict:
 
 def names() -> list[str]:
     """The trainers plan knows: the registry's rows with model shapes."""
-    return [spec.name for spec in trainers.planned()]
+    return [spec.name for spec in registry.planned()]
 
 
 def entry(name: str) -> dict:
@@ -48,10 +48,10 @@ def entry(name: str) -> dict:
 
 
 def plan_of(name: str):
-    """The registry row's ``plan`` (trainers.Plan); a trainer without one is refused in one line."""
-    spec = trainers.get(name, "model")
+    """The registry row's ``plan`` (registry.Plan); a trainer without one is refused in one line."""
+    spec = registry.get(name, "model")
     if spec.plan is None:
-        raise trainers.unknown(name, "model", names(), "plan")
+        raise registry.unknown(name, "model", names(), "plan")
     return spec.plan
 
 
@@ -148,7 +148,7 @@ def from_bench(name: str, configs, counts, trainer: str | None = None) -> Model:
            "widest_channels": max(vae_cfg["block_out_channels"]), "tile": vae_cfg.get("sample_size", 1024)}
     hps = {"parameters": counts.hps, "image_size": vision["image_size"], "patch_size": vision["patch_size"],
            "width": vision["width"], "head_width": vision.get("head_width", 64)}
-    spec = trainers.get(trainer) if trainer else trainers.default_trainer()
+    spec = registry.get(trainer) if trainer else registry.default_trainer()
     return Model(name, spec.name, {"_class_name": spec.bench.classes[0], **transformer_cfg}, vae, hps,
                  architecture=spec.plan.architecture)
 

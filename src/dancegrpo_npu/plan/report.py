@@ -12,7 +12,7 @@ import itertools
 import math
 from dataclasses import replace
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.plan import memory, models
 from dancegrpo_npu.plan.memory import GiB
@@ -39,7 +39,7 @@ def _gib(n: int) -> str:
 
 def launch_line(model: memory.Model, choice: memory.Choice, ranks_per_node: int) -> str:
     """The launch command for a choice, or why there is none."""
-    spec = trainers.get(model.trainer)
+    spec = registry.get(model.trainer)
     trainer, extra = spec.name, []
     opts, recipe = choice.options, choice.recipe
     if model.first_frame and opts.first_frame != "upstream":
@@ -75,7 +75,7 @@ def plan(name: str, world_size: int | None, device_memory_gib: float, ranks_per_
     checked), where the recipe sizes are read from upstream's script; ``first_frame``: where the
     model's first-frame pipeline lives (plan's option for it: ``first_frame_option``; None: upstream's)."""
     if name not in models.names():
-        raise trainers.unknown(name, "model", models.names(), "plan")
+        raise registry.unknown(name, "model", models.names(), "plan")
     _check_numbers(world_size, device_memory_gib, ranks_per_node, lora_rank, reserve_gib, overrides)
     _check_options(name, overrides, cpu_offload, lora_rank, first_frame)
     tree = tree() if callable(tree) else tree
@@ -180,7 +180,7 @@ def combined(model: memory.Model, recipe: memory.Recipe, options: memory.Options
     """The remedies together where none fits alone: (plan's flags that change the asked
     configuration, the Choice), the fewest changes first, then the fewest ranks, then the least
     memory; None when no combination of them fits.  Only the remedies the trainer's row has."""
-    spec = trainers.get(model.trainer)
+    spec = registry.get(model.trainer)
     n = options.world_size
     worlds = [(n, []), *((n * k, ["--world-size", str(n * k)]) for k in (2, MAX_RANKS_FACTOR))]
     ckpts = [(recipe.selective_checkpointing, [])]
@@ -211,7 +211,7 @@ def combined(model: memory.Model, recipe: memory.Recipe, options: memory.Options
 
 def _check_options(name: str, overrides: dict, cpu_offload: bool, lora_rank: int, first_frame: str | None) -> None:
     """Options the trainer's row does not have, refused before the tree is read."""
-    spec, model = trainers.get(name, "model"), models.model_of(name)
+    spec, model = registry.get(name, "model"), models.model_of(name)
     again = f"leave it out; `dancegrpo-npu plan {name}` lists what fits instead"
     if not model.checkpointing and overrides.get("selective_checkpointing") is not None:
         raise _bad(f"--selective-checkpointing: {name}'s trainer has no activation checkpointing", again)

@@ -233,15 +233,14 @@ SMOKE_COMMAND = "dancegrpo-npu smoke --trainer {}"
 
 
 def touched_trainers(root: Path, files: set[str]) -> list[str]:
-    """The trainers smoke runs (the registry's, dancegrpo_npu.trainers) that ``files`` can break:
+    """The trainers smoke runs (the registry's, dancegrpo_npu.registry) that ``files`` can break:
     their script, their upstream recipes, or a module the script imports (followed through the tree)."""
     from fnmatch import fnmatch
 
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     found = []
-    for name in trainers.smoked():
-        spec = trainers.get(name)
+    for name in registry.smoked():
+        spec = registry.get(name)
         recipes = [f for f in files if spec.recipe_glob and fnmatch(f, spec.recipe_glob)]
         if recipes or files & imported_files(root, spec.relpath):
             found.append(name)

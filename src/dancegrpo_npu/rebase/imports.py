@@ -115,11 +115,10 @@ class ImportCheck:
 
 def trainer_scripts() -> dict[str, list[tuple[str, str]]]:
     """Dependency set -> [(trainer, script)] of the registry's GRPO trainers."""
-    from dancegrpo_npu import trainers
-
+    from dancegrpo_npu import registry
     out: dict[str, list[tuple[str, str]]] = {}
-    for name in trainers.trainers():
-        spec = trainers.get(name)
+    for name in registry.trainers():
+        spec = registry.get(name)
         out.setdefault(spec.depset, []).append((name, spec.relpath))
     return out
 

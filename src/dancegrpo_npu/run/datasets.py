@@ -21,7 +21,7 @@ import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.rundirs.rundir import read_json
 
 RECORD = "dataset.json"
@@ -39,7 +39,7 @@ class Model:
 def model(name: str) -> Model | None:
     """The model whose dataset is ``name``, from the trainer registry: its title, and the
     preprocessing row that writes the dataset."""
-    rows = [spec for spec in trainers.REGISTRY.values() if spec.dataset == name]
+    rows = [spec for spec in registry.REGISTRY.values() if spec.dataset == name]
     if not rows:
         return None
     preprocess = next((spec.name for spec in rows if not spec.is_trainer), rows[0].preprocess or "")

@@ -9,7 +9,7 @@ set pins, and what they need newer, ahead of a ``.pth`` file that appends the fi
 virtualenv's site-packages, so torch is installed once.  docs/dependencies.md says why two sets
 and what was measured.
 
-A trainer names its set in its registry row (``dancegrpo_npu.trainers``); launch and smoke start it
+A trainer names its set in its registry row (``dancegrpo_npu.registry``); launch and smoke start it
 with ``python_for(set)``.  The set's virtualenv is ``<the tool's virtualenv>-<set name>``
 (``.venv-diffusers-0.35`` beside ``.venv``), or where ``DANCEGRPO_VENV_DIFFUSERS_0_35`` says.
 """

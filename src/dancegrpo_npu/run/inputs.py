@@ -5,7 +5,7 @@ still lacks, and a real launch refuses with all of it in one line.  A directory 
 not enough: weights need each component's ``config.json`` and weight files (what
 ``from_pretrained`` reads), the embeddings directory its JSON, a file some bytes.
 
-Kinds (a registry row's ``required_inputs``: ``trainers.Input``, whose ``models`` and
+Kinds (a registry row's ``required_inputs``: ``registry.Input``, whose ``models`` and
 ``folders`` say what a directory of models must hold):
 
 - ``models``: a directory of models as the trainers read it: each of the input's ``models``
@@ -78,7 +78,7 @@ def _embeddings_problem(p: Path) -> str | None:
 
 
 def input_problem(required, path: Path) -> str | None:
-    """One line saying what is wrong with one input (a row's ``trainers.Input``) at ``path``, or
+    """One line saying what is wrong with one input (a row's ``registry.Input``) at ``path``, or
     None when it is there and whole."""
     kind, what = required.kind, required.what
     if kind == "file":

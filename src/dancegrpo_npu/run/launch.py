@@ -22,7 +22,7 @@ from dancegrpo_npu.host import ascend
 from dancegrpo_npu.run import directory
 from dancegrpo_npu.rundirs.rundir import find_run
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.align_flags import TRAINER_FLAGS, check_replay
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
@@ -88,7 +88,7 @@ def check_spec(spec: LaunchSpec, dry_run: bool = False) -> TrainerSpec:
     given = spec.align.given()
     if given and not info.aligns:
         raise DancegrpoError(
-            f"{', '.join(given)}: only the GRPO trainers ({', '.join(trainers.aligning())}) draw noise and record stages",
+            f"{', '.join(given)}: only the GRPO trainers ({', '.join(registry.aligning())}) draw noise and record stages",
             f"launch {info.name} without {' '.join(given)}",
             exit_code=2,
         )
@@ -96,7 +96,7 @@ def check_spec(spec: LaunchSpec, dry_run: bool = False) -> TrainerSpec:
     if spec.profile_steps is not None:
         if not info.aligns:
             raise DancegrpoError(
-                f"--profile: only the GRPO trainers ({', '.join(trainers.aligning())}) time and profile GRPO steps",
+                f"--profile: only the GRPO trainers ({', '.join(registry.aligning())}) time and profile GRPO steps",
                 f"launch {info.name} without --profile",
                 exit_code=2,
             )

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.run.recipes import Recipe
-from dancegrpo_npu.trainers import TrainerSpec
+from dancegrpo_npu.registry import TrainerSpec
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    script: str  # a registry row's name (dancegrpo_npu.trainers)
+    script: str  # a registry row's name (dancegrpo_npu.registry)
     args: tuple[str, ...] = ()  # script arguments; override upstream's defaults
     nproc_per_node: int = 1
     nnodes: int = 1

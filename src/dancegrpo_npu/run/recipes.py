@@ -5,7 +5,7 @@ that changes a recipe changes what ``launch`` runs.
 A recipe is named after its file: ``finetune_<model>_grpo_8gpus.sh`` is ``8gpus``,
 ``finetune_<model>_grpo_8gpus_lora.sh`` is ``8gpus-lora``; the file without a suffix
 (``finetune_<model>_grpo.sh``, say a 2-node script) is named after its torchrun layout: ``2nodes``.
-A script belongs to the trainer its torchrun line starts (the row's ``relpath``, dancegrpo_npu.trainers).
+A script belongs to the trainer its torchrun line starts (the row's ``relpath``, dancegrpo_npu.registry).
 
 A launch whose world size no recipe has runs the nearest recipe scaled to it, keeping what a
 GRPO step means (``scale``):

@@ -3,7 +3,7 @@
 The trainers' defaults are upstream's own recipes, read from its launch scripts in the patched
 tree (``run.recipes``), so that ``launch NAME --nproc-per-node 8`` runs what upstream's
 one-node script (``bash scripts/finetune/finetune_*_8gpus.sh``) runs; the port adds the reward paths
-(``trainers.common.HPS_DEFAULTS``).  Preprocessing's defaults are the registry's rows' data,
+(the families' ``HPS_DEFAULTS``).  Preprocessing's defaults are the registry's rows' data,
 copied from upstream's script (each row names the file).  The user's arguments override them flag by flag.  The
 torchrun options (nodes, processes, master) are launch's own options.
 
@@ -19,14 +19,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.contract import REPLAY_FIT, SDE_WINDOW_FLAGS
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.run import datasets
 
-# What launch runs is the trainer registry's (dancegrpo_npu.trainers): a row's script, defaults,
+# What launch runs is the trainer registry's (dancegrpo_npu.registry): a row's script, defaults,
 # path flags, inputs and checks; ``script_info`` is its look-up as launch's scripts.
-TrainerSpec = trainers.TrainerSpec
+TrainerSpec = registry.TrainerSpec
 
 
 # A Hugging Face hub id ("organisation/model"): left as typed, the script resolves it.
@@ -35,7 +35,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def script_info(name: str) -> TrainerSpec:
     """The registry's row for ``name``; an unknown name is refused in one line (exit 2)."""
-    return trainers.get(name)
+    return registry.get(name)
 
 
 def split_flags(args: tuple[str, ...] | list[str]) -> list[tuple[str, str | None, bool]]:

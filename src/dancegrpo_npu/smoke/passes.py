@@ -22,12 +22,12 @@ def inputs_sha256(project: Project, options: SmokeOptions, verified: dict | None
     import hashlib
     import importlib.util
 
-    from dancegrpo_npu import trainers
+    from dancegrpo_npu import registry
     from dancegrpo_npu.engine import treecheck
     from dancegrpo_npu.smoke.fixtures import reward_params_sha256
 
     name = trainer_of(options)
-    spec = trainers.smoke_spec(name)
+    spec = registry.smoke_spec(name)
     tree = verified if verified is not None else treecheck.tree_state(project, spec.relpath)
     digests = [tree.get(key) for key in treecheck.DIGESTS]
     if tree.get("state") != "verified" or not all(digests):

@@ -1,6 +1,6 @@
 """``dancegrpo-npu smoke``: the embedded default - a few GRPO steps of the stock trainer on tiny models.
 
-One pipeline runs every trainer the registry smokes, through the row's hooks (``trainers.Smoke``):
+One pipeline runs every trainer the registry smokes, through the row's hooks (``registry.Smoke``):
 it builds the row's fixtures (once; reused) - a tiny pipeline shaped like the trainer's model, the
 shared HPSv2-shaped reward (``smoke.fixtures``) and a dataset - builds the trainer's arguments
 (upstream's recipe shrunk), launches the *patched stock* trainer of the row (the registry's default,
@@ -43,7 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
@@ -110,11 +110,11 @@ def default_steps(spec) -> int:
 
 def lora_trainer() -> str:
     """The trainer ``--lora`` names: the default trainer's LoRA variant."""
-    return trainers.default_trainer().lora or ""
+    return registry.default_trainer().lora or ""
 
 
 def trainer_of(options: SmokeOptions) -> str:
-    return options.trainer or (lora_trainer() if options.lora else trainers.default_trainer().name)
+    return options.trainer or (lora_trainer() if options.lora else registry.default_trainer().name)
 
 
 def job_env(device: str, nproc: int) -> tuple[tuple[str, str], ...]:
@@ -222,7 +222,7 @@ def check_options(options: SmokeOptions) -> None:
     if options.nproc < 1:
         raise DancegrpoError(f"--nproc must be at least 1, not {options.nproc}", "give a positive count", exit_code=2)
     if options.trainer:
-        trainers.smoke_spec(options.trainer)  # refuses one smoke does not run
+        registry.smoke_spec(options.trainer)  # refuses one smoke does not run
     if options.lora and options.trainer not in ("", lora_trainer()):
         raise DancegrpoError(f"--lora names the trainer {lora_trainer()}, not {options.trainer}",
                              "give --trainer alone", exit_code=2)
@@ -246,7 +246,7 @@ def check_options(options: SmokeOptions) -> None:
     for flag in flag_values(options.extra_args):  # also refuses what is not --flag [value]
         if flag in OWN_FLAGS:
             raise DancegrpoError(f"smoke: {flag} cannot be given after --", OWN_FLAGS[flag], exit_code=2)
-    trainer = trainers.smoke_spec(trainer_of(options)).smoke
+    trainer = registry.smoke_spec(trainer_of(options)).smoke
     if trainer.loop_below:  # the trainers whose loop saves as it reaches a pass's step S
         from dancegrpo_npu.smoke.fixtures import PROMPTS
         from dancegrpo_npu.smoke.trained import steps_problem
@@ -259,7 +259,7 @@ def check_options(options: SmokeOptions) -> None:
         if problem:
             raise DancegrpoError(problem, "give fewer --steps or fewer --nproc", exit_code=2)
     if trainer.check_options:  # what else the row's trainer needs of the options
-        problem = trainers.load(trainer.check_options)(options, trainers.smoke_spec(trainer_of(options)))
+        problem = registry.load(trainer.check_options)(options, registry.smoke_spec(trainer_of(options)))
         if problem:
             raise DancegrpoError(problem, "give another --steps or --nproc", exit_code=2)
 
@@ -277,7 +277,7 @@ def run_smoke(project: Project, options: SmokeOptions, verified: dict | None = N
     options = resumed_options(project, options)
     check_options(options)
     start = time.monotonic()
-    spec = trainers.smoke_spec(trainer_of(options))
+    spec = registry.smoke_spec(trainer_of(options))
     # the tree first: building the fixtures takes a while, and launch would refuse a missing tree anyway
     verified = treecheck.require_tree(project, spec.relpath, verified)
     launched: list[Path] = []
@@ -295,22 +295,22 @@ def run_smoke(project: Project, options: SmokeOptions, verified: dict | None = N
 
 
 def _pipeline(project: Project, options: SmokeOptions, spec, verified: dict, start: float) -> SmokeResult:
-    """Every trainer's smoke, through its row's hooks (``trainers.Smoke``): the fixtures (built once,
+    """Every trainer's smoke, through its row's hooks (``registry.Smoke``): the fixtures (built once,
     reused), the trainer's arguments then the user's (after --: the trainer's argparse keeps the
     last), the launch, the metrics, every rank's equal weights (rows that check them), the checkpoint."""
     from dancegrpo_npu.smoke import trained
 
     smoke = spec.smoke
-    built = trainers.load(smoke.fixtures)(project, options, spec)
+    built = registry.load(smoke.fixtures)(project, options, spec)
     args = trainer_arguments(project, built, options, spec)
     record = _launch(project, options, args, verified)
     steps = read_metrics(record.run_dir, options.steps)
     equal = None
     if smoke.equal_weights and options.nproc > 1:  # the rows whose arguments ask every rank for --weights_digest
         equal = trained.check_equal_weights(record.run_dir, options.nproc)
-    check = trainers.load(smoke.checkpoint)(record.run_dir, built, options, spec, args)
+    check = registry.load(smoke.checkpoint)(record.run_dir, built, options, spec, args)
     check_training_moved(check)
-    why = trainers.load(smoke.unchanged_note)(check) if smoke.unchanged_note else None
+    why = registry.load(smoke.unchanged_note)(check) if smoke.unchanged_note else None
     return SmokeResult(record.run_dir, steps, check, time.monotonic() - start, equal, why)
 
 
@@ -387,7 +387,7 @@ def _ran(record, advised: bool = False):
 def trainer_arguments(project: Project, built, options: SmokeOptions, spec) -> tuple[str, ...]:
     """The row's arguments for its fixtures ``built``, then the user's (after --): the trainer's
     argparse keeps the last."""
-    return tuple(trainers.load(spec.smoke.arguments)(project, built, options, spec)) + tuple(options.extra_args)
+    return tuple(registry.load(spec.smoke.arguments)(project, built, options, spec)) + tuple(options.extra_args)
 
 
 def resumed_options(project: Project, options: SmokeOptions, given: dict | None = None) -> SmokeOptions:
@@ -403,7 +403,7 @@ def resumed_options(project: Project, options: SmokeOptions, given: dict | None 
         launch = json.loads((run_dir / "launch.json").read_text())
         v = flag_values(launch["script_args"])
         recorded = replace(options, trainer=launch["script"], lora=False, nproc=launch["nproc_per_node"],
-                           steps=smoke_steps(trainers.smoke_spec(launch["script"]), int(v["--max_train_steps"])),
+                           steps=smoke_steps(registry.smoke_spec(launch["script"]), int(v["--max_train_steps"])),
                            generations=int(v["--num_generations"]),
                            checkpointing_steps=int(v["--checkpointing_steps"]), extra_args=())
         device = launch["device"]
@@ -449,13 +449,13 @@ def _launch(project: Project, options: SmokeOptions, args, verified: dict | None
         with _quiet(not options.verbose, StepProgress(sys.stdout, project.runs_dir, options.steps, spec.resume_of)):
             return _ran(_launched(launch(project, spec, verified=verified)), advised=options.verbose)
 
-    trainer = trainers.smoke_spec(trainer_of(options))
+    trainer = registry.smoke_spec(trainer_of(options))
     spec = LaunchSpec(
         script=trainer.name,
         args=tuple(args),
         nproc_per_node=options.nproc,
         device=options.device,
-        name=trainers.run_name(trainer),
+        name=registry.run_name(trainer),
         env=job_env(options.device, options.nproc) + tuple(options.env),
         upstream_defaults=False,
         strict=options.strict,
@@ -490,7 +490,7 @@ def loss_note(steps) -> str | None:
 
 def unchanged_note(check, known: str | None = None) -> str | None:
     """Why some trainable tensors did not move: ``known``, the row's reason where its model has one
-    (``trainers.Smoke.unchanged_note``); else their names."""
+    (``registry.Smoke.unchanged_note``); else their names."""
     if not check.updates or check.changed >= check.total or not check.unchanged:
         return None
     if known:

@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 
 HPS_BASE_MODEL = "ViT-H-14"  # hpsv2's bundled open_clip config (upstream's --hps_model default)
@@ -107,7 +107,7 @@ def materialising(device, dtype):
 
 def bench_of(trainer: str | None):
     """The bench facts of the registry row ``trainer`` (None: the default trainer)."""
-    return (trainers.get(trainer) if trainer else trainers.default_trainer()).bench
+    return (registry.get(trainer) if trainer else registry.default_trainer()).bench
 
 
 def diffusers_class(trainer: str | None, which: int):
@@ -193,14 +193,14 @@ def build_models(trainer, configs, device, dtype, family: str | None = None) -> 
     bench = bench_of(family)
     transformer_cfg, vae_cfg, hps_cfg = configs
     for ref in bench.before_build:
-        trainers.load(ref)()
+        registry.load(ref)()
     with materialising(device, dtype):
         transformer = build_transformer(transformer_cfg, family)
         vae = build_vae(vae_cfg, family)
     if bench.trainer_prepare:
         getattr(trainer, bench.trainer_prepare)(transformer)
     if bench.checkpointed_blocks:
-        blocks = (trainers.load(bench.checkpointed_blocks),)
+        blocks = (registry.load(bench.checkpointed_blocks),)
     else:
         blocks = get_no_split_modules(transformer)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "--> applying ... checkpointing"
@@ -247,7 +247,7 @@ def model_shape(configs, sizes, family: str | None = None) -> Shape:
     # an AutoencoderKL names its widths; a video VAE multiplies a base
     widths = vae_cfg.get("block_out_channels") or [vae_cfg["base_dim"] * m for m in vae_cfg["dim_mult"]]
     blocks = transformer_cfg["num_layers"] + transformer_cfg.get("num_single_layers", 0)
-    spec = trainers.get(family) if family else trainers.default_trainer()
+    spec = registry.get(family) if family else registry.default_trainer()
     if spec.plan.architecture.kind == "cross-transformer":  # self-attention over the video's tokens, cross-attention to the text
         return Shape(hidden, transformer_cfg["num_attention_heads"], blocks,
                      max(image_tokens, sizes.text_tokens), image_tokens, 2, widths[0], max(widths))
@@ -314,7 +314,7 @@ def smaller_preset(preset: str) -> str | None:
     from dancegrpo_npu.throughput.presets import PRESETS, SIZES
 
     found = PRESETS[preset]
-    sizes = [p.size for p in trainers.get(found.trainer).bench.presets]
+    sizes = [p.size for p in registry.get(found.trainer).bench.presets]
     smaller = [s for s in SIZES[:SIZES.index(found.size)] if s in sizes]
     return f"--size {smaller[-1]}" if smaller else None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import sde_window_problem
 from dancegrpo_npu.errors import DancegrpoError
@@ -53,7 +53,7 @@ class Sizes:
 
 @dataclass(frozen=True)
 class Preset:
-    trainer: str  # the registry row whose trainer it runs (dancegrpo_npu.trainers)
+    trainer: str  # the registry row whose trainer it runs (dancegrpo_npu.registry)
     size: str  # one of SIZES
     summary: str
     # the transformer's and the VAE's configs: files of the trainer's family (None: the row's plan
@@ -87,7 +87,7 @@ def presets() -> dict[str, Preset]:
     """Every preset of the registry's trainers (their rows' ``bench``), by name (TRAINER-SIZE),
     with the sizes it sets itself."""
     found = {}
-    for spec in trainers.benched():
+    for spec in registry.benched():
         for p in spec.bench.presets:
             own = {"text_tokens": spec.bench.text_tokens} if not spec.bench.short_run else {}
             preset = Preset(trainer=spec.name, size=p.size, summary=p.summary, transformer=p.transformer, vae=p.vae,
@@ -98,15 +98,15 @@ def presets() -> dict[str, Preset]:
 
 
 PRESETS = presets()
-DEFAULT_TRAINER = trainers.default_trainer().name
+DEFAULT_TRAINER = registry.default_trainer().name
 
 
 def preset_of(trainer: str, size: str) -> Preset:
     """The bench of ``trainer`` at ``size``; an unknown trainer or size, or a size the row has no
     preset at (its reason), refused in one line (exit 2)."""
-    spec = trainers.REGISTRY.get(trainer)
+    spec = registry.REGISTRY.get(trainer)
     if spec is None or spec.bench is None:
-        raise trainers.unknown(trainer, "trainer", [s.name for s in trainers.benched()], "bench")
+        raise registry.unknown(trainer, "trainer", [s.name for s in registry.benched()], "bench")
     if size not in SIZES:
         raise _bad(f"unknown size {size!r}", f"choose one of: {', '.join(SIZES)}")
     found = spec.bench.preset(size)
@@ -119,7 +119,7 @@ def preset_of(trainer: str, size: str) -> Preset:
 
 def trainer_of(preset: Preset):
     """The registry row of the preset's trainer."""
-    return trainers.get(preset.trainer)
+    return registry.get(preset.trainer)
 
 
 # The Sizes fields upstream's recipe scripts hold, and the flag each is read from.

@@ -18,7 +18,7 @@ import json
 import math
 import os
 
-from dancegrpo_npu import trainers
+from dancegrpo_npu import registry
 from dancegrpo_npu.contract import PHASES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import presets
@@ -52,7 +52,7 @@ def run_short(project, config: presets.BenchConfig, progress):
         env.append(("OMP_NUM_THREADS", str(threads)))
         progress(f"{threads} CPU thread(s) for the job ({threads_from})")
     progress(f"{spec.name}: a short run of its smoke for each N ({preset.short_run})")
-    built = trainers.load(spec.smoke.fixtures)(project, options, spec)
+    built = registry.load(spec.smoke.fixtures)(project, options, spec)
     args = runner.trainer_arguments(project, built, options, spec)
     results, run_dirs = [], []
     for n in config.sample_batch_sizes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, Input
+from dancegrpo_npu.registry.spec import Bench, BenchPreset, Input
 
 # The HPS reward files the trainers read.  Upstream hard-codes them relative to the working
 # directory (./hps_ckpt/...); the port makes them arguments with these defaults, and since the

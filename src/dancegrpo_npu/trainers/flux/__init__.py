@@ -25,7 +25,7 @@ from dancegrpo_npu.trainers.common import (
     vae_input,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
+from dancegrpo_npu.registry.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 RECIPE_GLOB = "scripts/finetune/finetune_flux_grpo*.sh"
 HERE = Path(__file__).parent  # the family's folder: its model configs

@@ -20,7 +20,7 @@ from dancegrpo_npu.trainers.common import (
     vae_input,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import ImageSizes, Input, Smoke, TrainerSpec
+from dancegrpo_npu.registry.spec import ImageSizes, Input, Smoke, TrainerSpec
 
 # Where upstream's trainers read VideoAlign (hard-coded there, relative to the run directory; the
 # port's --videoalign_ckpt and --videoalign_base_model, with these defaults, relative to the tree).

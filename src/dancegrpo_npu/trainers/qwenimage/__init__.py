@@ -24,7 +24,7 @@ from dancegrpo_npu.trainers.common import (
     short_run_bench,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
+from dancegrpo_npu.registry.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"
 HERE = Path(__file__).parent  # the family's folder: its model configs

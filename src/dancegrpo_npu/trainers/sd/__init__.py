@@ -17,7 +17,7 @@ from dancegrpo_npu.trainers.common import (
     pipeline_input,
     short_run_bench,
 )
-from dancegrpo_npu.trainers.spec import ImageSizes, Smoke, TrainerSpec
+from dancegrpo_npu.registry.spec import ImageSizes, Smoke, TrainerSpec
 
 # Where upstream's trainer reads the weights and the prompts (hard-coded there; the port's flags,
 # with these defaults, relative to the patched tree).

@@ -24,7 +24,7 @@ from dancegrpo_npu.trainers.common import (
     vae_input,
     weights_input,
 )
-from dancegrpo_npu.trainers.spec import Bench, BenchPreset, ImageSizes, Smoke, TrainerSpec
+from dancegrpo_npu.registry.spec import Bench, BenchPreset, ImageSizes, Smoke, TrainerSpec
 
 DEPSET = "diffusers-0.35"  # Wan2.1 needs diffusers >= 0.33 (run.depsets, docs/dependencies.md)
 HERE = Path(__file__).parent  # the family's folder: its model configs

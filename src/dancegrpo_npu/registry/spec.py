@@ -2,7 +2,7 @@
 
 Rows are keyword-built, frozen data: launch, smoke, bench, plan, doctor and runs read the
 fields, and a field that names code (``Smoke.fixtures``, ``Smoke.checkpoint``...) names it as
-``"module:function"`` (``trainers.load``), so that this package imports none of the packages
+``"module:function"`` (``registry.load``), so that this package imports none of the packages
 that read it.  Checks and input kinds are named by the strings ``run.inputs`` defines.
 """
 
@@ -34,7 +34,7 @@ class ImageSizes:
     has loaded it (launch refuses it before start: run.inputs.image_sizes_problem)."""
 
     vae_scale: int  # the VAE's spatial downsampling
-    patch: int = 1  # the denoiser's latent patch (FLUX's 2x2 packing; 1: a UNet takes any latent size)
+    patch: int = 1  # the denoiser's latent patch (2: 2x2 latents packed into a token; 1: a UNet takes any latent size)
     why: str  # the model's rule, in the refusal
 
     @property
@@ -48,7 +48,7 @@ class Smoke:
     pipeline (``smoke.runner``) calls in turn - fixtures, arguments, then (after the launch and its
     metrics) the checkpoint check.  Each names a function of the family's folder as ``"module:function"``."""
 
-    title: str  # the smoke's first line: "full FLUX GRPO"
+    title: str  # the smoke's first line: "full <model> GRPO"
     # (project, options, spec) -> built: the tiny models, the reward and the dataset (built once, reused)
     fixtures: str
     # (project, built, options, spec) -> the trainer's arguments: upstream's recipe shrunk (the user's follow)
@@ -164,7 +164,7 @@ class TrainerSpec:
     name: str  # what the user types: launch NAME, smoke --trainer NAME
     relpath: str  # the stock script in the patched tree
     help: str  # one line in --help lists
-    title: str  # the model, in messages ("FLUX.1-dev")
+    title: str  # the model, in messages (the weights' name)
     defaults: tuple[tuple[str, str | None], ...] = ()  # after the recipe's arguments, if it has recipes
     path_flags: tuple[str, ...] = ()
     required_inputs: tuple[Input, ...] = ()
@@ -201,10 +201,10 @@ class TrainerSpec:
     # sets --seed, --num_generations and --sampling_steps there), as a replay is checked against.
     config_settle: str = ""
     # What the script always does whatever its flags say, as the values a replay must match
-    # (run.upstream_args.REPLAY_ARGUMENTS' names): the SD trainer shares its initial latents.
+    # (run.upstream_args.REPLAY_ARGUMENTS' names): a trainer that always shares its initial latents says so here.
     fixed_values: tuple[tuple[str, object], ...] = ()
-    # The script's own flags for those values under another name: (its flag, the name), e.g.
-    # HunyuanVideo's --use_same_noise is init_same_noise (as the overlay's hunyuan.settle reads it).
+    # The script's own flags for those values under another name: (its flag, the name), as the
+    # overlay's settle function for that trainer reads it (--use_same_noise for init_same_noise).
     renamed_values: tuple[tuple[str, str], ...] = ()
     # The model's block doctor's numerics check runs on NPU 0 and on the CPU: "module:function"
     # (torch, generator) -> (its name, run(device) -> tensor); "": the trainer names none.

@@ -1,0 +1,123 @@
+"""The trainer registry: every script ``launch`` runs, one row each (``spec.TrainerSpec``).
+
+Launch, smoke, bench, plan, doctor and runs read its rows, and every ``--help`` lists them from
+here.  The rows are the families': one folder a family of models (``dancegrpo_npu.trainers.<family>``)
+holds its rows and everything the tool knows of it, and this package finds the folders by walking
+``dancegrpo_npu.trainers`` when it is first imported, never by an import written here.  So the
+machinery below the families (engine, run, smoke, ...) reads the registry without importing a
+family, and a family may use that machinery: the packages import each other without a cycle.
+Adding a trainer is adding a folder or a row (and, in the patch series, its seam patch and model
+fixes): docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.registry.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
+
+__all__ = ["REGISTRY", "Bench", "BenchPreset", "ImageSizes", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
+           "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
+           "trainers", "unknown"]
+
+
+# the package whose subpackages are the families
+FAMILIES_PACKAGE = "dancegrpo_npu.trainers"
+
+
+def _families() -> list:
+    """Every family folder of ``dancegrpo_npu.trainers`` (a subpackage with ``ROWS``), in their
+    ``ORDER`` (then by name): a folder copied there under a new name is a new family, with no list
+    to edit."""
+    package = importlib.import_module(FAMILIES_PACKAGE)
+    found = [importlib.import_module(f"{FAMILIES_PACKAGE}.{info.name}") for info in pkgutil.iter_modules(package.__path__)
+             if info.ispkg]
+    families = [module for module in found if hasattr(module, "ROWS")]
+    return sorted(families, key=lambda module: (getattr(module, "ORDER", 100), module.__name__))
+
+
+FAMILIES = tuple(_families())
+REGISTRY: dict[str, TrainerSpec] = {}
+for _family in FAMILIES:
+    for _spec in _family.ROWS:
+        if _spec.name in REGISTRY:
+            raise ImportError(f"two trainer rows are named {_spec.name!r} ({_family.__name__} and another family)")
+        REGISTRY[_spec.name] = _spec
+
+
+def names() -> list[str]:
+    """Every script launch runs, trainers and preprocessing, in the registry's order."""
+    return list(REGISTRY)
+
+
+def unknown(name: str, what: str, choices: list[str], verb: str = "") -> DancegrpoError:
+    """The one-line refusal of a name that is not among ``choices``, with the nearest one."""
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    meant = f"did you mean {close[0]}? " if close else ""
+    return DancegrpoError(f"{verb + ': ' if verb else ''}unknown {what} {name!r}",
+                          f"{meant}choose one of: {', '.join(choices)}", exit_code=2)
+
+
+def get(name: str, what: str = "script") -> TrainerSpec:
+    """The row named ``name``; an unknown name is refused in one line (exit 2)."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise unknown(name, what, names()) from None
+
+
+def trainers() -> list[str]:
+    """The GRPO trainers (their outputs are the run's own), not the preprocessing scripts."""
+    return [name for name, spec in REGISTRY.items() if spec.is_trainer]
+
+
+def preprocessing() -> list[str]:
+    return [name for name, spec in REGISTRY.items() if not spec.is_trainer]
+
+
+def default_trainer() -> TrainerSpec:
+    """The trainer smoke runs when none is named (the row with ``default=True``)."""
+    return next(spec for spec in REGISTRY.values() if spec.default)
+
+
+def aligning() -> list[str]:
+    """The trainers whose seam has the alignment and --profile features."""
+    return [name for name, spec in REGISTRY.items() if spec.aligns]
+
+
+def smoked() -> list[str]:
+    """The trainers ``smoke`` runs."""
+    return [name for name, spec in REGISTRY.items() if spec.smoke is not None]
+
+
+def smoke_spec(name: str) -> TrainerSpec:
+    spec = REGISTRY.get(name)
+    if spec is None or spec.smoke is None:
+        raise unknown(name, "trainer", smoked())
+    return spec
+
+
+def benched() -> list[TrainerSpec]:
+    """The trainers ``bench`` has presets for."""
+    return [spec for spec in REGISTRY.values() if spec.bench is not None]
+
+
+def planned() -> list[TrainerSpec]:
+    """The trainers ``plan`` has model shapes for."""
+    return [spec for spec in REGISTRY.values() if spec.plan is not None]
+
+
+def run_name(spec: TrainerSpec) -> str:
+    """The smoke run's directory suffix."""
+    return spec.smoke.run_name or f"smoke-{spec.name}"
+
+
+def load(ref: str):
+    """The object a row names as ``"module:attr"`` (imported when used, so that this package
+    imports none of the packages that read it)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -139,3 +139,28 @@ def test_a_smoke_key_needs_a_verified_tree(tmp_path):
     unverified = {"state": "unverified", "detail": "differs", "differs": True}
     assert passes.inputs_sha256(project, _options(), unverified) is None
     assert passes.inputs_sha256(project, _options(), {"state": "verified", "detail": "no digests"}) is None
+
+
+@pytest.mark.upstream
+def test_a_short_run_bench_verifies_the_tree_once(patched_tree, built, counted, monkeypatch, tmp_path):  # noqa: F811
+    """``bench`` of a trainer it times by a short run of its smoke: the tree verified once, that
+    verdict is what each launch gets and what the bench's facts say."""
+    from dancegrpo_npu import registry
+    from dancegrpo_npu.throughput import phases, presets, short_run
+
+    spec = next(s for s in registry.benched() if s.bench.short_run and s.smoke.fixtures.startswith("dancegrpo_npu.trainers.flux"))
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda ref: (lambda *a: built) if ref == spec.smoke.fixtures else load(ref))
+    launched = []
+
+    def launch(project, config, spec, args, n, env, verified):
+        launched.append(verified)
+        return tmp_path
+
+    monkeypatch.setattr(short_run, "_launch", launch)
+    monkeypatch.setattr(short_run, "result_of_run", lambda run_dir, n, short: phases.Result(n, {}, {}, 2, True))
+    monkeypatch.setattr(short_run, "_device_kind", lambda run_dir, device: "cpu")
+    config = presets.resolve({"trainer": spec.name, "size": "tiny", "device": "cpu"})
+    _, facts = short_run.run_short(patched_tree.project, config, lambda line: None)
+    assert counted == [patched_tree.tree]
+    assert launched and all(v is facts["tree"] for v in launched) and facts["tree"]["state"] == "verified"

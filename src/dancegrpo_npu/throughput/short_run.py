@@ -27,7 +27,7 @@ from dancegrpo_npu.throughput.phases import Result
 
 def run_short(project, config: presets.BenchConfig, progress):
     """(results, facts) of the short runs of ``config`` (a preset of a row's ``bench.short_run``)."""
-    from dancegrpo_npu.engine.treecheck import require_tree, tree_state
+    from dancegrpo_npu.engine.treecheck import require_tree
     from dancegrpo_npu.host.cpus import cpu_threads
     from dancegrpo_npu.smoke import runner
 
@@ -42,7 +42,6 @@ def run_short(project, config: presets.BenchConfig, progress):
         raise DancegrpoError(f"bench: a short run of {spec.name} takes --warmup-steps + --steps = {total} smoke "
                              f"steps, and {e.message}", e.hint, exit_code=2) from None
     verified = require_tree(project, spec.relpath)
-    state = tree_state(project, spec.relpath)
     job = runner.job_env(config.device, 1)  # it sets OMP_NUM_THREADS where the job runs on the CPU
     env = [(k, v) for k, v in job if k != "OMP_NUM_THREADS"]
     threads, threads_from = None, None
@@ -69,7 +68,7 @@ def run_short(project, config: presets.BenchConfig, progress):
         "torch_threads_from": threads_from,
         "trainer": f"{spec.relpath}: a short run of its smoke, timed by dancegrpo_port.phases.PhaseTimer",
         "dependency_set": spec.depset,
-        "tree": state,
+        "tree": verified,
         "run_dirs": run_dirs,
         "run_dir": run_dirs[-1],
         "rewards_finite": all(r.rewards_finite for r in results),

@@ -28,7 +28,6 @@ from pathlib import Path
 from dancegrpo_npu.errors import DancegrpoError
 
 REQUIRED_FIELDS = ("Description",)
-EXPECTED_FIELDS = ("Description", "Author", "Forwarded", "Last-Update")
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?:\s(.*)|)$")
 _DIFF_START = ("diff --git ", "--- ", "Index: ")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")

@@ -14,7 +14,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
-STAMP_NAME = "fixtures.stamp.json"
+from dancegrpo_npu.smoke.fixtures import STAMP_NAME
+
 
 
 def build_in_child(dest: Path, want: str, python: str, module: str, args: list[str], what: str,

@@ -67,11 +67,6 @@ class RewardFixtures:
     hps_ckpt: Path  # the HPS_v2.1_compressed.pt-shaped file ({'state_dict': ...})
     prompts: Path  # the prompts the datasets are made from
 
-    @property
-    def hps_model_name(self) -> str:
-        """The name hpsv2's open_clip knows the config by once it is added."""
-        return self.hps_model_config.stem
-
 
 @dataclass(frozen=True)
 class WithReward:

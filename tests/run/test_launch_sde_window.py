@@ -43,8 +43,11 @@ def test_a_bad_window_is_refused_before_anything_starts_in_one_line(tree, tmp_pa
 
 @pytest.mark.upstream
 def test_a_window_that_fits_reaches_the_plan(tree, capsys):
-    main(["-C", str(tree.project.root), "launch", "flux", "--dry-run", "--", "--sde_window_size", "4",
-          "--sde_window_start", "11", "--sde_window_shift_every", "25"])
+    # 1: the bare test tree has no weights or dataset, which the plan lists; the window is not among them
+    assert main(["-C", str(tree.project.root), "launch", "flux", "--dry-run", "--", "--sde_window_size", "4",
+                 "--sde_window_start", "11", "--sde_window_shift_every", "25"]) == 1
     out = capsys.readouterr().out
+    problems = out[out.index("# could not start here"):].split("\nset -euo pipefail")[0]
+    assert "window" not in problems and "sde" not in problems, problems
     assert "# the script's arguments: checked by train_grpo_flux.py's own parser" in out
     assert "--sde_window_size 4" in out and "--sde_window_start 11" in out

@@ -81,11 +81,11 @@ def test_a_short_run_takes_only_its_own_sizes():
     with pytest.raises(DancegrpoError) as err:
         resolve(trainer=name, size="tiny", height=128)
     assert f"--height: {name} is timed by a short run of its smoke" in err.value.one_line()
-    without = next((s.name for s in registry.benched() if s.bench.short_run and not s.bench.sample_batch_flag), None)
-    if without:  # a trainer that takes no --sample_batch_size: one N
-        with pytest.raises(DancegrpoError) as err:
-            resolve(trainer=without, size="tiny", sample_batch_sizes="1,2")
-        assert "takes no --sample_batch_size" in err.value.one_line()
+    # a trainer that takes no --sample_batch_size: one N
+    without = next(s.name for s in registry.benched() if s.bench.short_run and not s.bench.sample_batch_flag)
+    with pytest.raises(DancegrpoError) as err:
+        resolve(trainer=without, size="tiny", sample_batch_sizes="1,2")
+    assert "takes no --sample_batch_size" in err.value.one_line()
 
 
 @pytest.mark.parametrize("name", FROM_THE_RECIPE)

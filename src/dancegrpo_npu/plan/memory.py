@@ -24,9 +24,9 @@ per rank, in bytes:
 
 The constants that are not counts (hidden-sized tensors a block saves) are the bench's
 own (:mod:`dancegrpo_npu.throughput.models`), checked against the peaks it measures
-(tests/plan/test_against_bench.py, docs/memory-plan.md).
+(tests/plan/test_memory_plan.py, tests/throughput/test_bench.py, docs/memory-plan.md).
 
-What a model is, plan knows from its registry row's ``architecture`` (dancegrpo_npu.registry):
+What a model is, plan knows from its registry row's ``plan.architecture`` (dancegrpo_npu.registry):
 a kind of :data:`KINDS`, and the counts the kind leaves to the model (its blocks' and root's
 parameters, the latent values a token carries, LoRA's parameters), functions of :class:`Model`.
 

@@ -48,7 +48,7 @@ from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.run.upstream_args import flag_values  # noqa: F401  (smoke.flag_values, as tests use it)
+from dancegrpo_npu.run.upstream_args import flag_values
 from dancegrpo_npu.smoke.checks import CheckpointCheck, StepFigures, check_training_moved, read_metrics
 
 STEPS = 2  # the default --steps

@@ -54,7 +54,7 @@ ROWS = (
         renamed_values=(("use_same_noise", "init_same_noise"),),  # its recipe shares the initial noise
         smoke=Smoke(title="HunyuanVideo GRPO (5 frames)", label="HunyuanVideo",
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
-                    checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-hunyuan",
+                    checkpoint=f"{HOOKS}:checkpoint",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", False),), reward="VideoAlign"),
         plan=architecture.plan("hunyuan"), offload_flag="--use_cpu_offload",
         per_rank_batch=("best-of-n and the advantages are a rank's: its prompt's generations, so the recipe runs as it "
@@ -85,7 +85,7 @@ ROWS = (
                                "takes 2x2 latent patches (its FLUX first frame needs the same)"),
         smoke=Smoke(title="SkyReels-I2V GRPO (5 frames from a FLUX first frame, CFG 5)", label="SkyReels-I2V",
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
-                    checkpoint=f"{HOOKS}:checkpoint", run_name="smoke-skyreels-i2v",
+                    checkpoint=f"{HOOKS}:checkpoint",
                     model_class="HunyuanVideoTransformer3DModel", params=(("first_frame", True),), reward="VideoAlign"),
         plan=architecture.plan("skyreels-i2v"), offload_flag="--use_cpu_offload",
         per_rank_batch=("the first frame and the advantages are a rank's: its prompt's generations, so the recipe runs as it "

@@ -42,7 +42,7 @@ ROWS = (
         # the latents are --h/8 x --w/8 (the overlay refuses the rest at start); the UNet pads its
         # own down- and up-sampling, so any latent size runs
         image_sizes=ImageSizes(vae_scale=8, why="the SD VAE downsamples 8x: the initial latents are --h/8 x --w/8"),
-        smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD", run_name="smoke-sd",
+        smoke=Smoke(title="Stable Diffusion GRPO (DDIM, accelerate)", label="SD",
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
                     checkpoint=f"{HOOKS}:checkpoint", check_options=f"{HOOKS}:check_options",
                     model_class="UNet2DConditionModel",

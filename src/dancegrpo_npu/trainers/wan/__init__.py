@@ -94,7 +94,7 @@ ROWS = (
         image_sizes=ImageSizes(vae_scale=8, patch=2, why="Wan2.1's VAE downsamples 8x and its transformer takes "
                                "1x2x2 latent patches"),
         dataset="wan", preprocess="preprocess-wan", aligns=True,
-        smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", run_name="smoke-wan", loop_below=1,
+        smoke=Smoke(title="Wan2.1 GRPO (one frame)", label="Wan", loop_below=1,
                     fixtures=f"{HOOKS}:fixtures", arguments=f"{HOOKS}:arguments",
                     checkpoint=f"{HOOKS}:checkpoint", model_class="WanTransformer3DModel"),
         bench=BENCH, plan=architecture.plan("wan"),

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -99,7 +101,7 @@ def test_the_registry_is_looked_up_only_through_its_package():
 
 def test_the_alias_check_finds_an_alias_and_a_view(tmp_path):
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "args.py").write_text("from x import trainers\nSCRIPTS = registry.REGISTRY\n")
+    (tmp_path / "run" / "args.py").write_text("from x import registry\nSCRIPTS = registry.REGISTRY\n")
     (tmp_path / "run" / "view.py").write_text(
         "class Smoked:\n    def get(self, k):\n        return registry.REGISTRY[k]\n\n\nTRAINERS = Smoked()\n")
     (tmp_path / "run" / "imported.py").write_text("from dancegrpo_npu.registry import REGISTRY as ROWS\n")
@@ -200,3 +202,15 @@ def test_doctor_checks_a_new_row_by_default(plugged, tmp_path, monkeypatch):
     assert NEW in installed and registry.default_trainer().name in installed
     assert doctor_trainers.trainer_problems(project, NEW, dict(__import__("os").environ)) == \
         doctor_trainers.trainer_problems(project, registry.default_trainer().name, dict(__import__("os").environ))
+
+
+@pytest.mark.parametrize("first", ["dancegrpo_npu.trainers.common", "dancegrpo_npu.trainers.flux.architecture",
+                                   "dancegrpo_npu.registry.spec"])
+def test_a_module_of_a_family_imported_first_imports(first):
+    """The registry walks the families when a row is first asked for, not when it is imported: a
+    family's module imported before anything else (its imports reach ``registry.spec``) does not
+    set the walk off half-way through its own import."""
+    code = f"import {first}\nfrom dancegrpo_npu import registry\nprint(' '.join(registry.names()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=SRC.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == registry.names()

@@ -12,6 +12,7 @@ fixes): docs/architecture.md.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
@@ -38,18 +39,38 @@ def _families() -> list:
     return sorted(families, key=lambda module: (getattr(module, "ORDER", 100), module.__name__))
 
 
-FAMILIES = tuple(_families())
-REGISTRY: dict[str, TrainerSpec] = {}
-for _family in FAMILIES:
-    for _spec in _family.ROWS:
-        if _spec.name in REGISTRY:
-            raise ImportError(f"two trainer rows are named {_spec.name!r} ({_family.__name__} and another family)")
-        REGISTRY[_spec.name] = _spec
+@functools.cache
+def _walked() -> tuple[tuple, dict[str, TrainerSpec]]:
+    """(the families, {row name: row}), made the first time a row is asked for, not when this
+    package is imported: a family's own modules import ``registry.spec``, and one of them imported
+    first must not set the walk off half-way through its own import."""
+    families = tuple(_families())
+    rows: dict[str, TrainerSpec] = {}
+    for family in families:
+        for spec in family.ROWS:
+            if spec.name in rows:
+                raise ImportError(f"two trainer rows are named {spec.name!r} ({family.__name__} and another family)")
+            rows[spec.name] = spec
+    return families, rows
+
+
+def __getattr__(name: str):
+    """``REGISTRY`` ({row name: row}, in the families' order) and ``FAMILIES`` (their modules),
+    walked when first read."""
+    if name == "REGISTRY":
+        return _walked()[1]
+    if name == "FAMILIES":
+        return _walked()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _rows() -> dict[str, TrainerSpec]:
+    return _walked()[1]
 
 
 def names() -> list[str]:
     """Every script launch runs, trainers and preprocessing, in the registry's order."""
-    return list(REGISTRY)
+    return list(_rows())
 
 
 def unknown(name: str, what: str, choices: list[str], verb: str = "") -> DancegrpoError:
@@ -65,37 +86,37 @@ def unknown(name: str, what: str, choices: list[str], verb: str = "") -> Dancegr
 def get(name: str, what: str = "script") -> TrainerSpec:
     """The row named ``name``; an unknown name is refused in one line (exit 2)."""
     try:
-        return REGISTRY[name]
+        return _rows()[name]
     except KeyError:
         raise unknown(name, what, names()) from None
 
 
 def trainers() -> list[str]:
     """The GRPO trainers (their outputs are the run's own), not the preprocessing scripts."""
-    return [name for name, spec in REGISTRY.items() if spec.is_trainer]
+    return [name for name, spec in _rows().items() if spec.is_trainer]
 
 
 def preprocessing() -> list[str]:
-    return [name for name, spec in REGISTRY.items() if not spec.is_trainer]
+    return [name for name, spec in _rows().items() if not spec.is_trainer]
 
 
 def default_trainer() -> TrainerSpec:
     """The trainer smoke runs when none is named (the row with ``default=True``)."""
-    return next(spec for spec in REGISTRY.values() if spec.default)
+    return next(spec for spec in _rows().values() if spec.default)
 
 
 def aligning() -> list[str]:
     """The trainers whose seam has the alignment and --profile features."""
-    return [name for name, spec in REGISTRY.items() if spec.aligns]
+    return [name for name, spec in _rows().items() if spec.aligns]
 
 
 def smoked() -> list[str]:
     """The trainers ``smoke`` runs."""
-    return [name for name, spec in REGISTRY.items() if spec.smoke is not None]
+    return [name for name, spec in _rows().items() if spec.smoke is not None]
 
 
 def smoke_spec(name: str) -> TrainerSpec:
-    spec = REGISTRY.get(name)
+    spec = _rows().get(name)
     if spec is None or spec.smoke is None:
         raise unknown(name, "trainer", smoked())
     return spec
@@ -103,12 +124,12 @@ def smoke_spec(name: str) -> TrainerSpec:
 
 def benched() -> list[TrainerSpec]:
     """The trainers ``bench`` has presets for."""
-    return [spec for spec in REGISTRY.values() if spec.bench is not None]
+    return [spec for spec in _rows().values() if spec.bench is not None]
 
 
 def planned() -> list[TrainerSpec]:
     """The trainers ``plan`` has model shapes for."""
-    return [spec for spec in REGISTRY.values() if spec.plan is not None]
+    return [spec for spec in _rows().values() if spec.plan is not None]
 
 
 def run_name(spec: TrainerSpec) -> str:

@@ -22,7 +22,7 @@ from dancegrpo_npu import registry
 from dancegrpo_npu.contract import PHASES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.throughput import presets
-from dancegrpo_npu.throughput.phases import Result
+from dancegrpo_npu.throughput.phases import Result, result_of
 
 
 def run_short(project, config: presets.BenchConfig, progress):
@@ -107,14 +107,10 @@ def result_of_run(run_dir, n: int, short: presets.ShortRun) -> Result:
     if len(timed) < short.steps:
         raise DancegrpoError(f"bench: {path} holds {len(timed)} timed step(s), not {short.steps}",
                              f"see the rank logs in {run_dir / 'logs'}")
-    seconds = {p: sum(float(line.get(f"time_{p}") or 0.0) for line in timed) / len(timed) for p in PHASES}
-    peaks = {}
-    for p in PHASES:
-        values = [line["peak_memory_bytes"][p] for line in timed
-                  if (line.get("peak_memory_bytes") or {}).get(p) is not None]
-        peaks[p] = max(values) if values else None
-    finite = all(math.isfinite(float(line.get("reward_mean", math.nan))) for line in timed)
-    return Result(n, seconds, peaks, short.generations, finite)
+    figures = [{**{f"time_{p}": float(line.get(f"time_{p}") or 0.0) for p in PHASES},
+                "peak_memory_bytes": line.get("peak_memory_bytes") or {},
+                "reward_mean": float(line.get("reward_mean", math.nan))} for line in timed]
+    return result_of(n, short.generations, figures)
 
 
 def _device_kind(run_dir: str, requested: str) -> str:

@@ -178,15 +178,12 @@ def sde_window(values: dict, step: int) -> tuple[int, int] | None:
     """[start, end) of the SDE window of GRPO step ``step`` (from 1; a step before the first, the
     bench's warm-up 0, has the first's), for arguments ``sde_window_problem`` passes; None without
     a window."""
-    size = values.get("sde_window_size") or 0
-    if size <= 0:
+    fit = sde_window_fit(values)
+    if fit is None:
         return None
-    start = values.get("sde_window_start") or 0
-    every = values.get("sde_window_shift_every")
+    size, start, end, every, stride = fit
     if every:
-        end = values.get("sde_window_end")
-        last = values["sampling_steps"] - 2 if end is None else end
-        start = min(start + max(step - 1, 0) // every * (values.get("sde_window_stride") or 1), last - size + 1)
+        start = min(start + max(step - 1, 0) // every * stride, end - size + 1)
     return start, start + size
 
 

@@ -165,8 +165,8 @@ def test_test_counts_are_stated_with_when_they_were_measured():
 
 def test_launch_examples_name_the_recipe_the_launch_runs(patched_tree):
     """A documented `launch flux ... --nproc-per-node N  # ... <script>.sh` runs that script's recipe."""
-    from dancegrpo_npu.run.recipes import recipes_for
     from dancegrpo_npu.registry import REGISTRY as SCRIPTS
+    from dancegrpo_npu.run.recipes import recipes_for
 
     example = re.compile(r"dancegrpo-npu launch (flux|flux-lora) .*--nproc-per-node (\d+)\s.*#.*?(finetune_\w+\.sh)")
     checked = 0

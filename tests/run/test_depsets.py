@@ -13,8 +13,8 @@ import pytest
 from conftest import in_ci
 
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run import depsets
 from dancegrpo_npu.registry import REGISTRY as SCRIPTS
+from dancegrpo_npu.run import depsets
 
 ROOT = Path(__file__).resolve().parents[2]
 

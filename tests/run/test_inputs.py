@@ -46,8 +46,8 @@ def _model(directory, name):
 
 def test_a_directory_of_models_holds_what_its_row_names(tmp_path):
     """The kinds are generic: a row's Input names the subfolders its directory must hold."""
-    from dancegrpo_npu.run.inputs import input_problem
     from dancegrpo_npu.registry import Input
+    from dancegrpo_npu.run.inputs import input_problem
 
     weights = Input(flag="--w", kind="models", models=("denoiser", "vae"), what="toy weights")
     _model(tmp_path, "vae")
@@ -60,8 +60,8 @@ def test_a_directory_of_models_holds_what_its_row_names(tmp_path):
 
 
 def test_a_pipeline_holds_its_index_its_models_and_its_rows_folders(tmp_path):
-    from dancegrpo_npu.run.inputs import input_problem
     from dancegrpo_npu.registry import Input
+    from dancegrpo_npu.run.inputs import input_problem
 
     pipeline = Input(flag="--p", kind="pipeline", models=("denoiser",), folders=("tokenizer", "processor"),
                      what="toy pipeline")

@@ -12,13 +12,13 @@ from synthetic_tree import make_project, recipe_args, trust_synthetic_tree, writ
 
 from dancegrpo_npu.host import ascend
 
-from dancegrpo_npu.run import directory
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import main
 from dancegrpo_npu.errors import DancegrpoError
+from dancegrpo_npu.project import find_project
+from dancegrpo_npu.run import directory
 from dancegrpo_npu.run.fingerprint import trainer_matmul_precision
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan, launch
-from dancegrpo_npu.project import find_project
-from dancegrpo_npu import registry
 from dancegrpo_npu.run.upstream_args import split_flags
 
 PREPROCESS_DEFAULTS = registry.get("preprocess").defaults

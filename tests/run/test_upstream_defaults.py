@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from dancegrpo_npu.registry import REGISTRY as SCRIPTS
 from dancegrpo_npu.run.datasets import dataset_dir
 from dancegrpo_npu.run.launch import LaunchSpec, build_plan
 from dancegrpo_npu.run.recipes import recipes_for
-from dancegrpo_npu.registry import REGISTRY as SCRIPTS
 from dancegrpo_npu.trainers.flux import RECIPE_GLOB as FLUX_RECIPE_GLOB
 
 PREPROCESS_DEFAULTS = SCRIPTS["preprocess"].defaults

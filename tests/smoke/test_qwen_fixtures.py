@@ -26,8 +26,8 @@ import sys
 
 import pytest
 
-from dancegrpo_npu.cli import main
 from dancegrpo_npu import registry
+from dancegrpo_npu.cli import main
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.upstream

@@ -21,11 +21,11 @@ from tiny_fixtures import built  # noqa: F401  (a fixture)
 from conftest import copy_project
 
 from dancegrpo_npu import registry
+from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.smoke import checks, passes
 from dancegrpo_npu.smoke import runner as smoke
 from dancegrpo_npu.smoke.checks import DecayBudget
 from dancegrpo_npu.trainers.flux import smoke as flux
-from dancegrpo_npu.errors import DancegrpoError
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")

@@ -6,15 +6,15 @@ import argparse
 import textwrap
 from dataclasses import replace
 
+from dancegrpo_npu import registry
 from dancegrpo_npu.cli import did_you_mean
-from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
-from dancegrpo_npu.run.environment import parse_env_assignment
 from dancegrpo_npu.project import project_from_args
-from dancegrpo_npu.run.plan import LaunchSpec
-from dancegrpo_npu import registry
+from dancegrpo_npu.run.align_flags import add_align_options, options_from_args
+from dancegrpo_npu.run.environment import parse_env_assignment
 from dancegrpo_npu.run.launch import launch
+from dancegrpo_npu.run.plan import LaunchSpec
 from dancegrpo_npu.run.resume import resume_spec
 from dancegrpo_npu.run.watchdog import FACTOR, FLOOR_S, GRACE_S, LOADING_S, stall_timeout
 

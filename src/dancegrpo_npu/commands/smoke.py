@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from dancegrpo_npu.rundirs.records import records_index
-from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args
+from dancegrpo_npu import registry
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project, project_from_args
-from dancegrpo_npu import registry
-from dancegrpo_npu.smoke import passes, runner
+from dancegrpo_npu.run.align_flags import AlignOptions, add_align_options, options_from_args
 from dancegrpo_npu.run.watchdog import stall_timeout
+from dancegrpo_npu.rundirs.records import records_index
+from dancegrpo_npu.smoke import passes, runner
 
 
 def examples() -> str:

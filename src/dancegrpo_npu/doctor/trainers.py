@@ -13,11 +13,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from dancegrpo_npu import registry
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
-from dancegrpo_npu.run import depsets
-from dancegrpo_npu import registry
 from dancegrpo_npu.registry import TrainerSpec
+from dancegrpo_npu.run import depsets
 
 # A resume checkpoint holds a trainable parameter in float32 and AdamW's two float32 moments
 # (dancegrpo_port.resume), and the save wants 5 % over its size (checkpoints.MARGIN).

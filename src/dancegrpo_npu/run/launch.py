@@ -23,16 +23,16 @@ from dancegrpo_npu.run import directory
 from dancegrpo_npu.rundirs.rundir import find_run
 
 from dancegrpo_npu import registry
-from dancegrpo_npu.run.align_flags import TRAINER_FLAGS, check_replay
-from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.contract import DEVICE_ENV, arguments_problem, parse_step_spec, sde_window_fit
+from dancegrpo_npu.engine import treecheck
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.host import network
-from dancegrpo_npu.run import datasets, depsets, recipes
-from dancegrpo_npu.run.inputs import image_sizes_problem
-from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.run import datasets, depsets, recipes
+from dancegrpo_npu.run.align_flags import TRAINER_FLAGS, check_replay
+from dancegrpo_npu.run.environment import no_npu_here, parse_env_assignment, plan_environment, shell_script
+from dancegrpo_npu.run.inputs import image_sizes_problem
 from dancegrpo_npu.run.plan import LaunchPlan, LaunchSpec, RunRecord
 from dancegrpo_npu.run.resume import restart_spec, resume_point
 from dancegrpo_npu.run.runner import run_plan

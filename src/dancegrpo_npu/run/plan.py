@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dancegrpo_npu.registry import TrainerSpec
 from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.run.recipes import Recipe
-from dancegrpo_npu.registry import TrainerSpec
 
 
 @dataclass(frozen=True)

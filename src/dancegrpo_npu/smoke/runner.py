@@ -44,10 +44,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dancegrpo_npu import registry
-from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.contract import DEVICE_CHOICES as DEVICES
 from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.project import Project
+from dancegrpo_npu.run.align_flags import AlignOptions
 from dancegrpo_npu.run.upstream_args import flag_values
 from dancegrpo_npu.smoke.checks import CheckpointCheck, StepFigures, check_training_moved, read_metrics
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dancegrpo_npu.trainers.counting import dual_single_lora
 from dancegrpo_npu.registry.spec import Architecture, Plan
+from dancegrpo_npu.trainers.counting import dual_single_lora
 
 SHAPES = Path(__file__).with_name("plan.json")
 

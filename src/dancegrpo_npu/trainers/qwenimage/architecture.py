@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dancegrpo_npu.trainers.counting import dual_stream_block, joint_root
 from dancegrpo_npu.registry.spec import Architecture, Plan
+from dancegrpo_npu.trainers.counting import dual_stream_block, joint_root
 
 SHAPES = Path(__file__).with_name("plan.json")
 

@@ -135,3 +135,16 @@ def test_same_file_twice_in_one_patch_is_refused():
 def test_hunk_without_file_names_is_refused():
     with pytest.raises(DancegrpoError, match="hunk without ---/\\+\\+\\+"):
         parse_diff(b"@@ -1 +1 @@\n-a\n+b\n", "p")
+
+
+@pytest.mark.parametrize("diff, files", [
+    (b"--- /dev/null\n+++ b/n.txt\n@@ -0,0 +1,2 @@\n+new\n+file\n", {"n.txt": b"new\nfile\n"}),
+    (b"--- a/a\n+++ b/a\n@@ -1 +1 @@\n-x\n+y\n", {"a": b"y\n"}),
+    (b"--- a/a\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n", {"a": None}),
+    (b"--- /dev/null\n+++ n.txt\n@@ -0,0 +1 @@\n+new\n", {"n.txt": b"new\n"}),  # plain -p0 names
+])
+def test_a_plain_diff_with_gits_names_applies_as_gits(diff, files):
+    """A diff without git's header lines whose names are git's a/P and b/P (git's output trimmed,
+    ``diff -ruN a b``) changes P, as patch-ng reads it: a new file too."""
+    built = build(_upstream({"a": b"x\n"}), [_patch("p", diff)], {}, None)
+    assert {k: (v.data if v else None) for k, v in built.files.items()} == files

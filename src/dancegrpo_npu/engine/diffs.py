@@ -166,8 +166,11 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
             new = _name(lines[i + 1][4:], patch, i + 2)
             if old is None and new is None:
                 raise _fail(patch, f"diff line {i + 1}: both sides are /dev/null")
-            old = check_patch_path(old, patch, "a/" if git_style else "") if old is not None else None
-            new = check_patch_path(new, patch, "b/" if git_style else "") if new is not None else None
+            # a plain diff with git's a/ and b/ names (git's output without its header lines, or
+            # `diff -ruN a b`) is read as git's, as patch-ng reads it: not as paths under a/ and b/
+            prefixed = git_style or dvcs_names(old, new)
+            old = check_patch_path(old, patch, "a/" if prefixed else "") if old is not None else None
+            new = check_patch_path(new, patch, "b/" if prefixed else "") if new is not None else None
             if old is not None and new is not None and old != new:
                 raise _fail(patch, f"diff line {i + 1}: {old} is renamed to {new}; renames are not supported", "regenerate with `git diff --no-renames`")
             end = i + 2
@@ -185,6 +188,12 @@ def parse_diff(diff: bytes, patch: str) -> list[FileChange]:
     if not changes:
         raise _fail(patch, "contains no file changes (an empty file?)", "add the diff, or drop the patch from patches/series")
     return changes
+
+
+def dvcs_names(old: str | None, new: str | None) -> bool:
+    """Whether a diff's two names (None: /dev/null) are git's ``a/P`` and ``b/P``, the rule
+    patch-ng reads a plain diff's names by."""
+    return (old is None or old.startswith("a/")) and (new is None or new.startswith("b/"))
 
 
 def _change(old: str | None, new: str | None, hunks: tuple, modes: dict, no_newline: bool, patch: str) -> FileChange:

@@ -398,8 +398,15 @@ def _patch_ng_gaps(got: bytes | None, change: FileChange, before: FileState | No
 
 
 def _ng_path(item) -> str:
-    name = item.target if item.target != b"/dev/null" else item.source
-    return name.decode("utf-8", "surrogateescape")
+    """The repo-relative path of patch-ng's item, by the engine's reading of its names
+    (``diffs.dvcs_names``: a plain diff's a/ and b/ are git's)."""
+    from dancegrpo_npu.engine.diffs import dvcs_names
+
+    old, new = (None if n == b"/dev/null" else n.decode("utf-8", "surrogateescape") for n in (item.source, item.target))
+    name = new if new is not None else old
+    if item.type != "git" and dvcs_names(old, new):
+        return name[2:]
+    return name
 
 
 def _check_stage(stage: Path, state: dict[str, FileState | None]) -> None:

@@ -30,17 +30,10 @@ import os
 import sys
 from pathlib import Path
 
-from rollout import run_bench  # one bench process, as the rollout's benchmark runs it (bench/ is on sys.path)
+from rollout import machine, run_bench  # one bench process, as the rollout's benchmark runs it (bench/ is on sys.path)
 
 GOAL = 1.9
 SHAPES = ("--sampling-steps", "16", "--timestep-fraction", "0.6")
-
-
-
-def machine() -> str:
-    cores = os.cpu_count()
-    load = ", load average %.1f" % os.getloadavg()[0] if hasattr(os, "getloadavg") else ""
-    return f"{cores} cores{load}"
 
 
 def ratios(doc: dict) -> tuple[float, float, float]:

@@ -54,16 +54,27 @@ def machine() -> str:
     return f"{cores} cores, {ram}{load}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark script takes: the project, and the CPU threads it sets."""
     parser.add_argument("-C", dest="project", default=".", help="the project directory (default .)")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the bench (default: inherited)")
+
+
+def bench_env(threads: int | None) -> dict:
+    """The bench processes' environment: this one, with OMP_NUM_THREADS set where --threads says."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_options(parser)
     parser.add_argument("--skip-cpu-preset", action="store_true", help="only the tiny ratios (size cpu takes ~15 min on 2 cores)")
     args = parser.parse_args()
     project = Path(args.project).resolve()
-    env = dict(os.environ)
-    if args.threads is not None:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    env = bench_env(args.threads)
     print(f"machine: {machine()}; OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}")
 
     worst = None

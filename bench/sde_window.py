@@ -26,11 +26,11 @@ script exits 1 if either is below.  ``--threads K`` sets OMP_NUM_THREADS for the
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from rollout import machine, run_bench  # one bench process, as the rollout's benchmark runs it (bench/ is on sys.path)
+# one bench process as the rollout benchmark runs it, its options and machine line (bench/ is on sys.path)
+from rollout import add_common_options, bench_env, machine, run_bench
 
 GOAL = 1.9
 SHAPES = ("--sampling-steps", "16", "--timestep-fraction", "0.6")
@@ -47,8 +47,7 @@ def ratios(doc: dict) -> tuple[float, float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-C", dest="project", default=".", help="the project directory (default .)")
-    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the bench (default: inherited)")
+    add_common_options(parser)
     parser.add_argument("--window", type=int, default=4, help="the SDE window's size (default 4)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps of each kind at the tiny size (default 3; "
                         "the cpu sizes time 1 after 1 warm-up)")
@@ -56,9 +55,7 @@ def main() -> int:
     parser.add_argument("--skip-cpu-sizes", action="store_true", help="FLUX's tiny size only (seconds, not half an hour)")
     args = parser.parse_args()
     project = Path(args.project).resolve()
-    env = dict(os.environ)
-    if args.threads is not None:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    env = bench_env(args.threads)
     print(f"machine: {machine()}; OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}; "
           f"16 sampling steps, timestep fraction 0.6 (9 trained timesteps) against an SDE window of {args.window}")
     common = (*SHAPES, "--sde-window-size", str(args.window))

@@ -49,7 +49,8 @@ def _walked() -> tuple[tuple, dict[str, TrainerSpec]]:
     for family in families:
         for spec in family.ROWS:
             if spec.name in rows:
-                raise ImportError(f"two trainer rows are named {spec.name!r} ({family.__name__} and another family)")
+                raise DancegrpoError(f"two trainer rows are named {spec.name!r} ({family.__name__} and another family)",
+                                     "give each row of a family folder copied under a new name a name of its own")
             rows[spec.name] = spec
     return families, rows
 

@@ -174,6 +174,14 @@ def patched_tree(upstream_source, tmp_path_factory) -> PatchedTree:
     return PatchedTree(project=project, tree=project.workdir)
 
 
+@pytest.fixture
+def dry_run_tree(patched_tree, monkeypatch, tmp_path) -> PatchedTree:
+    """The session's patched tree, with this test's own runs directory (DANCEGRPO_RUNS under
+    ``tmp_path``): for a launch --dry-run, which plans a run directory and writes none."""
+    monkeypatch.setenv("DANCEGRPO_RUNS", str(tmp_path / "runs"))
+    return patched_tree
+
+
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
     return SharedRuns(shared_root(tmp_path_factory.getbasetemp()))

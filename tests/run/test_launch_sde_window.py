@@ -9,12 +9,6 @@ import pytest
 from dancegrpo_npu.cli import main
 
 
-@pytest.fixture
-def tree(patched_tree, monkeypatch, tmp_path):
-    monkeypatch.setenv("DANCEGRPO_RUNS", str(tmp_path / "runs"))
-    return patched_tree
-
-
 @pytest.mark.upstream
 @pytest.mark.parametrize("trainer, words, says", [
     # upstream's FLUX recipe: 16 sampling steps, steps 0..14 trained
@@ -33,8 +27,9 @@ def tree(patched_tree, monkeypatch, tmp_path):
     ("sd", ["--sde_window_size", "2"], "--sde_window_size 2: the SD trainer takes no SDE window: its DDIM pipeline "
                                        "passes one eta to every step"),
 ])  # fmt: skip
-def test_a_bad_window_is_refused_before_anything_starts_in_one_line(tree, tmp_path, capsys, trainer, words, says):
-    assert main(["-C", str(tree.project.root), "launch", trainer, "--dry-run", "--", *words]) == 2
+def test_a_bad_window_is_refused_before_anything_starts_in_one_line(dry_run_tree, tmp_path, capsys, trainer, words,
+                                                                   says):
+    assert main(["-C", str(dry_run_tree.project.root), "launch", trainer, "--dry-run", "--", *words]) == 2
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if "error:" in line]
     assert len(errors) == 1 and says in errors[0] and "Traceback" not in captured.err, captured.err
@@ -42,9 +37,9 @@ def test_a_bad_window_is_refused_before_anything_starts_in_one_line(tree, tmp_pa
 
 
 @pytest.mark.upstream
-def test_a_window_that_fits_reaches_the_plan(tree, capsys):
+def test_a_window_that_fits_reaches_the_plan(dry_run_tree, capsys):
     # 1: the bare test tree has no weights or dataset, which the plan lists; the window is not among them
-    assert main(["-C", str(tree.project.root), "launch", "flux", "--dry-run", "--", "--sde_window_size", "4",
+    assert main(["-C", str(dry_run_tree.project.root), "launch", "flux", "--dry-run", "--", "--sde_window_size", "4",
                  "--sde_window_start", "11", "--sde_window_shift_every", "25"]) == 1
     out = capsys.readouterr().out
     problems = out[out.index("# could not start here"):].split("\nset -euo pipefail")[0]

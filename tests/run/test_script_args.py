@@ -73,12 +73,6 @@ def test_a_script_without_a_main_parser_is_not_checked(tmp_path):
     assert script_parser.parser_code(script) is None
 
 
-@pytest.fixture
-def wan_tree(patched_tree, monkeypatch, tmp_path):
-    monkeypatch.setenv("DANCEGRPO_RUNS", str(tmp_path / "runs"))
-    return patched_tree
-
-
 @pytest.mark.upstream
 @pytest.mark.parametrize("words, code, says", [
     (["--use_ema"], 2, "--use_ema after -- is not a flag of train_grpo_wan_2_1.py"),
@@ -87,16 +81,16 @@ def wan_tree(patched_tree, monkeypatch, tmp_path):
                                     "--max_train_steps"),
     (["--h", "500"], 2, "--h 500 is not a positive multiple of 16"),
 ])
-def test_launch_wan_dry_run_refuses_what_its_trainer_would(wan_tree, tmp_path, capsys, words, code, says):
-    assert main(["-C", str(wan_tree.project.root), "launch", "wan", "--dry-run", "--", *words]) == code
+def test_launch_wan_dry_run_refuses_what_its_trainer_would(dry_run_tree, tmp_path, capsys, words, code, says):
+    assert main(["-C", str(dry_run_tree.project.root), "launch", "wan", "--dry-run", "--", *words]) == code
     captured = capsys.readouterr()
     assert says in captured.err + captured.out
     assert not (tmp_path / "runs").exists()  # nothing made, nothing started
 
 
 @pytest.mark.upstream
-def test_the_dry_run_plan_says_the_trainer_parsed_the_arguments(wan_tree, capsys):
-    main(["-C", str(wan_tree.project.root), "launch", "wan", "--dry-run", "--", "--max_train_steps", "10"])
+def test_the_dry_run_plan_says_the_trainer_parsed_the_arguments(dry_run_tree, capsys):
+    main(["-C", str(dry_run_tree.project.root), "launch", "wan", "--dry-run", "--", "--max_train_steps", "10"])
     out = capsys.readouterr().out
     assert "# the script's arguments: checked by train_grpo_wan_2_1.py's own parser" in out
     assert "--max_train_steps 10" in out and "--max_train_steps 1000" not in out

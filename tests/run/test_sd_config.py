@@ -122,10 +122,8 @@ def test_the_overlays_check_reads_the_configuration_and_the_port_flags(tree):
      "train_grpo_sd.py would refuse its arguments: --max_train_steps 5 must be a positive multiple of the 2 "
      "optimizer updates an epoch makes"),
 ])
-def test_launch_sd_dry_run_refuses_what_its_absl_and_overlay_would(patched_tree, tmp_path, monkeypatch, capsys,
-                                                                   words, says):
-    monkeypatch.setenv("DANCEGRPO_RUNS", str(tmp_path / "runs"))
-    assert main(["-C", str(patched_tree.project.root), "launch", "sd", "--dry-run", "--", *words]) == 2
+def test_launch_sd_dry_run_refuses_what_its_absl_and_overlay_would(dry_run_tree, tmp_path, capsys, words, says):
+    assert main(["-C", str(dry_run_tree.project.root), "launch", "sd", "--dry-run", "--", *words]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
@@ -155,9 +153,8 @@ def test_sizes_by_the_rows_rule(values, multiple, says):
 
 
 @pytest.mark.upstream
-def test_launch_refuses_a_video_size_its_transformer_cannot_patch(patched_tree, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("DANCEGRPO_RUNS", str(tmp_path / "runs"))
-    assert main(["-C", str(patched_tree.project.root), "launch", "hunyuan", "--dry-run", "--", "--h", "72"]) == 2
+def test_launch_refuses_a_video_size_its_transformer_cannot_patch(dry_run_tree, capsys):
+    assert main(["-C", str(dry_run_tree.project.root), "launch", "hunyuan", "--dry-run", "--", "--h", "72"]) == 2
     err = capsys.readouterr().err
     assert "--h 72 is not a positive multiple of 16 (HunyuanVideo's VAE downsamples 8x" in err
     assert len(err.strip().splitlines()) == 1

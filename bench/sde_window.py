@@ -32,17 +32,19 @@ from pathlib import Path
 # one bench process as the rollout benchmark runs it, its options and machine line (bench/ is on sys.path)
 from rollout import add_common_options, bench_env, machine, run_bench
 
+from dancegrpo_npu.throughput.bench import window_ratios
+
 GOAL = 1.9
 SHAPES = ("--sampling-steps", "16", "--timestep-fraction", "0.6")
 
 
 def ratios(doc: dict) -> tuple[float, float, float]:
-    """(train, whole step, rollout) seconds of upstream's step over the window's."""
+    """(train, whole step, rollout) seconds of upstream's step over the window's (the bench's own
+    ratios, throughput.bench.window_ratios)."""
     upstream, window = doc["results"]
     assert not upstream["sde_window_size"] and window["sde_window_size"]
-    whole = sum(upstream["phases_s"].values()) / sum(window["phases_s"].values())
-    return (upstream["phases_s"]["train"] / window["phases_s"]["train"], whole,
-            upstream["phases_s"]["rollout"] / window["phases_s"]["rollout"])
+    ratio = window_ratios(upstream["phases_s"], window["phases_s"])
+    return ratio["train"], ratio["whole step"], ratio["rollout"]
 
 
 def main() -> int:

@@ -186,3 +186,19 @@ def test_cli_full_preset_without_a_tree_is_one_line_exit_1(tmp_path):
     assert r.returncode == 1 and r.stdout == "", r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"{tmp_path / 'build' / 'DanceGRPO'} is missing" in r.stderr and "dancegrpo-npu fetch && dancegrpo-npu apply" in r.stderr
+
+
+def test_the_window_line_is_upstreams_seconds_over_the_windows_at_each_n():
+    """bench --sde-window-size: at each N, upstream's step then the window's, each ratio seconds
+    without the window over seconds with it (the whole step: every phase)."""
+    from dancegrpo_npu.throughput.bench import window_line, window_ratios
+    from dancegrpo_npu.throughput.phases import Result
+
+    def result(n, train, window=0):
+        return Result(n, {"rollout": 2.0, "decode": 0.5, "reward": 0.5, "train": train}, {}, 4, True, window)
+
+    results = [result(1, 9.0), result(1, 4.0, 4), result(2, 6.0), result(2, 3.0, 4)]
+    assert window_ratios(results[0].phases_s, results[1].phases_s) == {"train": 2.25, "rollout": 1.0,
+                                                                       "whole step": 12.0 / 7.0}
+    assert window_line(results, 9) == ("SDE window of 4 steps against upstream's 9 trained timesteps (faster by): "
+                                       "N=1 train 2.25x, whole step 1.71x; N=2 train 2.00x, whole step 1.50x")

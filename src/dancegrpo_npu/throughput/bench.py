@@ -287,14 +287,22 @@ def format_table(results, facts) -> str:
     return "\n".join(lines)
 
 
+def window_ratios(upstream_phases_s: dict, window_phases_s: dict) -> dict:
+    """How much faster the SDE window's step is than upstream's, measured side by side: seconds
+    without it over seconds with it, of the train phase, the rollout and the whole step (a
+    Result's ``phases_s``, or the bench JSON's)."""
+    return {"train": upstream_phases_s["train"] / window_phases_s["train"],
+            "rollout": upstream_phases_s["rollout"] / window_phases_s["rollout"],
+            "whole step": sum(upstream_phases_s.values()) / sum(window_phases_s.values())}
+
+
 def window_line(results, train_timesteps: int) -> str:
-    """The SDE window against upstream at each N, measured side by side: how much faster the
-    train phase and the whole step are (seconds without the window / seconds with it)."""
+    """The SDE window against upstream at each N (``results``: upstream's, then the window's,
+    at each N in turn): how much faster the train phase and the whole step are."""
     parts = []
     for base, windowed in zip(results[::2], results[1::2]):
-        whole = sum(base.phases_s.values()) / sum(windowed.phases_s.values())
-        parts.append(f"N={base.sample_batch_size} train {base.phases_s['train'] / windowed.phases_s['train']:.2f}x, "
-                     f"whole step {whole:.2f}x")
+        ratio = window_ratios(base.phases_s, windowed.phases_s)
+        parts.append(f"N={base.sample_batch_size} train {ratio['train']:.2f}x, whole step {ratio['whole step']:.2f}x")
     return (f"SDE window of {results[1].sde_window_size} steps against upstream's {train_timesteps} trained "
             f"timesteps (faster by): " + "; ".join(parts))
 

@@ -45,6 +45,11 @@ def _walked() -> tuple[tuple, dict[str, TrainerSpec]]:
     package is imported: a family's own modules import ``registry.spec``, and one of them imported
     first must not set the walk off half-way through its own import."""
     families = tuple(_families())
+    return families, rows_of(families)
+
+
+def rows_of(families) -> dict[str, TrainerSpec]:
+    """{row name: row} of ``families``' ``ROWS``, in their order; a name given twice is refused."""
     rows: dict[str, TrainerSpec] = {}
     for family in families:
         for spec in family.ROWS:
@@ -52,7 +57,7 @@ def _walked() -> tuple[tuple, dict[str, TrainerSpec]]:
                 raise DancegrpoError(f"two trainer rows are named {spec.name!r} ({family.__name__} and another family)",
                                      "give each row of a family folder copied under a new name a name of its own")
             rows[spec.name] = spec
-    return families, rows
+    return rows
 
 
 def __getattr__(name: str):

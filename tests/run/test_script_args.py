@@ -52,6 +52,21 @@ def test_the_scripts_own_parser_reads_the_arguments(tmp_path):
     assert "--max_grad_norm" in parsed.options
 
 
+def test_with_the_jobs_environment_the_child_probes_its_devices_too(tmp_path):
+    import os
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    code = script_parser.parser_code(script)
+    env = dict(os.environ, DANCEGRPO_DEVICE="cpu")
+    parsed = script_parser.run_parser(script, tmp_path, sys.executable, ["--size", "32"], code, env)
+    assert parsed.values["size"] == 32  # the check as without it
+    assert parsed.devices["requested"] == "cpu" and parsed.devices["kind"] == "cpu" and parsed.devices["count"] == 1
+    assert parsed.devices["probed_with"] == "the check of the script's arguments"
+    assert script_parser.run_parser(script, tmp_path, sys.executable, [], code).devices is None  # not asked for
+
+
 @pytest.mark.parametrize("args, words", [
     (["--use_ema"], "--use_ema after -- is not a flag of train.py"),
     (["--max_train_step", "10"], "--max_train_step after -- is an abbreviation of train.py's --max_train_steps"),

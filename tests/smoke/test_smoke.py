@@ -364,6 +364,10 @@ def test_smoke_run(patched_tree, shared_runs, nproc, lora, monkeypatch):
     assert env_set["DANCEGRPO_NPU_STRICT"] == "1" and env_set["DANCEGRPO_DEVICE"] == "cpu"
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded" and summary["world_size"] == nproc
+    # the devices the record names were probed by the child that checked the arguments, in the job's
+    # environment: no second interpreter before torchrun
+    devices = json.loads((result.run_dir / "environment.json").read_text())["devices"]
+    assert devices["kind"] == "cpu" and devices["requested"] == "cpu" and "probed_with" in devices
     # every rank sampled and rewarded its images
     assert sorted(p.name for p in (result.run_dir / "images").iterdir()) == [
         f"flux_{rank}_{i}.png" for rank in range(nproc) for i in range(2)]

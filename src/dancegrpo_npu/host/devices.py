@@ -29,41 +29,47 @@ PACKAGES = (
     "numpy",
 )
 
-# Runs in the child: which device kind DANCEGRPO_DEVICE resolves to (contract 2's rule for
-# auto), and that kind's device names and memory.  Prints one JSON object.
-DEVICE_PROBE = r"""
-import json, os
-out = {"requested": os.environ.get("DANCEGRPO_DEVICE", "auto")}
-try:
-    import torch
-    out["torch"] = torch.__version__
-    npu = False
-    if out["requested"] in ("auto", "npu"):
-        try:
-            import torch_npu  # noqa: F401
-            npu = torch.npu.is_available() and torch.npu.device_count() > 0
-        except Exception as e:
-            out["torch_npu_error"] = f"{type(e).__name__}: {e}"
-    if npu:
-        mod, kind = torch.npu, "npu"
-    elif out["requested"] in ("auto", "cuda") and torch.cuda.is_available():
-        mod, kind = torch.cuda, "cuda"
-    else:
-        mod, kind = None, "cpu"
-    out["kind"] = kind
-    if mod is not None:
-        n = mod.device_count()
-        out["count"] = n
-        out["names"] = [mod.get_device_name(i) for i in range(n)]
-        out["memory_bytes"] = [mod.get_device_properties(i).total_memory for i in range(n)]
-    else:
-        import platform
-        out["count"] = 1
-        out["names"] = [platform.processor() or platform.machine()]
-except Exception as e:
-    out["error"] = f"{type(e).__name__}: {e}"
-print(json.dumps(out))
+# Defines, in a child, devices(): which device kind DANCEGRPO_DEVICE resolves to (contract 2's rule
+# for auto), and that kind's device names and memory.  The launch's own child, which checks the
+# script's arguments in the job's interpreter and environment, calls it too (run.script_parser):
+# torch is imported there already, so the run's record costs no second interpreter.
+DEVICE_PROBE_FUNCTION = r"""
+def devices():
+    import os
+    out = {"requested": os.environ.get("DANCEGRPO_DEVICE", "auto")}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+        npu = False
+        if out["requested"] in ("auto", "npu"):
+            try:
+                import torch_npu  # noqa: F401
+                npu = torch.npu.is_available() and torch.npu.device_count() > 0
+            except Exception as e:
+                out["torch_npu_error"] = f"{type(e).__name__}: {e}"
+        if npu:
+            mod, kind = torch.npu, "npu"
+        elif out["requested"] in ("auto", "cuda") and torch.cuda.is_available():
+            mod, kind = torch.cuda, "cuda"
+        else:
+            mod, kind = None, "cpu"
+        out["kind"] = kind
+        if mod is not None:
+            n = mod.device_count()
+            out["count"] = n
+            out["names"] = [mod.get_device_name(i) for i in range(n)]
+            out["memory_bytes"] = [mod.get_device_properties(i).total_memory for i in range(n)]
+        else:
+            import platform
+            out["count"] = 1
+            out["names"] = [platform.processor() or platform.machine()]
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
 """
+
+# Runs in the child: prints devices()'s one JSON object.
+DEVICE_PROBE = DEVICE_PROBE_FUNCTION + "\nimport json\nprint(json.dumps(devices()))\n"
 
 
 _VERSIONS_PROBE = r"""

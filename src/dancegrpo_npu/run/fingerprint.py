@@ -86,11 +86,14 @@ def left_out_patches(project: Project) -> list[str] | None:
 
 
 def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True,
-                python: str | None = None) -> dict:
-    """``python``: the job's interpreter (a dependency set's, run.depsets), default the tool's."""
+                python: str | None = None, devices: dict | None = None) -> dict:
+    """``python``: the job's interpreter (a dependency set's, run.depsets), default the tool's.
+    ``devices``: what a child of that interpreter with ``env`` probed already (the launch's check
+    of the script's arguments probes them), else probed here."""
     home = torch_stack.active_home(env)
     cann = torch_stack.find_cann(env)
-    devices = probe_devices(env, python=python) if probe else {"skipped": True}
+    if devices is None:
+        devices = probe_devices(env, python=python) if probe else {"skipped": True}
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dancegrpo_npu.host import ascend
@@ -164,12 +164,23 @@ def _check_alignment(spec: LaunchSpec, info: TrainerSpec, script_args: list[str]
         check_replay(source, planned)
 
 
+@dataclass(frozen=True)
+class ArgumentsCheck:
+    """What the script's own parser made of the final arguments."""
+
+    said: str  # what the plan says about the check
+    values: dict | None = None  # the namespace the parser makes of them (None: not read)
+    devices: dict | None = None  # the job's devices, probed in the same child (None: not probed)
+    python: str | None = None  # the interpreter the child ran
+
+
 def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], spec: LaunchSpec,
-                       environ: dict[str, str], problems: list[str], dry_run: bool) -> tuple[str, dict | None]:
+                       environ: dict[str, str], problems: list[str], dry_run: bool,
+                       job_env: dict[str, str]) -> ArgumentsCheck:
     """The final arguments parsed by the script's own parser (run.script_parser), in the run's
     dependency set (the tool's interpreter when that set is not installed: a dry run lists it
-    among the problems); a bad one is refused in one line, exit 2.  Returns what the plan says
-    about the check, and the namespace the script's parser makes of them (None: not read)."""
+    among the problems) and the job's environment ``job_env``; a bad one is refused in one line,
+    exit 2.  A real launch's child probes the job's devices too, for the run's record."""
     from dancegrpo_npu.run import script_parser
 
     try:
@@ -181,14 +192,16 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
     try:
         # the flags another reader takes (absl's --config...) are that reader's to check
         parsed = script_parser.check_script_args(tree / info.relpath, tree, python,
-                                                 without_flags(script_args, info.foreign_flags), user_flags)
+                                                 without_flags(script_args, info.foreign_flags), user_flags,
+                                                 None if dry_run else job_env)
     except DancegrpoError as e:
         if e.exit_code == 2 or not dry_run:
             raise
         problems.append(e.one_line())
-        return "not checked (see below)", None
+        return ArgumentsCheck("not checked (see below)")
     if parsed is None:
-        return f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`", None
+        return ArgumentsCheck(f"not checked: {info.relpath} builds no parser in `if __name__ == \"__main__\":`")
+    checked = f"checked by {Path(info.relpath).name}'s own parser"
     if info.foreign_flags:  # absl's --config, read as the script's absl reads it, and the overlay's check
         from dancegrpo_npu.run import absl_config
 
@@ -200,9 +213,9 @@ def _check_script_args(info: TrainerSpec, tree: Path, script_args: list[str], sp
             if e.exit_code == 2 or not dry_run:
                 raise
             problems.append(e.one_line())
-            return "not checked (see below)", parsed.values
-        return f"checked by {Path(info.relpath).name}'s own parser", settled or parsed.values
-    return f"checked by {Path(info.relpath).name}'s own parser", parsed.values
+            return ArgumentsCheck("not checked (see below)", parsed.values)
+        return ArgumentsCheck(checked, settled or parsed.values, parsed.devices, python)
+    return ArgumentsCheck(checked, parsed.values, parsed.devices, python)
 
 
 def _check_port_flags(info: TrainerSpec, parsed: dict | None) -> None:
@@ -254,8 +267,12 @@ def build_plan(
     align_args, replay_source = _alignment_args(project, spec)
     script_args += align_args
     script_args += _profile_args(spec)
+    if spec.align.env():  # --msprobe: before the user's --env, which wins
+        spec = replace(spec, env=spec.align.env() + tuple(spec.env))
+    env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
     # the script's parser first: a flag it lacks is the mistake to name, before what is missing
-    arguments_checked, parsed = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run)
+    checked = _check_script_args(info, tree, script_args, spec, environ, problems, dry_run, env)
+    parsed = checked.values
     _check_port_flags(info, parsed)
     _check_alignment(spec, info, script_args, parsed, spec.nproc_per_node * spec.nnodes, replay_source)
     sizes = image_sizes_problem(flag_values(script_args), info.image_sizes)
@@ -267,9 +284,6 @@ def build_plan(
             "put them there (docs/weights.md: every model's weights and where they go) or pass their flags after --; "
             "`dancegrpo-npu launch ... --dry-run` lists everything missing",
         )
-    if spec.align.env():  # --msprobe: before the user's --env, which wins
-        spec = replace(spec, env=spec.align.env() + tuple(spec.env))
-    env, env_set, profile, npus_here = plan_environment(spec, tree, environ, dev_dir)
     port = spec.master_port
     if port is None:
         port = network.free_port() if spec.nnodes == 1 else DEFAULT_MULTINODE_PORT
@@ -316,7 +330,8 @@ def build_plan(
         recipe_scaling=recipes.batch_line(info, recipe, scaling, spec.nproc_per_node * spec.nnodes),
         recipe_notes=recipes.recipe_notes(spec, info, recipe, scaling, script_args),
         problems=tuple(problems),
-        arguments_checked=arguments_checked,
+        arguments_checked=checked.said,
+        devices=checked.devices if checked.python == python else None,  # another interpreter's are not the job's
     )
 
 

@@ -64,6 +64,7 @@ class LaunchPlan:
     problems: tuple[str, ...] = ()  # inputs missing or incomplete (a dry run lists them; launch refuses)
     arguments_checked: str | None = None  # what checked the script's arguments (run.script_parser)
     resume_from: str | None = None  # --resume: the checkpoint the run continues from, in words
+    devices: dict | None = None  # the job's devices, probed with its arguments' check (None: at the launch)
 
     @property
     def world_size(self) -> int:

@@ -330,7 +330,7 @@ def _final_summary(path: Path, summary: dict) -> dict:
 def _fingerprint(project: Project, plan) -> dict:
     """The fingerprint, or why it could not be taken: a record must never stop a launch."""
     try:
-        return fingerprint(project, plan.env, plan.tree_state, python=plan.command[0])
+        return fingerprint(project, plan.env, plan.tree_state, python=plan.command[0], devices=plan.devices)
     except Exception as e:  # noqa: BLE001 - best effort by design, the error is recorded
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -55,6 +55,10 @@ try:
     answer["values"] = {k: v for k, v in vars(parser.parse_args(request["args"])).items()}
 except Refused as e:
     answer["error"] = str(e)
+if request["probe"]:  # the job's devices, for the run's record (host.devices): torch is imported already
+    probe = {}
+    exec(request["probe"], probe)
+    answer["devices"] = {**probe["devices"](), "probed_with": "the check of the script's arguments"}
 print(json.dumps(answer, default=str))
 """
 
@@ -133,21 +137,27 @@ class Parsed:
     options: tuple[str, ...]  # the script's --flags
     error: str | None  # argparse's message for the arguments, None when they parse
     values: dict | None  # the namespace the script would get
+    devices: dict | None = None  # host.devices' probe in the same child, when asked for
 
 
-def run_parser(script: Path, tree: Path, python: str, args: list[str], code: ParserCode) -> Parsed:
-    """``args`` parsed by ``script``'s parser, in ``python`` (a child process)."""
-    request = {"tree": str(tree), "script": str(script), "code": code.code, "parser": code.parser, "args": list(args)}
+def run_parser(script: Path, tree: Path, python: str, args: list[str], code: ParserCode,
+               env: dict[str, str] | None = None) -> Parsed:
+    """``args`` parsed by ``script``'s parser, in ``python`` (a child process).  ``env``: the job's
+    environment, which the child then runs with, and probes the job's devices in as well."""
+    from dancegrpo_npu.host.devices import DEVICE_PROBE_FUNCTION
+
+    request = {"tree": str(tree), "script": str(script), "code": code.code, "parser": code.parser, "args": list(args),
+               "probe": DEVICE_PROBE_FUNCTION if env is not None else None}
     try:
         proc = subprocess.run([python, "-c", _CHILD], input=json.dumps(request), capture_output=True, text=True,
-                              timeout=300, cwd=tree)
+                              timeout=300, cwd=tree, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _unreadable(script, f"{python}: {e}") from None
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise _unreadable(script, lines[-1] if lines else f"exit {proc.returncode}")
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Parsed(tuple(answer["options"]), answer["error"], answer["values"])
+    return Parsed(tuple(answer["options"]), answer["error"], answer["values"], answer.get("devices"))
 
 
 def _unreadable(script: Path, why: str) -> DancegrpoError:
@@ -173,15 +183,16 @@ def flag_problem(script: str, flag: str, options: tuple[str, ...], typed: bool) 
 
 
 def check_script_args(script: Path, tree: Path, python: str, script_args: list[str],
-                      user_flags: set[str]) -> Parsed | None:
+                      user_flags: set[str], env: dict[str, str] | None = None) -> Parsed | None:
     """Refuse, in one line naming the flag (exit 2), arguments ``script``'s parser would refuse
-    or read as another flag; the parsed values, or None when the parser cannot be read."""
+    or read as another flag; the parsed values, or None when the parser cannot be read.
+    ``env``: the job's environment (run_parser)."""
     from dancegrpo_npu.run.upstream_args import split_flags
 
     code = parser_code(script)
     if code is None:
         return None
-    parsed = run_parser(script, tree, python, script_args, code)
+    parsed = run_parser(script, tree, python, script_args, code, env)
     for flag, _, _ in split_flags(script_args):
         if flag in ("--help",):
             raise DancegrpoError(f"--help is not an argument to launch {script.name} with",

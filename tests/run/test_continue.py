@@ -100,18 +100,25 @@ def test_a_run_without_a_checkpoint_says_how_to_get_them(project, capsys):
     assert summary["continue_with"]["checkpoint"] is None
 
 
-def stop_once_started(project, signum, done: threading.Event):
+def signal_state(signum) -> dict:
+    """How this process takes ``signum``: its handler, and whether the main thread blocks it."""
+    return {"handler": signal.getsignal(signum),
+            "blocked": signum in signal.pthread_sigmask(signal.SIG_BLOCK, [])}
+
+
+def stop_once_started(project, signum, done: threading.Event, seen: dict):
     """Send ``signum`` to this process's main thread (as Ctrl-C or a scheduler does; the main
     thread is the launcher, blocked reading torchrun's output) once the trainer runs, or give up
     when the launch is ``done``.  Sent to the thread itself: a signal to the process may be taken
     by another thread, and then the launcher, blocked in its read, sees it only when the trainer
-    ends on its own."""
+    ends on its own.  ``seen``: when it was sent, for the test's message."""
     main_thread = threading.main_thread().ident
 
     def watch():
         while not done.is_set():
             runs = list(project.runs_dir.iterdir()) if project.runs_dir.is_dir() else []
-            if runs and (runs[0] / "started").exists():
+            if any((run / "started").exists() for run in runs):
+                seen["sent"] = True
                 signal.pthread_kill(main_thread, signum)
                 return
             done.wait(0.1)
@@ -121,11 +128,25 @@ def stop_once_started(project, signum, done: threading.Event):
     return thread
 
 
+@pytest.fixture
+def as_a_shell_starts_it():
+    """The launcher as a shell starts it: SIGINT raises KeyboardInterrupt, and the main thread blocks
+    neither signal.  A test before this one in the same pytest process may have left either
+    changed (a library's handler, a mask); the test's premise is the user's process, so it is put
+    back for the test and restored after."""
+    found = signal_state(signal.SIGINT)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    yield found
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.signal(signal.SIGINT, handler)
+
+
 @pytest.mark.parametrize("signum, status, code", [(signal.SIGINT, "interrupted", 130),
                                                   (signal.SIGTERM, "terminated", None)])
-def test_a_stopped_run_says_how_to_continue_it(project, capsys, signum, status, code):
-    done = threading.Event()
-    watcher = stop_once_started(project, signum, done)
+def test_a_stopped_run_says_how_to_continue_it(project, capsys, signum, status, code, as_a_shell_starts_it):
+    done, seen = threading.Event(), {"sent": False, "found before the test": as_a_shell_starts_it}
+    watcher = stop_once_started(project, signum, done, seen)
     try:
         rc = main(launch_args(project, "--saved", "1", "--then", "wait"))
     finally:
@@ -133,7 +154,7 @@ def test_a_stopped_run_says_how_to_continue_it(project, capsys, signum, status, 
         watcher.join()
     out, err = capsys.readouterr()
     run, summary = the_run(project)
-    assert summary["status"] == status and (code is None or rc == code) and rc != 0
+    assert summary["status"] == status and (code is None or rc == code) and rc != 0, (seen, out[-2000:], err[-2000:])
     said = last_line(err if signum == signal.SIGINT else out)
     assert said == (f"dancegrpo-npu: run {run.name} {status}; its last complete checkpoint is step 2 "
                     f"({run / 'outputs' / 'resume' / 'step-000002'}); continue it from there with: "

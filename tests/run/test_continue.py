@@ -130,10 +130,11 @@ def stop_once_started(project, signum, done: threading.Event, seen: dict):
 
 @pytest.fixture
 def as_a_shell_starts_it():
-    """The launcher as a shell starts it: SIGINT raises KeyboardInterrupt, and the main thread blocks
-    neither signal.  A test before this one in the same pytest process may have left either
-    changed (a library's handler, a mask); the test's premise is the user's process, so it is put
-    back for the test and restored after."""
+    """The launcher as a user's terminal starts it: SIGINT raises KeyboardInterrupt, and the main
+    thread blocks neither signal.  A test run started in the background (`./scripts/test.sh &`,
+    a CI runner's job without job control) has SIGINT ignored from its shell, and pytest and its
+    workers inherit that: the signal was lost and the test waited out its stand-in trainer.  The
+    test's premise is the user's process, so it is put back for the test and restored after."""
     found = signal_state(signal.SIGINT)
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])

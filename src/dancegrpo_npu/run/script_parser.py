@@ -55,7 +55,7 @@ try:
     answer["values"] = {k: v for k, v in vars(parser.parse_args(request["args"])).items()}
 except Refused as e:
     answer["error"] = str(e)
-if request["probe"]:  # the job's devices, for the run's record (host.devices): torch is imported already
+if request["probe"]:  # the job's devices, for the run's record (host.devices); a trainer's parser imported torch already
     probe = {}
     exec(request["probe"], probe)
     answer["devices"] = {**probe["devices"](), "probed_with": "the check of the script's arguments"}

@@ -85,15 +85,15 @@ def left_out_patches(project: Project) -> list[str] | None:
     return list(applied.without) if applied is not None else None
 
 
-def fingerprint(project: Project, env: dict[str, str], tree_state: dict, probe: bool = True,
-                python: str | None = None, devices: dict | None = None) -> dict:
+def fingerprint(project: Project, env: dict[str, str], tree_state: dict, python: str | None = None,
+                devices: dict | None = None) -> dict:
     """``python``: the job's interpreter (a dependency set's, run.depsets), default the tool's.
     ``devices``: what a child of that interpreter with ``env`` probed already (the launch's check
     of the script's arguments probes them), else probed here."""
     home = torch_stack.active_home(env)
     cann = torch_stack.find_cann(env)
     if devices is None:
-        devices = probe_devices(env, python=python) if probe else {"skipped": True}
+        devices = probe_devices(env, python=python)
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),

@@ -104,7 +104,8 @@ def test_sample_batch_size_4_is_aligned_with_1(runs):
         assert m["clip_frac_first"] == 0.0
 
 
-# One rank, 3 steps, --rng cpu --record: the 1-rank smoke, and the resume's uninterrupted reference.
+# One rank, 3 steps, --rng cpu --record: the 1-rank smoke, the resume's uninterrupted reference, and the
+# SDE window's Wan2.1 run without the flag (tests/patches/test_sde_window.py: OFF_STEPS).
 ONE_RANK = dict(nproc=1, steps=3, generations=2, align=True)
 
 

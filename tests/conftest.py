@@ -15,6 +15,9 @@
 - ``shared_runs`` (session): runs and fixtures made once per test run and read by every test
   that needs them, on either xdist worker (tests/shared_runs.py).
 - the ``upstream`` marker, for tests that use them.
+- ``DANCEGRPO_TEST_CPU_LOG=DIR``: each test's CPU time (its own process's and that of the
+  processes it started and waited for, with their children), one JSON line a test in
+  ``DIR/<worker>.jsonl``; ``scripts/test_cost.py DIR`` adds it up by file and by trainer family.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched; fails under CI=true)"
     )
+    where = os.environ.get(CPU_LOG)
+    if where and not os.environ.get("PYTEST_XDIST_WORKER") and any(Path(where).glob("*.jsonl")):
+        # one test run a log: lines appended to another run's would count its tests twice
+        raise pytest.UsageError(f"{CPU_LOG}={where} already holds a CPU log; give a new or empty directory")
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and "OMP_NUM_THREADS" not in os.environ:
         # A worker's share of the cores for the jobs it starts (OMP_NUM_THREADS wins in
@@ -92,6 +99,34 @@ def pytest_runtest_makereport(item, call):
                 f"{reason}\nCI={os.environ['CI']}: a test that needs upstream fails in CI instead of being skipped; "
                 "give the CI job upstream (a mirror through git's url.<base>.insteadOf, or DANCEGRPO_SOURCE)"
             )
+
+
+CPU_LOG = "DANCEGRPO_TEST_CPU_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With $DANCEGRPO_TEST_CPU_LOG, the test's CPU time, set-up and teardown included.  CI here is
+    bound by the CPU, so CPU time, not the wall clock of a noisy machine, is what a test costs; a
+    run shared by several tests (tests/shared_runs.py) is paid by the first that asks for it."""
+    where = os.environ.get(CPU_LOG)
+    if not where:
+        yield
+        return
+    import json
+    import time
+
+    before, start = os.times(), time.monotonic()
+    yield
+    after = os.times()
+    own = after.user - before.user + after.system - before.system
+    children = after.children_user - before.children_user + after.children_system - before.children_system
+    line = {"test": item.nodeid, "cpu_s": round(own + children, 3), "children_cpu_s": round(children, 3),
+            "wall_s": round(time.monotonic() - start, 3), "slow": item.get_closest_marker("slow") is not None}
+    log = Path(where) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def _probe_source() -> tuple[str | None, str]:

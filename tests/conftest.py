@@ -74,10 +74,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "upstream: needs the real upstream DanceGRPO (skipped when it cannot be fetched; fails under CI=true)"
     )
-    where = os.environ.get(CPU_LOG)
-    if where and not os.environ.get("PYTEST_XDIST_WORKER") and any(Path(where).glob("*.jsonl")):
-        # one test run a log: lines appended to another run's would count its tests twice
-        raise pytest.UsageError(f"{CPU_LOG}={where} already holds a CPU log; give a new or empty directory")
+    config.stash[CPU_LOG_FILE] = cpu_log_file()
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and "OMP_NUM_THREADS" not in os.environ:
         # A worker's share of the cores for the jobs it starts (OMP_NUM_THREADS wins in
@@ -102,6 +99,27 @@ def pytest_runtest_makereport(item, call):
 
 
 CPU_LOG = "DANCEGRPO_TEST_CPU_LOG"
+CPU_LOG_OF = "DANCEGRPO_TEST_CPU_LOG_OF"  # "<pid of the test run's first pytest>:<directory>", for its workers
+CPU_LOG_FILE = pytest.StashKey()
+
+
+def cpu_log_file() -> Path | None:
+    """The file this pytest process logs each test's CPU time to, or None.  The test run's first
+    process takes $DANCEGRPO_TEST_CPU_LOG, refusing a directory that holds another run's log (its
+    tests would count twice), and hands it on to its own xdist workers only: a pytest that a test
+    starts (tests/test_ci_upstream.py) inherits the environment, and must not write into the log."""
+    given = os.environ.pop(CPU_LOG, None)
+    if given:
+        directory = Path(given).resolve()
+        if any(directory.glob("*.jsonl")):
+            raise pytest.UsageError(f"{CPU_LOG}={given} already holds a CPU log; give a new or empty directory")
+        os.environ[CPU_LOG_OF] = f"{os.getpid()}:{directory}"
+        return directory / "main.jsonl"
+    pid, _, directory = os.environ.get(CPU_LOG_OF, "").partition(":")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and pid.isdigit() and os.getppid() == int(pid):
+        return Path(directory) / f"{worker}.jsonl"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -109,8 +127,8 @@ def pytest_runtest_protocol(item, nextitem):
     """With $DANCEGRPO_TEST_CPU_LOG, the test's CPU time, set-up and teardown included.  CI here is
     bound by the CPU, so CPU time, not the wall clock of a noisy machine, is what a test costs; a
     run shared by several tests (tests/shared_runs.py) is paid by the first that asks for it."""
-    where = os.environ.get(CPU_LOG)
-    if not where:
+    log = item.config.stash.get(CPU_LOG_FILE, None)
+    if log is None:
         yield
         return
     import json
@@ -123,7 +141,6 @@ def pytest_runtest_protocol(item, nextitem):
     children = after.children_user - before.children_user + after.children_system - before.children_system
     line = {"test": item.nodeid, "cpu_s": round(own + children, 3), "children_cpu_s": round(children, 3),
             "wall_s": round(time.monotonic() - start, 3), "slow": item.get_closest_marker("slow") is not None}
-    log = Path(where) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         f.write(json.dumps(line) + "\n")

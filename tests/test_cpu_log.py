@@ -2,8 +2,10 @@
 which adds it up by file and by trainer family.
 
 The log is read from pytest run in a subprocess on a tiny test file, with tests/conftest.py loaded
-as a plugin (as tests/test_ci_upstream.py does): one test that burns CPU in a child process it
-waits for, one that burns it in its own process, and one that does neither.
+as a plugin (as tests/test_ci_upstream.py does), in one process and on two xdist workers: one test
+that burns CPU in a child process it waits for, one that burns it in its own process, one that
+does neither, and one that runs a pytest of its own, which inherits the environment and must not
+write into the log.
 """
 
 from __future__ import annotations
@@ -40,23 +42,36 @@ def test_in_its_own_process():
 
 def test_idle():
     pass
+
+def test_a_pytest_of_its_own(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\\n")
+    (tmp_path / "test_inner.py").write_text("def test_inner():\\n    pass\\n")
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q", "test_inner.py"],
+                   cwd=tmp_path, check=True, capture_output=True)
 '''
 
 
-def run_tiny(tmp_path: Path, log: Path) -> subprocess.CompletedProcess:
+def run_tiny(tmp_path: Path, log: Path, workers: int = 0) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: a training run\n")
     (tmp_path / "test_tiny.py").write_text(TINY_TESTS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "DANCEGRPO_TEST_CPU_LOG"))}
     env.update(DANCEGRPO_TEST_CPU_LOG=str(log), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q", "test_tiny.py"],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conftest", "-q",
+                           "-n", str(workers), "test_tiny.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_each_test_logs_its_cpu_its_childrens_included(tmp_path):
+@pytest.mark.parametrize("workers, files", [(0, {"main.jsonl"}), (2, {"gw0.jsonl", "gw1.jsonl"})])
+def test_each_test_logs_its_cpu_its_childrens_included(tmp_path, workers, files):
     log = tmp_path / "cpu"
-    proc = run_tiny(tmp_path, log)
+    proc = run_tiny(tmp_path, log, workers)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = {line["test"]: line for line in map(json.loads, (log / "main.jsonl").read_text().splitlines())}
+    written = {p.name for p in log.iterdir()}
+    assert written and written <= files  # a file a worker that ran tests
+    lines = [json.loads(line) for f in written for line in (log / f).read_text().splitlines()]
+    assert sorted(line["test"] for line in lines) == [f"test_tiny.py::{name}" for name in (
+        "test_a_pytest_of_its_own", "test_idle", "test_in_a_child", "test_in_its_own_process")]  # not test_inner
+    lines = {line["test"]: line for line in lines}
     child, own, idle = (lines[f"test_tiny.py::{name}"] for name in ("test_in_a_child", "test_in_its_own_process", "test_idle"))
     assert child["children_cpu_s"] >= BURN * 0.9 and child["cpu_s"] >= child["children_cpu_s"]
     assert own["cpu_s"] >= BURN * 0.9 and own["children_cpu_s"] < BURN / 2

@@ -18,8 +18,6 @@ The dtype is read off RUN_A's values (records store float32): values that all fi
 
 from __future__ import annotations
 
-import numpy as np
-
 from dancegrpo_npu.rundirs.records import RunRecords, open_pair
 
 # dtype -> the tolerance holding its relative-error threshold
@@ -28,6 +26,7 @@ REL_TOLERANCE = {"bf16": "module_rel_bf16", "fp16": "module_rel_fp16", "fp32": "
 
 def source_dtype(a: np.ndarray) -> str:
     """bf16 | fp16 | fp32: the narrowest float type that holds every value of ``a`` exactly."""
+    import numpy as np  # here, not at the top: the CLI imports this module for compare's parser
     x = np.ascontiguousarray(a, dtype=np.float32)
     if x.size == 0 or not np.isfinite(x).all():
         return "fp32"
@@ -41,6 +40,7 @@ def source_dtype(a: np.ndarray) -> str:
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     """||b - a|| / ||a|| over the whole tensor, in float64 (0 when equal, inf when only a is 0)."""
+    import numpy as np
     d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
     num, den = float(np.linalg.norm(d)), float(np.linalg.norm(np.asarray(a, np.float64)))
     if num == 0 or np.isnan(num):

@@ -16,9 +16,7 @@ tests share (tests/shared_runs.py) is counted where it was made, in the first te
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import pkgutil
 import re
 import sys
 from collections import defaultdict
@@ -36,22 +34,7 @@ def read_log(directory: Path) -> list[dict]:
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
 
 
-def families() -> dict[str, tuple[str, ...]]:
-    """{family folder: its trainers' names}, walked as the registry walks them (its preprocessing
-    rows left out: "preprocess" is a word of tests of every family)."""
-    from dancegrpo_npu import registry
-
-    trainers = set(registry.trainers())
-    package = importlib.import_module("dancegrpo_npu.trainers")
-    found = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        if info.ispkg and hasattr(module, "ROWS"):
-            found[info.name] = tuple(row.name for row in module.ROWS if row.name in trainers)
-    return found
-
-
-def named_families(test_id: str, known: dict[str, tuple[str, ...]]) -> list[str]:
+def named_families(test_id: str, known: dict[str, list[str]]) -> list[str]:
     """The families ``test_id`` names: a word of it (split at _ / . : [ ] and spaces) that is a
     family's folder or one of its trainers (``test_smoke_sd.py`` names sd, ``[skyreels-i2v]``
     hunyuan; ``test_sde_window`` names none)."""
@@ -59,7 +42,7 @@ def named_families(test_id: str, known: dict[str, tuple[str, ...]]) -> list[str]
     return [family for family, trainers in known.items() if family in words or words & set(trainers)]
 
 
-def cost(lines: list[dict], known: dict[str, tuple[str, ...]]) -> dict:
+def cost(lines: list[dict], known: dict[str, list[str]]) -> dict:
     by_file: dict[str, float] = defaultdict(float)
     by_family: dict[str, float] = defaultdict(float)
     slow = 0.0
@@ -93,7 +76,9 @@ def main(argv=None) -> int:
     parser.add_argument("log", type=Path, help="the directory $DANCEGRPO_TEST_CPU_LOG named")
     parser.add_argument("--files", type=int, default=15, metavar="N", help="how many files to list (default 15)")
     args = parser.parse_args(argv)
-    print("\n".join(report(cost(read_log(args.log), families()), args.files)))
+    from dancegrpo_npu import registry
+
+    print("\n".join(report(cost(read_log(args.log), registry.families()), args.files)))
     return 0
 
 

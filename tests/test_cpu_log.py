@@ -92,9 +92,9 @@ def test_a_log_directory_of_another_run_is_refused(tmp_path):
 def test_families_are_the_registrys_folders_and_their_trainers():
     from dancegrpo_npu import registry
 
-    known = test_cost.families()
+    known = registry.families()
     assert sorted(t for trainers in known.values() for t in trainers) == sorted(registry.trainers())
-    assert "hunyuan" in known and "skyreels-i2v" in known["hunyuan"]
+    assert known["hunyuan"] == ["hunyuan", "skyreels-i2v"] and known["flux"] == ["flux", "flux-lora"]
 
 
 @pytest.mark.parametrize("test_id, named", [
@@ -106,7 +106,9 @@ def test_families_are_the_registrys_folders_and_their_trainers():
     ("tests/run/test_launch.py::test_two[flux wan]", ["flux", "wan"]),
 ])
 def test_a_test_counts_for_the_families_its_id_names(test_id, named):
-    assert test_cost.named_families(test_id, test_cost.families()) == named
+    from dancegrpo_npu import registry
+
+    assert test_cost.named_families(test_id, registry.families()) == named
 
 
 def test_the_cost_adds_up_by_file_and_splits_a_test_naming_two_families():

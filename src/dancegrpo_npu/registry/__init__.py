@@ -20,7 +20,7 @@ from dancegrpo_npu.errors import DancegrpoError
 from dancegrpo_npu.registry.spec import Bench, BenchPreset, ImageSizes, Input, Smoke, TrainerSpec
 
 __all__ = ["REGISTRY", "Bench", "BenchPreset", "ImageSizes", "Input", "Smoke", "TrainerSpec", "aligning", "benched",
-           "default_trainer", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
+           "default_trainer", "families", "get", "load", "names", "planned", "preprocessing", "run_name", "smoke_spec", "smoked",
            "trainers", "unknown"]
 
 
@@ -104,6 +104,13 @@ def trainers() -> list[str]:
 
 def preprocessing() -> list[str]:
     return [name for name, spec in _rows().items() if not spec.is_trainer]
+
+
+def families() -> dict[str, list[str]]:
+    """{family folder name: the names of its trainers}, in the registry's order (what a test
+    belongs to when it names a family or one of its trainers: scripts/test_cost.py)."""
+    return {module.__name__.rsplit(".", 1)[-1]: [spec.name for spec in module.ROWS if spec.is_trainer]
+            for module in _walked()[0]}
 
 
 def default_trainer() -> TrainerSpec:
